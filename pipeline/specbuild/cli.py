@@ -1,0 +1,113 @@
+"""The ``specbuild`` command line: thin Click wrappers that parse flags, call the API and report.
+
+All logic lives in importable modules; every command here is a few lines that a release pipeline can
+replace with a Python call. Errors the user can fix print as ``error: ... / fix: ...`` with a meaningful
+exit code (2 usage, 1 incompatible or failed, 10-14 the compile stage that failed), never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from rich.console import Console
+
+from .errors import SpecbuildError
+from .spec import DEFAULT_SPEC_FILE, load_spec, parse_override, starter_spec
+
+console = Console(stderr=True)
+
+
+def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a :class:`SpecbuildError` into a readable message and its exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except SpecbuildError as exc:
+            console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+            if exc.fix:
+                console.print(f"[bold]fix:[/] {exc.fix}", highlight=False)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]")
+            sys.exit(130)
+
+    return wrapper
+
+
+def spec_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by commands that read a build spec; file values are overridden by flags."""
+    options = [
+        click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
+                     help=f"build spec (default: ./{DEFAULT_SPEC_FILE} if it exists)"),
+        click.option("--target", "target", default=None, help="target HF checkpoint folder"),
+        click.option("--draft", "draft", default=None, help="draft HF checkpoint folder"),
+        click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm", "auto"]), default=None),
+        click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default=None,
+                     help="dtype of both models"),
+        click.option("--max-draft-len", type=int, default=None),
+        click.option("--num-draft-tokens", type=int, default=None, help="default K per request"),
+        click.option("--acceptance", type=click.Choice(["token-match", "draft-logits"]), default=None),
+        click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+                     help="override any spec field, e.g. --set limits.max_seq_len=4096"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def spec_from_options(spec_file: str | None, target: str | None, draft: str | None, runtime: str | None,
+                      dtype: str | None, max_draft_len: int | None, num_draft_tokens: int | None,
+                      acceptance: str | None, assignments: tuple[str, ...]):
+    if spec_file is None and Path(DEFAULT_SPEC_FILE).is_file():
+        spec_file = DEFAULT_SPEC_FILE
+    overrides: dict[str, Any] = {
+        "target.checkpoint": target,
+        "draft.checkpoint": draft,
+        "runtime": runtime,
+        "target.dtype": dtype,
+        "draft.dtype": dtype,
+        "speculation.max_draft_len": max_draft_len,
+        "speculation.num_draft_tokens": num_draft_tokens,
+        "speculation.acceptance": acceptance,
+    }
+    overrides.update(dict(parse_override(item) for item in assignments))
+    return load_spec(spec_file, overrides)
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="specbuild")
+def main() -> None:
+    """Compile a target/draft checkpoint pair into a Triton repository that serves speculative decoding."""
+
+
+@main.command()
+@click.argument("path", type=click.Path(dir_okay=False), default=DEFAULT_SPEC_FILE)
+@click.option("--target", default="models/demo/target", show_default=True)
+@click.option("--draft", default="models/demo/draft", show_default=True)
+@click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm", "auto"]), default="auto", show_default=True)
+@click.option("--force", is_flag=True, help="overwrite an existing file")
+@reports_errors
+def init(path: str, target: str, draft: str, runtime: str, force: bool) -> None:
+    """Write a commented starter build spec to PATH."""
+    from .spec import SpecError
+
+    destination = Path(path)
+    if destination.exists() and not force:
+        raise SpecError(f"{path} already exists", "pass --force to overwrite it, or choose another path")
+    destination.write_text(starter_spec(target, draft, runtime=runtime), encoding="utf-8")
+    console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

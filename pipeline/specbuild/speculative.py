@@ -1,0 +1,220 @@
+"""The speculative-decoding algorithm, pure: sampling transforms and the three verification rules.
+
+Notation (Leviathan et al. 2023): the draft proposes tokens ``x_1..x_k`` from its distributions ``q_i``;
+the target scores the same positions in one pass, giving ``p_1..p_{k+1}`` (one more than drafted: the
+"bonus" position after the last draft token). Every rule returns the accepted prefix of the draft plus
+exactly one token chosen by the target, so a round always makes progress, and the output is distributed
+exactly as the target alone would produce it:
+
+* greedy: accept while ``argmax p_i == x_i``; then emit ``argmax p`` at the first mismatch (or the bonus).
+* token-match: the target samples its own token ``y_i ~ p_i``; accept while ``y_i == x_i``; emit ``y``
+  at the first mismatch. Exact for any draft; needs no draft probabilities.
+* rejection: accept ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))``; at the first rejection emit
+  a sample of ``norm(max(0, p_i - q_i))``; after full acceptance emit a sample of ``p_{k+1}``.
+
+Sampling transforms (temperature, top-k, top-p) are applied by :func:`probabilities` to draft and target
+logits identically, so ``q`` is the distribution the draft really sampled from and ``p`` the one the target
+alone would sample from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Rule = Literal["greedy", "token-match", "rejection"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples. Greedy when ``temperature == 0`` or ``top_k == 1``.
+
+    ``top_k == 0`` means no top-k limit and ``top_p`` of 0 or 1 means no nucleus limit, as in TensorRT-LLM.
+    A request that sets none of them is greedy (see :meth:`from_request`).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (0.0 <= self.top_p <= 1.0):
+            raise ValueError(f"top_p must be within [0, 1], got {self.top_p}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @classmethod
+    def from_request(
+        cls, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None
+    ) -> SamplingParams:
+        """Sampling inputs as a request gives them; none given means greedy decoding."""
+        if temperature is None and top_k is None and top_p is None:
+            return GREEDY
+        return cls(
+            temperature=1.0 if temperature is None else float(temperature),
+            top_k=0 if top_k is None else int(top_k),
+            top_p=1.0 if top_p is None or top_p == 0.0 else float(top_p),
+        )
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits ``[..., V]`` into the distribution a sampler with ``params`` draws from (float64).
+
+    Greedy gives the one-hot of the argmax (ties broken towards the lowest id, as ``argmax`` does).
+    """
+    logits = logits.to(torch.float64)
+    if params.is_greedy:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(torch.float64)
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if 0.0 < params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p (always at least the most likely token).
+        drop_sorted = mass_before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a 1-D distribution."""
+    return int(torch.multinomial(probs.to(torch.float64), 1, generator=generator).item())
+
+
+def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: int) -> float:
+    """``min(1, p(x) / q(x))`` for the drafted token ``x``; a token the draft could not draw is rejected."""
+    q_x = float(q[token])
+    if q_x <= 0.0:
+        return 0.0
+    return min(1.0, float(p[token]) / q_x)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm(max(0, p - q))``: what to sample from after a rejection.
+
+    When ``p <= q`` everywhere (only possible if ``p == q``, where rejection has probability 0) fall
+    back to ``p`` so the function is total.
+    """
+    residual = torch.clamp(p.to(torch.float64) - q.to(torch.float64), min=0.0)
+    total = residual.sum()
+    if total <= 0.0:
+        return p.to(torch.float64)
+    return residual / total
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome of verifying one round: ``tokens`` = the accepted draft prefix + one target token."""
+
+    accepted: int
+    tokens: list[int]
+
+
+def _check_shapes(draft_tokens: list[int], target: torch.Tensor) -> None:
+    if target.dim() != 2 or target.shape[0] != len(draft_tokens) + 1:
+        raise ValueError(
+            f"target scores must be [k+1, vocab] for k={len(draft_tokens)} draft tokens, got {tuple(target.shape)}"
+        )
+
+
+def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> Verification:
+    """Accept the longest prefix where the target's argmax equals the draft token."""
+    _check_shapes(draft_tokens, target_logits)
+    choices = target_logits.argmax(dim=-1).tolist()
+    accepted = 0
+    while accepted < len(draft_tokens) and choices[accepted] == draft_tokens[accepted]:
+        accepted += 1
+    return Verification(accepted, list(draft_tokens[:accepted]) + [int(choices[accepted])])
+
+
+def verify_token_match(
+    draft_tokens: list[int], target_probs: torch.Tensor, generator: torch.Generator | None
+) -> Verification:
+    """The target samples each position itself and accepts while its sample equals the draft token."""
+    _check_shapes(draft_tokens, target_probs)
+    for position, drafted in enumerate(draft_tokens):
+        chosen = sample(target_probs[position], generator)
+        if chosen != drafted:
+            return Verification(position, list(draft_tokens[:position]) + [chosen])
+    return Verification(len(draft_tokens), list(draft_tokens) + [sample(target_probs[-1], generator)])
+
+
+def verify_rejection(
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verification:
+    """Speculative rejection sampling: exact for any draft distribution ``q`` the drafts were drawn from."""
+    _check_shapes(draft_tokens, target_probs)
+    if draft_probs.shape != (len(draft_tokens), target_probs.shape[1]):
+        raise ValueError(
+            f"draft probabilities must be [k, vocab] = [{len(draft_tokens)}, {target_probs.shape[1]}], "
+            f"got {tuple(draft_probs.shape)}"
+        )
+    for position, drafted in enumerate(draft_tokens):
+        p, q = target_probs[position], draft_probs[position]
+        threshold = acceptance_probability(p, q, drafted)
+        if threshold < 1.0:
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if u >= threshold:
+                corrected = sample(residual_distribution(p, q), generator)
+                return Verification(position, list(draft_tokens[:position]) + [corrected])
+    return Verification(len(draft_tokens), list(draft_tokens) + [sample(target_probs[-1], generator)])
+
+
+def verify(
+    draft_tokens: list[int],
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    draft_logits: torch.Tensor | None = None,
+) -> Verification:
+    """Pick the rule from the request: greedy, rejection (draft logits given) or token matching."""
+    if params.is_greedy:
+        return verify_greedy(draft_tokens, target_logits)
+    target_probs = probabilities(target_logits, params)
+    if draft_logits is not None and len(draft_tokens) > 0:
+        return verify_rejection(draft_tokens, probabilities(draft_logits, params), target_probs, generator)
+    return verify_token_match(draft_tokens, target_probs, generator)
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch generator seeded with ``seed`` (a fresh random seed when None)."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    return generator
+
+
+def round_seed(seed: int | None, round_index: int, role: int) -> int | None:
+    """Derive an independent seed for one round and role (0 draft, 1 target) from the request's seed.
+
+    Engines reseed on every call, so reusing the request's seed each round would replay the same random
+    numbers; a splitmix64-style mix keeps rounds independent and the whole request reproducible.
+    """
+    if seed is None:
+        return None
+    z = (int(seed) + 0x9E3779B97F4A7C15 * (2 * round_index + role + 1)) & 0xFFFF_FFFF_FFFF_FFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
+    return (z ^ (z >> 31)) & 0x7FFF_FFFF_FFFF_FFFF
