@@ -103,7 +103,7 @@ class LaunchPlan:
         data["devices"] = self.engine_parameters()
         data["server_command"] = self.server_command
         data["docker_command"] = self.docker_command
-        return data
+        return _lists(data)
 
     def render(self) -> str:
         """A commented, copy-pasteable shell rendering (``shlex.join``) of the plan."""
@@ -119,6 +119,15 @@ class LaunchPlan:
                      f"metrics http://{url_host}:{self.ports['metrics']}/metrics)")
         lines.append(self.docker_command)
         return "\n".join(lines) + "\n"
+
+
+def _lists(value: Any) -> Any:
+    """Tuples to lists, recursively: the plain JSON shape."""
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(item) for item in value]
+    return value
 
 
 def _csv(values: tuple[int, ...]) -> str:
