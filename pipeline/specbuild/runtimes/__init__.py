@@ -1,0 +1,1 @@
+"""Runtimes: how each backend converts checkpoints, builds engines and describes its engine models."""
