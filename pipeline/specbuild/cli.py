@@ -140,5 +140,30 @@ def deploy(out_dir: str, replicas: int, max_replicas: int | None, namespace: str
         console.print(f"wrote {path}")
 
 
+@main.command()
+@click.argument("directory", type=click.Path())
+@click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
+@reports_errors
+def verify(directory: str, json_mode: bool) -> None:
+    """Re-hash a release against its manifest.json (DIR: the repository folder, or the folder above it).
+
+    Exit 0: every file matches; 1: changed, missing or extra files (listed); 2: no manifest found.
+    """
+    from .errors import VerificationError
+    from .manifest import report_table, verify as verify_release
+
+    report = verify_release(directory)
+    if json_mode:
+        print_json(report.to_json())
+    elif not report.ok:
+        console.print(report_table(report))
+    if not report.ok:
+        raise VerificationError(
+            f"{len(report.changed)} changed, {len(report.missing)} missing, {len(report.extra)} extra file(s) "
+            f"under {report.root}", "rebuild the release with `specbuild compile`, or restore the files named above")
+    if not json_mode:
+        console.print(f"[green]ok[/]: {report.checked} files match {report.manifest} (profile {report.profile_id})")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

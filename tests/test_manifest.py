@@ -1,0 +1,164 @@
+"""manifest.json and `specbuild verify`: every changed, missing or extra file is named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specbuild.cli import main
+from specbuild.errors import UsageError, VerificationError
+from specbuild.manifest import MANIFEST_FORMAT, toolchain, verify, write_manifest
+from specbuild.spec import load_spec
+from specbuild.stages import StageResult
+
+TOOLCHAIN = {"python": "3.11", "packages": {"specbuild": "0.1.0"}, "gpus": []}
+
+
+def _release(root: Path) -> tuple[Path, Path]:
+    engines, repository = root / "engines", root / "triton_repo"
+    (engines / "target").mkdir(parents=True)
+    (engines / "target" / "rank0.engine").write_bytes(b"\x01\x02\x03engine")
+    (engines / "draft").mkdir()
+    (engines / "draft" / "rank0.engine").write_bytes(b"draft")
+    for model in ("ensemble", "orchestrator"):
+        (repository / model / "1").mkdir(parents=True)
+        (repository / model / "config.pbtxt").write_text(f'name: "{model}"\n')
+    (repository / "orchestrator" / "1" / "model.py").write_text("print('hi')\n")
+    return engines, repository
+
+
+def _write(root: Path, **overrides) -> Path:
+    engines, repository = _release(root) if not (root / "engines").exists() else (root / "engines", root / "triton_repo")
+    spec = load_spec(overrides={"target.checkpoint": "/models/target", "draft.checkpoint": "/models/draft"})
+    arguments = dict(
+        spec=spec,
+        inputs={"target": {"path": "/models/target", "config_sha256": "ab"}},
+        steps=[StageResult("build", "ok", 1.5, "f" * 64, engines, "ran: first run", {"big": "report"})],
+        compatibility={"ok": True, "vocab_size": 49152},
+        toolchain_info=TOOLCHAIN,
+    )
+    arguments.update(overrides)
+    return write_manifest(repository, engines, **arguments)
+
+
+def test_manifest_holds_the_release(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    assert path == (tmp_path / "triton_repo" / "manifest.json").resolve()
+    manifest = json.loads(path.read_text())
+    assert manifest["format"] == MANIFEST_FORMAT
+    assert manifest["root"] == ".." and manifest["trees"] == {"engines": "engines", "repository": "triton_repo"}
+    assert list(manifest["files"]) == [
+        "engines/draft/rank0.engine", "engines/target/rank0.engine", "triton_repo/ensemble/config.pbtxt",
+        "triton_repo/orchestrator/1/model.py", "triton_repo/orchestrator/config.pbtxt",
+    ]
+    assert manifest["spec"]["target"]["checkpoint"] == "/models/target"
+    assert manifest["steps"] == [{"name": "build", "status": "ok", "seconds": 1.5, "fingerprint": "f" * 64,
+                                  "output": str(tmp_path / "engines"), "detail": "ran: first run"}]
+    assert manifest["compatibility"]["vocab_size"] == 49152 and manifest["toolchain"] == TOOLCHAIN
+    assert verify(tmp_path / "triton_repo").ok
+
+
+def test_profile_id_depends_on_content_only(tmp_path: Path) -> None:
+    first = json.loads(_write(tmp_path / "a").read_text())
+    again = json.loads(_write(tmp_path / "a", compatibility={"rewritten": True}).read_text())
+    elsewhere = json.loads(_write(tmp_path / "b").read_text())
+    assert first["profile_id"] == again["profile_id"] == elsewhere["profile_id"]
+    (tmp_path / "a" / "engines" / "draft" / "rank0.engine").write_bytes(b"draft2")
+    assert json.loads(_write(tmp_path / "a").read_text())["profile_id"] != first["profile_id"]
+
+
+def test_verify_names_flipped_missing_and_extra_files(tmp_path: Path) -> None:
+    _write(tmp_path)
+    engine = tmp_path / "engines" / "target" / "rank0.engine"
+    data = bytearray(engine.read_bytes())
+    data[1] ^= 0x80
+    engine.write_bytes(bytes(data))
+    (tmp_path / "triton_repo" / "orchestrator" / "1" / "model.py").unlink()
+    (tmp_path / "engines" / "draft" / "notes.txt").write_text("added")
+    report = verify(tmp_path / "triton_repo" / "manifest.json")
+    assert not report.ok and report.checked == 5
+    assert report.changed == ["engines/target/rank0.engine"]
+    assert report.missing == ["triton_repo/orchestrator/1/model.py"]
+    assert report.extra == ["engines/draft/notes.txt"]
+
+
+def test_release_moved_as_a_whole_still_verifies(tmp_path: Path) -> None:
+    _write(tmp_path / "release")
+    shutil.move(tmp_path / "release", tmp_path / "moved")
+    report = verify(tmp_path / "moved")  # the folder above the repository works too
+    assert report.ok and report.root == (tmp_path / "moved").resolve()
+
+
+def test_engines_inside_the_repository_are_listed_once(tmp_path: Path) -> None:
+    repository = tmp_path / "triton_repo"
+    (repository / "target" / "1").mkdir(parents=True)
+    (repository / "target" / "1" / "rank0.engine").write_bytes(b"e")
+    path = write_manifest(repository, repository / "target", spec={}, inputs={}, steps=[], toolchain_info=TOOLCHAIN)
+    manifest = json.loads(path.read_text())
+    assert manifest["root"] == "." and list(manifest["files"]) == ["target/1/rank0.engine"]
+    assert verify(repository).ok
+
+
+def test_manifest_keeps_no_environment_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue0123456789")
+    engines, repository = _release(tmp_path)
+    text = write_manifest(repository, engines, spec={}, inputs={}, steps=[]).read_text()
+    assert "hf_supersecretvalue" not in text
+    assert json.loads(text)["toolchain"]["packages"]["specbuild"] == toolchain()["packages"]["specbuild"]
+
+
+def test_unsafe_or_foreign_manifests_are_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    manifest = json.loads(path.read_text())
+    manifest["files"]["../../etc/passwd"] = "0" * 64
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(VerificationError, match="outside the release"):
+        verify(path)
+    path.write_text(json.dumps({"format": "other/v9"}))
+    with pytest.raises(VerificationError, match="format"):
+        verify(path)
+    path.write_text("{not json")
+    with pytest.raises(VerificationError, match="not valid JSON"):
+        verify(path)
+
+
+def test_missing_trees_are_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        write_manifest(tmp_path / "triton_repo", tmp_path / "engines", spec={}, inputs={}, steps=[])
+
+
+# --- CLI -------------------------------------------------------------------------------------------------
+def test_cli_verify_ok(tmp_path: Path) -> None:
+    _write(tmp_path)
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "triton_repo")])
+    assert result.exit_code == 0, result.output
+    assert "5 files match" in result.output
+
+
+def test_cli_verify_mismatch_lists_files_and_exits_1(tmp_path: Path) -> None:
+    _write(tmp_path)
+    (tmp_path / "engines" / "draft" / "rank0.engine").unlink()
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "triton_repo")])
+    assert result.exit_code == 1
+    assert "engines/draft/rank0.engine" in result.output and "missing" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_verify_json(tmp_path: Path) -> None:
+    _write(tmp_path)
+    (tmp_path / "triton_repo" / "extra.txt").write_text("x")
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "triton_repo"), "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["extra"] == ["triton_repo/extra.txt"]
+
+
+def test_cli_verify_without_manifest_exits_2(tmp_path: Path) -> None:
+    _release(tmp_path)
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "triton_repo")])
+    assert result.exit_code == 2
+    assert "no single manifest.json" in result.output
