@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from specbuild.cli import main
 from specbuild.errors import UsageError, VerificationError
-from specbuild.manifest import MANIFEST_FORMAT, toolchain, verify, write_manifest
+from specbuild.manifest import MANIFEST_FORMAT, checkpoint_identity, toolchain, verify, write_manifest
 from specbuild.spec import load_spec
 from specbuild.stages import StageResult
 
@@ -126,6 +126,19 @@ def test_unsafe_or_foreign_manifests_are_refused(tmp_path: Path) -> None:
         verify(path)
 
 
+def test_checkpoint_identity_hashes_config_tokenizer_and_weights(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "snapshot"
+    checkpoint.mkdir()
+    (tmp_path / "blob").write_text("{}")
+    (checkpoint / "config.json").symlink_to(tmp_path / "blob")  # as in a Hugging Face cache snapshot
+    (checkpoint / "tokenizer.json").write_text('{"model": {}}')
+    identity = checkpoint_identity(checkpoint)
+    assert identity["path"] == str(checkpoint.resolve())
+    assert list(identity["files"]) == ["config.json", "tokenizer.json"]
+    (checkpoint / "tokenizer.json").write_text('{"model": {"vocab": {}}}')
+    assert checkpoint_identity(checkpoint)["digest"] != identity["digest"]
+
+
 def test_missing_trees_are_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="does not exist"):
         write_manifest(tmp_path / "triton_repo", tmp_path / "engines", spec={}, inputs={}, steps=[])
@@ -162,3 +175,26 @@ def test_cli_verify_without_manifest_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["verify", str(tmp_path / "triton_repo")])
     assert result.exit_code == 2
     assert "no single manifest.json" in result.output
+
+
+def test_compile_flow_rewrites_manifest_without_rerunning_package(tmp_path: Path) -> None:
+    """The flow compile uses: stages with manifest.json excluded from the package output, then the manifest."""
+    from specbuild.stages import Stage, StageRunner
+
+    def build(out: Path) -> None:
+        (out / "target").mkdir()
+        (out / "target" / "rank0.engine").write_bytes(b"engine")
+
+    def package(out: Path) -> None:
+        (out / "ensemble").mkdir()
+        (out / "ensemble" / "config.pbtxt").write_text('name: "ensemble"\n')
+
+    engines, repository = tmp_path / "engines", tmp_path / "triton_repo"
+    stages = [Stage("build", {}, engines, build), Stage("package", {}, repository, package, exclude=("manifest.json",))]
+    for expected in ("ok", "skipped"):
+        results = StageRunner(tmp_path / "build" / "state.json", json_mode=True).run(stages)
+        assert [r.status for r in results] == [expected, expected]
+        write_manifest(repository, engines, spec={}, inputs={}, steps=results, toolchain_info=TOOLCHAIN)
+        assert verify(repository).ok
+    steps = json.loads((repository / "manifest.json").read_text())["steps"]
+    assert [step["status"] for step in steps] == ["skipped", "skipped"]

@@ -70,6 +70,17 @@ def toolchain() -> dict[str, Any]:
     }
 
 
+def checkpoint_identity(path: str | Path) -> dict[str, Any]:
+    """An input's identity for the manifest: its resolved path and the sha256 of each of its files.
+
+    Symlinks are followed (Hugging Face cache snapshots link to blobs). Hashing reads the weights, so
+    compute it in the ``check`` stage and carry it in that stage's returned data, which a skip hands back.
+    """
+    folder = Path(path).resolve()
+    files = hash_tree(folder, symlinks="follow")
+    return {"path": str(folder), "digest": digest_json(files), "files": files}
+
+
 def _trees(repository_dir: Path, engines_dir: Path) -> tuple[Path, dict[str, str]]:
     """The common root of both trees and each tree's path relative to it."""
     trees = {"engines": engines_dir.resolve(), "repository": repository_dir.resolve()}

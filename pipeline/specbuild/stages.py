@@ -207,9 +207,7 @@ class StageRunner:
             try:
                 with self._display.live():
                     for stage in stages:
-                        result, files = self._run_one(stage, upstream, state, cache)
-                        self.results.append(result)
-                        upstream[stage.name] = digest_json(files)
+                        upstream[stage.name] = digest_json(self._run_one(stage, upstream, state, cache))
             finally:
                 self._display.summary(self.results)
         return self.results
@@ -226,14 +224,15 @@ class StageRunner:
         if record.get("fingerprint") != stage_fingerprint:
             return "inputs changed", {}
         if record.get("output") != str(stage.output.resolve()) or not stage.output.is_dir():
-            return "output missing", {}
+            return "output missing or moved", {}
         current = hash_tree(stage.output, symlinks="record", exclude=stage.exclude, cache=cache)
         if current != record.get("files"):
             return _describe_changes(record.get("files", {}), current), {}
         return None, current
 
     def _run_one(self, stage: Stage, upstream: dict[str, str], state: dict[str, Any],
-                 cache: HashCache) -> tuple[StageResult, dict[str, str]]:
+                 cache: HashCache) -> dict[str, str]:
+        """Run or skip one stage, append its result to ``results``; returns its output's file hashes."""
         stage_fingerprint = fingerprint({"stage": stage.name, "inputs": stage.inputs, "upstream": upstream},
                                         cache=cache)
         record = state["stages"].get(stage.name)
@@ -242,15 +241,16 @@ class StageRunner:
             result = StageResult(stage.name, "skipped", 0.0, stage_fingerprint, stage.output,
                                  "skipped: inputs unchanged", record.get("data", {}))
             task, _ = self._display.start(stage.name, result.detail)
-            self._display.finish(task, result)
+            self._finish(task, result)
             self._save(state, cache)
-            return result, files
+            return files
 
         task, report = self._display.start(stage.name, f"running ({reason})")
         started = time.perf_counter()
         try:
+            extra = {"progress": report} if _accepts_progress(stage.action) else {}
             with atomic_output_dir(stage.output) as scratch:
-                data = stage.action(scratch, progress=report) if _accepts_progress(stage.action) else stage.action(scratch)
+                data = stage.action(scratch, **extra)
             files = hash_tree(stage.output, symlinks="record", exclude=stage.exclude, cache=cache)
         except BaseException as exc:
             seconds = time.perf_counter() - started
@@ -262,9 +262,7 @@ class StageRunner:
                 "traceback": "".join(traceback.format_exception(exc)),
             }
             self._save(state, cache)
-            result = StageResult(stage.name, "failed", seconds, stage_fingerprint, stage.output, detail)
-            self.results.append(result)
-            self._display.finish(task, result)
+            self._finish(task, StageResult(stage.name, "failed", seconds, stage_fingerprint, stage.output, detail))
             if error is None:
                 raise
             raise error from exc
@@ -275,9 +273,13 @@ class StageRunner:
             "output": str(stage.output.resolve()), "files": files, "data": data,
         }
         self._save(state, cache)
-        result = StageResult(stage.name, "ok", seconds, stage_fingerprint, stage.output, f"ran: {reason}", data)
+        self._finish(task, StageResult(stage.name, "ok", seconds, stage_fingerprint, stage.output, f"ran: {reason}",
+                                       data))
+        return files
+
+    def _finish(self, task: TaskID | None, result: StageResult) -> None:
+        self.results.append(result)
         self._display.finish(task, result)
-        return result, files
 
     def _as_stage_error(self, name: str, exc: BaseException) -> StageError | None:
         """The StageError to raise for ``exc``; None for interrupts and exits, which propagate unchanged."""
