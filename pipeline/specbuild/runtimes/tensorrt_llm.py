@@ -28,6 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import TypeAdapter
+
 from .. import contract
 from ..errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from ..spec import BuildSpec
@@ -235,7 +237,7 @@ def build_plan(spec: BuildSpec, role: Role, checkpoint_dir: str | Path, output_d
 
 
 def default_dirs(spec: BuildSpec, role: Role) -> tuple[Path, Path]:
-    """Where a role's TensorRT-LLM checkpoint and engine go by default: ``build/tensorrt-llm/<role>``, ``engines/<role>``."""
+    """Default folders for a role: checkpoint in ``build/tensorrt-llm/<role>``, engine in ``engines/<role>``."""
     return Path(spec.outputs.build_dir) / "tensorrt-llm" / role, Path(spec.outputs.engines_dir) / role
 
 
@@ -246,12 +248,15 @@ def engine_plan(spec: BuildSpec, role: Role, architecture: str, *, checkpoint_dt
                       build_plan(spec, role, checkpoint_dir, engine_dir))
 
 
+_PLAN_JSON = TypeAdapter(EnginePlan)
+
+
 def plan_as_dict(plans: Sequence[EnginePlan]) -> dict[str, Any]:
     """What ``compile --dry-run --json`` emits for this runtime."""
     return {
         "runtime": "tensorrt-llm",
         "tensorrt_llm": f"{TENSORRT_LLM_SERIES}.x",
-        "models": {plan.convert.role: {"convert": asdict(plan.convert), "build": asdict(plan.build)} for plan in plans},
+        "models": {plan.convert.role: _PLAN_JSON.dump_python(plan, mode="json") for plan in plans},
     }
 
 
@@ -320,7 +325,7 @@ def _gpu_info() -> dict[str, Any]:
 
 
 def convert(plan: ConvertPlan, into: str | Path | None = None) -> Path:
-    """Run ``plan``: ``from_hugging_face`` + ``save_checkpoint`` per rank into ``into`` (default ``plan.output_dir``)."""
+    """Run ``plan``: ``from_hugging_face`` + ``save_checkpoint`` per rank into ``into`` (or ``plan.output_dir``)."""
     require_tensorrt_llm(plan.image)
     import tensorrt_llm.models as trtllm_models
     from tensorrt_llm.mapping import Mapping
@@ -371,6 +376,10 @@ def build(plan: BuildPlan, into: str | Path | None = None) -> Path:
 
 
 # --- Triton model config for the tensorrtllm backend ---------------------------------------------------
+def _optional_str(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
 def _id_list(name: str, ids: list[int] | None) -> str | None:
     if ids is None:
         return None
@@ -407,7 +416,7 @@ def engine_model_config(
         raise UsageError(f"engine_path {engine_path!r} must be absolute, as the server sees it",
                          f"use e.g. {spec.triton.engine_mount}/{role}")
     if not 0 < kv_cache_free_gpu_mem_fraction < 1:
-        raise UsageError(f"kv_cache_free_gpu_mem_fraction must be between 0 and 1, got {kv_cache_free_gpu_mem_fraction}",
+        raise UsageError(f"kv_cache_free_gpu_mem_fraction is outside (0, 1): {kv_cache_free_gpu_mem_fraction}",
                          "split the GPU's free memory between draft and target, e.g. 0.1 and 0.8")
     if fast_logits and not participant_ids:
         raise UsageError("speculative_decoding_fast_logits needs participant_ids (orchestrator mode)",
@@ -439,8 +448,8 @@ def engine_model_config(
         "enable_kv_cache_reuse": "true",  # each round re-sends the whole sequence; reuse makes that cheap
         "exclude_input_in_output": "true",  # only new tokens; requests may override per call
         "enable_chunked_context": "true",  # long prompts in chunks; needs the paged context FMHA we build with
-        "max_tokens_in_paged_kv_cache": None if max_tokens_in_paged_kv_cache is None else str(max_tokens_in_paged_kv_cache),
-        "max_attention_window_size": None if max_attention_window_size is None else str(max_attention_window_size),
+        "max_tokens_in_paged_kv_cache": _optional_str(max_tokens_in_paged_kv_cache),
+        "max_attention_window_size": _optional_str(max_attention_window_size),
         "gpu_device_ids": _id_list("gpu_device_ids", gpu_device_ids),
         "participant_ids": _id_list("participant_ids", participant_ids),
         "speculative_decoding_fast_logits": "true" if fast_logits else "false",
