@@ -165,5 +165,116 @@ def verify(directory: str, json_mode: bool) -> None:
         console.print(f"[green]ok[/]: {report.checked} files match {report.manifest} (profile {report.profile_id})")
 
 
+@main.command()
+@click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
+@click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm"]), default="torch", show_default=True,
+              help="torch: the Triton server bundled with nvidia-pytriton, here; tensorrt-llm: the NGC container")
+@click.option("--host", default=None, help="bind address  [default: 127.0.0.1; tensorrt-llm: the spec's]")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="[default: 8000; 0 = a free port]")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="[default: 8001; 0 = a free port]")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="[default: 8002; 0 = a free port]")
+@click.option("--timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="seconds to wait for the models to load (torch)")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None, help="keep the server log here (torch)")
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
+              help=f"build spec, for tensorrt-llm (default: ./{DEFAULT_SPEC_FILE} if it exists)")
+@click.option("--engines", type=click.Path(file_okay=False), default=None,
+              help="engines folder, for tensorrt-llm  [default: the spec's outputs.engines_dir]")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE", help="override a spec field (tensorrt-llm)")
+@click.option("--dry-run", is_flag=True, help="print the commands instead of running them")
+@reports_errors
+def serve(repository: str, runtime: str, host: str | None, http_port: int | None, grpc_port: int | None,
+          metrics_port: int | None, timeout: float, log_file: str | None, spec_file: str | None,
+          engines: str | None, assignments: tuple[str, ...], dry_run: bool) -> None:
+    """Serve REPOSITORY (default: triton_repo) with Triton until Ctrl-C."""
+    ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+    if runtime == "tensorrt-llm":
+        from .launch import format_launch, launch_plan
+        from .server import run_foreground
+
+        triton = [f"triton.{key}={value}" for key, value in {"host": host, **ports}.items() if value is not None]
+        spec = spec_from_options(spec_file, None, None, runtime, None, None, None, None, (*assignments, *triton))
+        engines = engines or spec.outputs.engines_dir
+        if dry_run:
+            click.echo(format_launch(spec, repository, engines))
+            return
+        sys.exit(run_foreground(launch_plan(spec, repository, engines).docker_argv))
+
+    from .server import TritonServer
+
+    defaults = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
+    server = TritonServer(repository, host=host or "127.0.0.1", startup_timeout=timeout, log_file=log_file,
+                          **{key: defaults[key] if port is None else port for key, port in ports.items()})
+    if dry_run:
+        click.echo(server.describe())
+        return
+    console.print(f"starting tritonserver on {repository} (up to {timeout:g} s to load the models)")
+    server.serve_forever(announce=lambda line: console.print(line, highlight=False, soft_wrap=True))
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--url", default="127.0.0.1:8001", show_default=True, help="Triton gRPC address")
+@click.option("--model", default="ensemble", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--stream/--no-stream", default=True, show_default=True, help="print text as it is accepted")
+@click.option("--temperature", type=float, default=None, help="0 = greedy")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None, help="reproducible sampling")
+@click.option("--num-draft-tokens", type=int, default=None, help="K for this request; 0 = target alone")
+@click.option("--stop", "stop_words", multiple=True, help="stop after this text (repeatable)")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True)
+@reports_errors
+def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, temperature: float | None,
+             top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
+             stop_words: tuple[str, ...], timeout: float) -> None:
+    """Send PROMPT (or - for stdin) to a served ensemble; text on stdout, figures on stderr."""
+    from .client import GenerationRequest, SpecbuildClient
+    from .errors import UsageError
+
+    text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
+    if not text:
+        raise UsageError("the prompt is empty", "pass the prompt as an argument, or pipe it in with -")
+    request = GenerationRequest(text, max_tokens, stream=stream, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed, num_draft_tokens=num_draft_tokens,
+                                stop_words=list(stop_words) or None)
+    generation = SpecbuildClient(url, model, timeout=timeout).run(
+        request, on_chunk=lambda chunk: click.echo(chunk.text, nl=False))
+    click.echo()
+    console.print(generation.summary(), highlight=False, soft_wrap=True)
+
+
+@main.command()
+@spec_options
+@click.option("--k8s", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="folder to write the Kubernetes manifests into (one <kind>.yaml per object)")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None, help="HPA ceiling (default: 4 x replicas)")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--pvc", default=None, help="PersistentVolumeClaim holding the release's engines and repository folders")
+@click.option("--release-image", default=None, help="image with /release/<engines> and /release/<repository> "
+              "(docker/Dockerfile.release), copied by an init container")
+@click.option("--kserve", is_flag=True, help="write a KServe ServingRuntime + InferenceService instead")
+@click.option("--mode", type=click.Choice(["auto", "single", "leader", "orchestrator"]), default="auto",
+              show_default=True, help="TensorRT-LLM process layout (auto: single, or orchestrator for tp/pp > 1)")
+@click.option("--fast-logits", is_flag=True, help="pass draft logits device to device (orchestrator mode, no spawning)")
+@click.option("--placement", type=click.Choice(["shared", "separate"]), default="shared", show_default=True,
+              help="draft on the target's GPUs, or on GPUs of its own")
+@reports_errors
+def deploy(out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
+           release_image: str | None, kserve: bool, mode: str, fast_logits: bool, placement: str,
+           **spec_args: Any) -> None:
+    """Write Kubernetes manifests serving a compiled release (tensorrt-llm runtime)."""
+    from .k8s import DeployOptions, manifests, write_manifests
+
+    spec = spec_from_options(**spec_args)
+    options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
+                            release_image=release_image, mode=mode, fast_logits=fast_logits,  # type: ignore[arg-type]
+                            placement=placement)  # type: ignore[arg-type]
+    for path in write_manifests(out_dir, manifests(spec, options, kserve=kserve)):
+        console.print(f"wrote {path}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
