@@ -311,8 +311,6 @@ BACKEND_OUTPUTS = {"output_ids", "sequence_length", "cum_log_probs", "output_log
                    "total_accepted_draft_tokens", "total_draft_tokens"}
 
 
-@pytest.mark.xfail(strict=True, reason="contract.ENGINE_INPUTS names 'min_tokens'; the backend reads 'min_length' "
-                                       "(a declared but unread input is silently ignored)")
 def test_contract_engine_inputs_are_backend_inputs() -> None:
     assert {t.name for t in contract.ENGINE_INPUTS} <= BACKEND_INPUTS
 

@@ -1,6 +1,6 @@
 """Triton model ``preprocessing``: text -> token ids, stop/bad word lists, end id.
 
-Parameters: ``max_input_len``, ``end_id`` (the tokenizer's eos), ``add_special_tokens`` ("true"/"false").
+Parameters: ``max_input_len``, ``end_id`` (the tokenizer's eos).
 The tokenizer files are shipped in this model's version folder under ``tokenizer/``.
 """
 
@@ -30,7 +30,6 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
         self.max_input_len = int(parameters["max_input_len"])
         self.default_end_id = int(parameters["end_id"])
-        self.add_special_tokens = parameters.get("add_special_tokens", "true") == "true"
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -62,7 +61,7 @@ class TritonPythonModel:
             text = decode_utf8(np.asarray(texts[row]).reshape(-1)[0], "text_input")
             if not text.strip():
                 raise RequestError("text_input is empty", "send a non-empty prompt")
-            encoded = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+            encoded = self.tokenizer.encode(text)
             if len(encoded) > self.max_input_len:
                 raise RequestError(
                     f"prompt has {len(encoded)} tokens, more than max_input_len ({self.max_input_len})",

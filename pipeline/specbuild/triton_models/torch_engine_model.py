@@ -63,7 +63,7 @@ class TritonPythonModel:
         lengths = optional_input(request, "input_lengths")
         output_len = required_input(request, "request_output_len")
         fields = {name: optional_input(request, name) for name in (
-            "end_id", "runtime_top_k", "runtime_top_p", "temperature", "random_seed", "min_tokens",
+            "end_id", "runtime_top_k", "runtime_top_p", "temperature", "random_seed", "min_length",
             "return_generation_logits", "exclude_input_in_output", "beam_width")}
         draft_ids = optional_input(request, "draft_input_ids")
         draft_logits = optional_input(request, "draft_logits")
@@ -84,7 +84,7 @@ class TritonPythonModel:
                 sampling=SamplingParams.from_request(get("temperature"), get("runtime_top_k"), get("runtime_top_p")),
                 seed=get("random_seed"),
                 end_id=get("end_id"),
-                min_new_tokens=int(get("min_tokens", 0)),
+                min_new_tokens=int(get("min_length", 0)),
                 draft_tokens=drafts,
                 draft_logits=None if draft_logits is None or not draft_logits.size
                 else torch.from_numpy(np.asarray(draft_logits[row], dtype=np.float32)),
