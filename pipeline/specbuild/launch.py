@@ -23,7 +23,7 @@ is necessary once tensor parallelism is used, because two TensorRT-LLM models sh
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,7 +85,7 @@ class LaunchPlan:
     ports: dict[str, int]
     shm_gib: int
     mounts: tuple[Mount, ...]
-    docker_argv: tuple[str, ...] = field(default=())
+    docker_argv: tuple[str, ...]
 
     @property
     def server_command(self) -> str:
@@ -107,7 +107,7 @@ class LaunchPlan:
 
     def render(self) -> str:
         """A commented, copy-pasteable shell rendering (``shlex.join``) of the plan."""
-        url_host = f"[{self.host}]" if ":" in self.host else self.host
+        url_host = _bracket(self.host)
         lines = [
             f"# specbuild launch plan (tensorrt-llm runtime): {self.mode} mode, "
             f"MPI world size {self.world_size}, {self.gpu_count} GPU(s)"
@@ -279,9 +279,13 @@ def _host_path(path: str | Path, what: str) -> str:
     return resolved
 
 
+def _bracket(host: str) -> str:
+    """IPv6 addresses in brackets, as URLs and ``docker run -p`` want them."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _publish(host: str, port: int) -> str:
-    address = f"[{host}]" if ":" in host else host
-    return f"{address}:{port}:{port}"
+    return f"{_bracket(host)}:{port}:{port}"
 
 
 def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, mode: ModeChoice = "auto", *,
