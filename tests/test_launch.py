@@ -16,6 +16,7 @@ from specbuild.launch import (
     format_launch,
     launch_as_dict,
     launch_plan,
+    model_devices,
     resolve_mode,
 )
 from specbuild.spec import BuildSpec
@@ -167,6 +168,9 @@ def test_device_assignment_matches_the_plan(tmp_path):
     for options in ({}, {"mode": "leader"}, {"fast_logits": True}, {"placement": "separate"}):
         plan = launch_plan(spec, tmp_path / "r", tmp_path / "e", **options)
         assert device_assignment(spec, **options) == plan.engine_parameters()
+        assert model_devices(spec, **options) == plan.devices
+    typed = model_devices(spec, fast_logits=True)
+    assert typed["target"].gpu_device_ids == (0, 1) and typed["target"].participant_ids == (2, 3)
 
 
 def test_fast_logits_errors_instead_of_silent_fallback():

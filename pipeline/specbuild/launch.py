@@ -206,18 +206,25 @@ def _assign(spec: BuildSpec, mode: Mode, *, fast_logits: bool, spawns: bool | No
     }
 
 
-def device_assignment(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
-                      spawn_processes: bool | None = None,
-                      placement: Placement = "shared") -> dict[str, dict[str, str]]:
-    """``{"target": {...}, "draft": {...}}``: the ``gpu_device_ids``, ``participant_ids`` and
-    ``speculative_decoding_fast_logits`` parameters for each engine model's ``config.pbtxt``.
+def model_devices(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
+                  spawn_processes: bool | None = None, placement: Placement = "shared") -> dict[str, ModelDevices]:
+    """``{"target": ModelDevices, "draft": ModelDevices}``: typed GPU and MPI-rank placement of each engine.
 
     ``placement="shared"`` puts the draft on the target's first GPU(s) (best when both fit, per NVIDIA's
     draft-target guide); ``"separate"`` gives the draft its own GPU(s) after the target's.
     """
     resolved = resolve_mode(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes)
     spawns = _spawns(resolved, fast_logits, spawn_processes)
-    devices = _assign(spec, resolved, fast_logits=fast_logits, spawns=spawns, placement=placement)
+    return _assign(spec, resolved, fast_logits=fast_logits, spawns=spawns, placement=placement)
+
+
+def device_assignment(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
+                      spawn_processes: bool | None = None,
+                      placement: Placement = "shared") -> dict[str, dict[str, str]]:
+    """``{"target": {...}, "draft": {...}}``: the ``gpu_device_ids``, ``participant_ids`` and
+    ``speculative_decoding_fast_logits`` parameters (string values) for each engine's ``config.pbtxt``."""
+    devices = model_devices(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes,
+                            placement=placement)
     return {role: item.parameters() for role, item in devices.items()}
 
 
