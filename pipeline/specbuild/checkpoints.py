@@ -27,11 +27,13 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 
-SAFETENSORS_DTYPE_BYTES = {
-    "F64": 8, "I64": 8, "U64": 8,
-    "F32": 4, "I32": 4, "U32": 4,
-    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+# safetensors dtype code -> (the torch name reports use, bytes per element)
+SAFETENSORS_DTYPES = {
+    "F64": ("float64", 8), "I64": ("int64", 8), "U64": ("uint64", 8),
+    "F32": ("float32", 4), "I32": ("int32", 4), "U32": ("uint32", 4),
+    "F16": ("float16", 2), "BF16": ("bfloat16", 2), "I16": ("int16", 2), "U16": ("uint16", 2),
+    "I8": ("int8", 1), "U8": ("uint8", 1), "BOOL": ("bool", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1), "F8_E8M0": ("float8_e8m0fnu", 1),
 }
 
 # Tensor-name suffixes of the input embedding and the output projection across HF families.
@@ -233,7 +235,7 @@ def _checked_tensor_entry(path: Path, name: str, entry: Any, data_len: int, fix:
     if not isinstance(entry, dict):
         raise CheckpointError(f"{path} is corrupt: header entry {name!r} is not an object", fix)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in SAFETENSORS_DTYPE_BYTES:
+    if dtype not in SAFETENSORS_DTYPES:
         raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}",
                               "use fp16/bf16/fp32 weights (no quantized formats)")
     valid_shape = isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
@@ -245,10 +247,11 @@ def _checked_tensor_entry(path: Path, name: str, entry: Any, data_len: int, fix:
     if offsets[1] > data_len:
         raise CheckpointError(f"{path} is truncated: tensor {name!r} ends at byte {offsets[1]} of the data "
                               f"but the file holds {data_len}", fix)
-    if offsets[1] - offsets[0] != math.prod(shape) * SAFETENSORS_DTYPE_BYTES[dtype]:
+    dtype_name, size = SAFETENSORS_DTYPES[dtype]
+    if offsets[1] - offsets[0] != math.prod(shape) * size:
         raise CheckpointError(f"{path} is corrupt: tensor {name!r} declares shape {shape} ({dtype}) but "
                               f"{offsets[1] - offsets[0]} bytes", fix)
-    return {"dtype": dtype, "shape": shape}
+    return {"dtype": dtype_name, "shape": shape, "bytes": offsets[1] - offsets[0]}
 
 
 def _index(index_path: Path) -> tuple[dict[str, str], list[Path]]:
@@ -288,6 +291,7 @@ def _pickle_tensors(folder: Path, files: list[Path]) -> dict[str, dict[str, Any]
         raise CheckpointError("reading .bin/.pt checkpoints needs PyTorch",
                               "pip install 'specbuild[torch]', or convert the checkpoint to safetensors") from None
     tensors: dict[str, dict[str, Any]] = {}
+    seen: set[tuple[int, int]] = set()  # tied weights share storage: count them once
     for file in files:
         try:
             state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
@@ -297,7 +301,11 @@ def _pickle_tensors(folder: Path, files: list[Path]) -> dict[str, dict[str, Any]
         if not isinstance(state, dict):
             raise CheckpointError(f"{file} does not hold a state dict", "convert the checkpoint to safetensors")
         for name, tensor in state.items():
-            if isinstance(tensor, torch.Tensor):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if key not in seen:
+                seen.add(key)
                 tensors[name] = {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
                                  "bytes": tensor.element_size() * tensor.numel()}
     return tensors
@@ -344,7 +352,7 @@ def _read_weights(folder: Path, allow_pickle: bool) -> WeightsInfo:
     for entry in tensors.values():
         count = math.prod(entry["shape"])
         by_dtype[entry["dtype"]] = by_dtype.get(entry["dtype"], 0) + count
-        stored += entry.get("bytes", count * SAFETENSORS_DTYPE_BYTES.get(entry["dtype"], 0))
+        stored += entry["bytes"]
     embedding = _find(tensors, EMBEDDING_SUFFIXES)
     lm_head = _find(tensors, LM_HEAD_SUFFIXES)
     return WeightsInfo(

@@ -1,0 +1,137 @@
+"""check_pair: every incompatibility is a reason with a fix; what is merely worth knowing is a warning."""
+
+from __future__ import annotations
+
+import pytest
+from checkpoint_factory import MAX_POSITIONS, PADDED_VOCAB, VOCAB, Checkpoints, checkpoints  # noqa: F401
+
+from specbuild.checkpoints import CheckpointInfo, read_checkpoint
+from specbuild.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, PairParams, check_pair
+from specbuild.spec import BuildSpec, ModelSpec
+
+
+@pytest.fixture(scope="module")
+def target(checkpoints: Checkpoints) -> CheckpointInfo:
+    return read_checkpoint(checkpoints.target)
+
+
+@pytest.fixture(scope="module")
+def draft(checkpoints: Checkpoints) -> CheckpointInfo:
+    return read_checkpoint(checkpoints.draft)
+
+
+def codes(findings) -> set[str]:
+    return {f.code for f in findings}
+
+
+def with_tokenizer(info: CheckpointInfo, **changes) -> CheckpointInfo:
+    return info.model_copy(update={"tokenizer": info.tokenizer.model_copy(update=changes)})
+
+
+def test_matching_pair_is_compatible_without_warnings(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    report = check_pair(target, draft)
+    assert report.compatible and report.reasons == [] and report.warnings == []
+    assert report.size_ratio == pytest.approx(target.num_parameters / draft.num_parameters)
+    assert report.target_family == report.draft_family == "Llama"
+    assert report.to_dict()["compatible"] is True
+
+
+def test_different_tokenizers_name_both_vocab_sizes(target: CheckpointInfo, checkpoints: Checkpoints) -> None:
+    report = check_pair(target, read_checkpoint(checkpoints.other_tokenizer))
+    assert not report.compatible
+    [reason] = [r for r in report.reasons if r.code == "tokenizer"]
+    assert f"target vocab size {VOCAB} does not match draft vocab size 350" in reason.message
+    assert "tokenizer" in reason.fix
+
+
+def test_same_size_different_tokens_is_named_by_hash(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    report = check_pair(target, with_tokenizer(draft, hash="0" * 64))
+    [reason] = report.reasons
+    assert reason.code == "tokenizer" and "same vocab size" in reason.message and "000000000000" in reason.message
+
+
+def test_padded_draft_needs_token_match(target: CheckpointInfo, checkpoints: Checkpoints) -> None:
+    padded = read_checkpoint(checkpoints.padded_draft)
+    logits = check_pair(target, padded, PairParams(acceptance="draft-logits"))
+    [reason] = logits.reasons
+    assert reason.code == "logits-width" and f"{VOCAB} does not match draft logits width {PADDED_VOCAB}" in reason.message
+    assert "token-match" in reason.fix
+
+    match = check_pair(target, padded, PairParams(acceptance="token-match"))
+    assert match.compatible and "logits-width" in codes(match.warnings)
+    assert "draft-vocab-size" not in codes(match.warnings)  # config and embedding agree at 448
+
+
+def test_tokenizer_ids_beyond_the_embedding_are_a_reason(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    report = check_pair(target, with_tokenizer(draft, max_token_id=VOCAB + 5))
+    assert "draft-embedding" in codes(report.reasons)
+
+
+def test_bos_and_eos_must_match_pad_may_differ(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    eos = check_pair(target, with_tokenizer(draft, eos_token_id=7))
+    [reason] = eos.reasons
+    assert reason.code == "eos-id" and "target eos token id 1 does not match draft eos token id 7" in reason.message
+    bos = check_pair(target, with_tokenizer(draft, bos_token_id=7))
+    assert codes(bos.reasons) == {"bos-id"}
+    pad = check_pair(target, with_tokenizer(draft, pad_token_id=7))
+    assert pad.compatible and codes(pad.warnings) == {"pad-id"}
+
+
+@pytest.mark.parametrize("runtime,blocks", [("tensorrt-llm", True), ("torch", False)])
+def test_unsupported_architecture(target: CheckpointInfo, draft: CheckpointInfo, runtime: str, blocks: bool) -> None:
+    odd = draft.model_copy(update={"architecture": "RwkvForCausalLM"})
+    report = check_pair(target, odd, PairParams(runtime=runtime))
+    findings = report.reasons if blocks else report.warnings
+    [finding] = [f for f in findings if f.code == "draft-architecture"]
+    assert "TensorRT-LLM 1.2" in finding.message and "Llama" in finding.message and "Qwen" in finding.message
+    assert report.compatible is not blocks
+
+
+def test_supported_families_cover_common_drafts() -> None:
+    for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                 "Gemma2ForCausalLM", "Phi3ForCausalLM", "GPT2LMHeadModel"):
+        assert arch in ARCHITECTURE_FAMILY
+
+
+def test_float32_engines_are_refused_for_tensorrt_llm(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    report = check_pair(target, draft, PairParams(runtime="tensorrt-llm", draft_dtype="float32"))
+    assert codes(report.reasons) == {"draft-dtype"}
+    assert check_pair(target, draft, PairParams(runtime="torch", draft_dtype="float32")).compatible
+
+
+def test_checkpoint_dtypes_that_differ_are_a_warning(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    report = check_pair(target, draft.model_copy(update={"torch_dtype": "bfloat16"}))
+    assert report.compatible and codes(report.warnings) == {"checkpoint-dtypes"}
+
+
+@pytest.mark.parametrize("draft_is_target", [True, False])
+def test_size_ratio_outside_10_to_100_warns(target: CheckpointInfo, draft: CheckpointInfo, draft_is_target: bool) -> None:
+    other = target if draft_is_target else draft.model_copy(
+        update={"weights": draft.weights.model_copy(update={"num_parameters": target.num_parameters // 500})})
+    report = check_pair(target, other)
+    [warning] = [w for w in report.warnings if w.code == "size-ratio"]
+    assert ("too large" if draft_is_target else "so small") in warning.message
+    assert report.compatible
+
+
+def test_max_seq_len_beyond_either_model_is_a_reason(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    short = draft.model_copy(update={"max_position_embeddings": 1024})
+    report = check_pair(target, short, PairParams(max_seq_len=2048))
+    [reason] = report.reasons
+    assert reason.code == "draft-max-positions" and "1024" in reason.message and "to 1024" in reason.fix
+    both = check_pair(target, short, PairParams(max_seq_len=MAX_POSITIONS + 1))
+    assert codes(both.reasons) == {"target-max-positions", "draft-max-positions"}
+
+
+def test_rope_differences_warn(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    report = check_pair(target, draft.model_copy(update={"rope_theta": 500000.0}))
+    assert report.compatible and codes(report.warnings) == {"rope"}
+
+
+def test_spec_supplies_the_parameters(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    spec = BuildSpec(runtime="torch", target=ModelSpec(checkpoint="t"), draft=ModelSpec(checkpoint="d", dtype="float16"),
+                     speculation={"acceptance": "token-match"}, limits={"max_input_len": 100, "max_seq_len": 300})
+    params = PairParams.from_spec(spec)
+    assert params == PairParams(acceptance="token-match", max_seq_len=300, runtime="torch", target_dtype="auto",
+                                draft_dtype="float16")
+    assert isinstance(check_pair(target, draft, spec), CompatibilityReport)
