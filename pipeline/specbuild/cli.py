@@ -110,37 +110,6 @@ def init(path: str, target: str, draft: str, runtime: str, force: bool) -> None:
 
 
 @main.command()
-@spec_options
-@click.option("--k8s", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="folder to write the Kubernetes manifests into (one <kind>.yaml per object)")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--max-replicas", type=click.IntRange(min=1), default=None, help="HPA ceiling (default: 4 x replicas)")
-@click.option("--namespace", default="default", show_default=True)
-@click.option("--pvc", default=None, help="PersistentVolumeClaim holding the release's engines and repository folders")
-@click.option("--release-image", default=None, help="image with /release/<engines> and /release/<repository> "
-              "(docker/Dockerfile.release), copied by an init container")
-@click.option("--kserve", is_flag=True, help="write a KServe ServingRuntime + InferenceService instead")
-@click.option("--mode", type=click.Choice(["auto", "single", "leader", "orchestrator"]), default="auto",
-              show_default=True, help="TensorRT-LLM process layout (auto: single, or orchestrator for tp/pp > 1)")
-@click.option("--fast-logits", is_flag=True, help="pass draft logits device to device (orchestrator mode, no spawning)")
-@click.option("--placement", type=click.Choice(["shared", "separate"]), default="shared", show_default=True,
-              help="draft on the target's GPUs, or on GPUs of its own")
-@reports_errors
-def deploy(out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
-           release_image: str | None, kserve: bool, mode: str, fast_logits: bool, placement: str,
-           **spec_args: Any) -> None:
-    """Write Kubernetes manifests serving a compiled release (tensorrt-llm runtime)."""
-    from .k8s import DeployOptions, manifests, write_manifests
-
-    spec = spec_from_options(**spec_args)
-    options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
-                            release_image=release_image, mode=mode, fast_logits=fast_logits,  # type: ignore[arg-type]
-                            placement=placement)  # type: ignore[arg-type]
-    for path in write_manifests(out_dir, manifests(spec, options, kserve=kserve)):
-        console.print(f"wrote {path}")
-
-
-@main.command()
 @click.argument("directory", type=click.Path())
 @click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
 @reports_errors
