@@ -134,6 +134,38 @@ def verify(directory: str, json_mode: bool) -> None:
         console.print(f"[green]ok[/]: {report.checked} files match {report.manifest} (profile {report.profile_id})")
 
 
+@main.command("check")
+@click.argument("target")
+@click.argument("draft")
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
+              help="build spec for dtypes, parallelism, limits and acceptance (default: built-in defaults)")
+@click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
+@click.option("--allow-pickle", is_flag=True, help="read .bin/.pt pickle weights (only checkpoints you trust)")
+@click.option("--trust-remote-code", is_flag=True, help="accept checkpoints whose config has an auto_map")
+@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="check the memory plan against GPUs of this size")
+@reports_errors
+def check_command(target: str, draft: str, spec_file: str | None, json_mode: bool, allow_pickle: bool,
+                  trust_remote_code: bool, gpu_memory_gib: float | None) -> None:
+    """Check that DRAFT can speculate for TARGET: tokenizer, architectures, sizes, memory plan.
+
+    Exit 0: compatible; 1: incompatible (each reason with its fix) or an unreadable checkpoint; 2: usage error.
+    """
+    from .check import check, render_check
+    from .errors import IncompatibleError
+
+    spec = load_spec(spec_file, {"target.checkpoint": target, "draft.checkpoint": draft})
+    report = check(target, draft, spec, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                   gpu_memory_gib=gpu_memory_gib)
+    if json_mode:
+        print_json(report.to_dict())
+    else:
+        render_check(report, Console())
+    if not report.compatible:
+        raise IncompatibleError(f"the draft cannot speculate for the target: {', '.join(r.code for r in report.reasons)}",
+                                "apply the fixes listed with each reason")
+
+
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
 @click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm"]), default="torch", show_default=True,
@@ -243,6 +275,47 @@ def deploy(out_dir: str, replicas: int, max_replicas: int | None, namespace: str
                             placement=placement)  # type: ignore[arg-type]
     for path in write_manifests(out_dir, manifests(spec, options, kserve=kserve)):
         console.print(f"wrote {path}")
+
+
+def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:
+    """Shared body of compile/convert/build/package: the spec from file + flags, then the pipeline."""
+    from . import pipeline
+
+    spec = spec_from_options(**options)
+    if dry_run:
+        described = pipeline.plan(spec)
+        if json_mode:
+            print_json({key: value for key, value in described.items() if key != "text"})
+        else:
+            click.echo(described["text"])
+        return
+    result = pipeline.run(spec, upto, force=force, json_mode=json_mode, console=console)
+    if json_mode:
+        print_json(result.to_dict())
+    elif result.manifest:
+        console.print(f"[green]release ready:[/] repository {result.repository}, engines {result.engines}, "
+                      f"manifest {result.manifest}")
+
+
+def pipeline_command(upto: str, summary: str) -> Callable[..., Any]:
+    @click.option("--force", is_flag=True, help="re-run every step even if its inputs are unchanged")
+    @click.option("--dry-run", is_flag=True, help="print what would run (commands, build configs per rank)")
+    @click.option("--json", "json_mode", is_flag=True, help="machine-readable output on stdout")
+    @spec_options
+    @reports_errors
+    def command(force: bool, dry_run: bool, json_mode: bool, **options: Any) -> None:
+        _run_pipeline(upto, options, force, dry_run, json_mode)
+
+    command.__doc__ = summary
+    return command
+
+
+main.command("compile")(pipeline_command(
+    "package", "Check, convert, build and package TARGET+DRAFT into a verified Triton repository."))
+main.command("convert")(pipeline_command("convert", "Check, then convert both HF checkpoints (into build/)."))
+main.command("build")(pipeline_command("build", "Check, convert, then build both engines (into engines/)."))
+main.command("package")(pipeline_command(
+    "package", "Everything up to the Triton repository (steps already done are skipped)."))
 
 
 if __name__ == "__main__":  # pragma: no cover

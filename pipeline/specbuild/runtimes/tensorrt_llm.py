@@ -370,7 +370,9 @@ def build(plan: BuildPlan, into: str | Path | None = None) -> Path:
     engine_config = json.loads((output / "config.json").read_text(encoding="utf-8"))
     info = {"runtime": "tensorrt-llm", "role": plan.role, "tensorrt_llm": trtllm.__version__,
             "tensorrt": tensorrt.__version__, "cuda": gpu.pop("cuda"), "gpu": gpu,
-            "build_config": engine_config.get("build_config", {})}
+            "build_config": engine_config.get("build_config", {}),
+            "dtype": engine_config.get("pretrained_config", {}).get("dtype"),
+            "vocab_size": engine_config.get("pretrained_config", {}).get("vocab_size")}
     (output / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return output
 
