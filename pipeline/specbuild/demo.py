@@ -1,0 +1,85 @@
+"""``specbuild demo``: the whole product on the embedded default, end to end.
+
+Make the demo pair (SmolLM2-135M-Instruct and its draft, offline), compile it with the ``torch`` runtime,
+start the bundled Triton server, stream one answer through the ensemble with speculation on, ask the same
+question with speculation off for comparison, print both with their acceptance figures, stop the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
+
+
+@dataclass
+class DemoResult:
+    text: str
+    speculative: Any  # client.Generation with speculation on
+    baseline: Any  # the same request with num_draft_tokens=0
+    repository: Path
+
+    @property
+    def identical(self) -> bool:
+        return self.text == self.baseline.text
+
+
+def chat_prompt(tokenizer_dir: Path, question: str) -> str:
+    """Wrap ``question`` in the model's chat template when it has one."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    if not getattr(tokenizer, "chat_template", None):
+        return question
+    return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
+             num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
+    from . import pipeline
+    from .client import GenerationRequest, SpecbuildClient
+    from .server import TritonServer
+    from .spec import load_spec
+
+    console = console or Console(stderr=True)
+    workdir = Path(workdir).resolve()
+    console.rule("[bold]1/4 demo models")
+    if tiny:
+        from .tiny_models import build_tiny_pair
+
+        pair = build_tiny_pair(workdir / "models" / "tiny")
+    else:
+        from .demo_models import build_demo_pair
+
+        pair = build_demo_pair(workdir / "models" / "demo")
+    console.rule("[bold]2/4 compile (torch runtime)")
+    spec = load_spec(None, {
+        "name": "tiny" if tiny else "demo", "runtime": "torch",
+        "target.checkpoint": str(pair.target_dir), "draft.checkpoint": str(pair.draft_dir),
+        "outputs.build_dir": str(workdir / "build"), "outputs.engines_dir": str(workdir / "engines"),
+        "outputs.repository_dir": str(workdir / "triton_repo"),
+    }, base_dir=workdir)
+    result = pipeline.run(spec, console=console)
+    console.rule("[bold]3/4 serve (Triton, loopback)")
+    with TritonServer(result.repository) as server:
+        console.print(f"server ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
+        client = SpecbuildClient(server.grpc_url)
+        prompt = chat_prompt(result.repository / "preprocessing" / "1" / "tokenizer", question)
+        console.rule("[bold]4/4 generate (streamed, speculation on)")
+        console.print(f"[bold]question:[/] {question}")
+        request = GenerationRequest(prompt, max_tokens, stream=True, num_draft_tokens=num_draft_tokens)
+        speculative = client.run(request, on_chunk=lambda chunk: console.print(
+            chunk.text, end="", highlight=False, markup=False, soft_wrap=True))
+        console.print()
+        console.print(f"[bold]speculative:[/] {speculative.summary()}")
+        baseline = client.generate(prompt, max_tokens, num_draft_tokens=0)
+        console.print(f"[bold]target alone:[/] {baseline.summary()}")
+    demo = DemoResult(speculative.text, speculative, baseline, result.repository)
+    verdict = "identical" if demo.identical else "DIFFERENT (please report this)"
+    console.print(f"greedy output with and without speculation: [bold]{verdict}[/]")
+    return demo
