@@ -318,5 +318,23 @@ main.command("package")(pipeline_command(
     "package", "Everything up to the Triton repository (steps already done are skipped)."))
 
 
+@main.command()
+@click.option("--workdir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="where models/, build/, engines/ and triton_repo/ go")
+@click.option("--question", default=None, help="what to ask the demo model")
+@click.option("--max-tokens", type=click.IntRange(1, 1024), default=64, show_default=True)
+@click.option("--num-draft-tokens", type=click.IntRange(0, 64), default=None, help="K (default: the spec's)")
+@click.option("--tiny", is_flag=True, help="use the tiny pair made from nothing (seconds, meaningless text)")
+@reports_errors
+def demo(workdir: str, question: str | None, max_tokens: int, num_draft_tokens: int | None, tiny: bool) -> None:
+    """Make the demo pair, compile it (torch runtime), serve it on Triton and stream one answer."""
+    from .demo import DEFAULT_PROMPT, run_demo
+
+    result = run_demo(workdir, question=question or DEFAULT_PROMPT, max_tokens=max_tokens,
+                      num_draft_tokens=num_draft_tokens, tiny=tiny, console=console)
+    if not result.identical:
+        sys.exit(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
