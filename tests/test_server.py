@@ -229,3 +229,24 @@ def test_cli_serve_prints_endpoints_and_stops_cleanly_on_sigint(toy_repo):
     assert process.returncode == 0, "".join(lines) + output
     assert "stopping tritonserver" in output
     assert _processes_mentioning(f"--http-port={http}") == []
+
+
+def _tensorrt_llm_serve(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(main, ["serve", str(TOY), "--runtime", "tensorrt-llm", "--set", "target.checkpoint=t",
+                                     "--set", "draft.checkpoint=d", "--set", "target.tp_size=2", *args], env=env)
+
+
+def test_serve_tensorrt_llm_dry_run_prints_the_container_and_mpi_commands(tmp_path):
+    result = _tensorrt_llm_serve("--dry-run", "--http-port", "9000", "--engines", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "docker run" in result.output and "--gpus 2" in result.output
+    assert "mpirun --allow-run-as-root" in result.output
+    assert "-p 127.0.0.1:9000:9000" in result.output and "--http-port=9000" in result.output
+    assert f"source={tmp_path},target=/engines,readonly" in result.output
+    assert f"source={TOY.resolve()},target=/triton_repo,readonly" in result.output
+
+
+def test_serve_tensorrt_llm_without_docker_says_so(tmp_path):
+    result = _tensorrt_llm_serve("--engines", str(tmp_path), env={"PATH": str(tmp_path)})
+    assert result.exit_code == 1
+    assert "docker is not installed" in result.output and "--dry-run" in result.output

@@ -111,11 +111,15 @@ def log_errors(log: str) -> list[str]:
     return list(dict.fromkeys(per_model or errors))
 
 
+# Our own server is local: never send its health checks through an http_proxy from the environment.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _http_status(url: str, method: str = "GET", timeout: float = 2.0) -> tuple[int, str]:
     """Status code and body of a plain HTTP call; (0, reason) when the server cannot be reached."""
     request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _DIRECT.open(request, timeout=timeout) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
