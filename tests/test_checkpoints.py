@@ -19,7 +19,8 @@ def test_reads_config_weights_and_tokenizer(checkpoints: Checkpoints) -> None:
 
     info = read_checkpoint(checkpoints.target)
     assert (info.architecture, info.model_type) == ("LlamaForCausalLM", "llama")
-    assert (info.hidden_size, info.num_layers, info.num_attention_heads, info.num_kv_heads, info.head_dim) == (64, 4, 4, 2, 16)
+    shape = (info.hidden_size, info.num_layers, info.num_attention_heads, info.num_kv_heads, info.head_dim)
+    assert shape == (64, 4, 4, 2, 16)
     assert (info.intermediate_size, info.max_position_embeddings, info.vocab_size) == (256, MAX_POSITIONS, VOCAB)
     assert info.rope_theta == 10000.0 and info.rope_scaling is None
     assert info.torch_dtype == "float32" and not info.tie_word_embeddings and not info.remote_code

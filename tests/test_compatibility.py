@@ -54,7 +54,8 @@ def test_padded_draft_needs_token_match(target: CheckpointInfo, checkpoints: Che
     padded = read_checkpoint(checkpoints.padded_draft)
     logits = check_pair(target, padded, PairParams(acceptance="draft-logits"))
     [reason] = logits.reasons
-    assert reason.code == "logits-width" and f"{VOCAB} does not match draft logits width {PADDED_VOCAB}" in reason.message
+    assert reason.code == "logits-width"
+    assert f"{VOCAB} does not match draft logits width {PADDED_VOCAB}" in reason.message
     assert "token-match" in reason.fix
 
     match = check_pair(target, padded, PairParams(acceptance="token-match"))
@@ -105,7 +106,8 @@ def test_checkpoint_dtypes_that_differ_are_a_warning(target: CheckpointInfo, dra
 
 
 @pytest.mark.parametrize("draft_is_target", [True, False])
-def test_size_ratio_outside_10_to_100_warns(target: CheckpointInfo, draft: CheckpointInfo, draft_is_target: bool) -> None:
+def test_size_ratio_outside_10_to_100_warns(target: CheckpointInfo, draft: CheckpointInfo,
+                                            draft_is_target: bool) -> None:
     other = target if draft_is_target else draft.model_copy(
         update={"weights": draft.weights.model_copy(update={"num_parameters": target.num_parameters // 500})})
     report = check_pair(target, other)
@@ -129,7 +131,8 @@ def test_rope_differences_warn(target: CheckpointInfo, draft: CheckpointInfo) ->
 
 
 def test_spec_supplies_the_parameters(target: CheckpointInfo, draft: CheckpointInfo) -> None:
-    spec = BuildSpec(runtime="torch", target=ModelSpec(checkpoint="t"), draft=ModelSpec(checkpoint="d", dtype="float16"),
+    spec = BuildSpec(runtime="torch", target=ModelSpec(checkpoint="t"),
+                     draft=ModelSpec(checkpoint="d", dtype="float16"),
                      speculation={"acceptance": "token-match"}, limits={"max_input_len": 100, "max_seq_len": 300})
     params = PairParams.from_spec(spec)
     assert params == PairParams(acceptance="token-match", max_seq_len=300, runtime="torch", target_dtype="auto",

@@ -36,8 +36,9 @@ class CheckReport(BaseModel):
     @property
     def reasons(self) -> list[Finding]:
         """Pair incompatibilities, plus the memory plan's refusal when the layout cannot fit the GPU."""
-        memory = [Finding(code="memory", message=self.memory.problem, fix=self.memory.fix)] if self.memory.problem else []
-        return [*self.compatibility.reasons, *memory]
+        if not self.memory.problem:
+            return list(self.compatibility.reasons)
+        return [*self.compatibility.reasons, Finding(code="memory", message=self.memory.problem, fix=self.memory.fix)]
 
     @property
     def warnings(self) -> list[Finding]:
@@ -78,7 +79,8 @@ def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | Non
     for role, path in (("target", target_path), ("draft", draft_path)):
         if not Path(path).is_dir():
             raise UsageError(f"{role} checkpoint folder {str(path)!r} does not exist",
-                             f"pass the {role}'s Hugging Face checkpoint folder (config.json, tokenizer, *.safetensors)")
+                             f"pass the {role}'s Hugging Face checkpoint folder "
+                             "(config.json, tokenizer files, *.safetensors)")
     spec = spec or BuildSpec(target=ModelSpec(checkpoint=str(target_path)), draft=ModelSpec(checkpoint=str(draft_path)))
     options = {"allow_pickle": allow_pickle or spec.security.allow_pickle,
                "trust_remote_code": trust_remote_code or spec.security.trust_remote_code}
@@ -176,6 +178,8 @@ def render_check(report: CheckReport, console: Console) -> None:
             console.print(f"  [bold]fix:[/] {escape(reason.fix)}", highlight=False)
     for warning in report.warnings:
         console.print(f"[yellow]warning[/] ({warning.code}): {escape(warning.message)}", highlight=False)
-    ratio = f", target/draft size ratio {report.compatibility.size_ratio:.1f}x" if report.compatibility.size_ratio else ""
-    verdict = "[bold green]compatible[/]" if report.compatible else f"[bold red]incompatible[/] ({len(report.reasons)} reasons)"
+    size_ratio = report.compatibility.size_ratio
+    ratio = f", target/draft size ratio {size_ratio:.1f}x" if size_ratio else ""
+    verdict = ("[bold green]compatible[/]" if report.compatible
+               else f"[bold red]incompatible[/] ({len(report.reasons)} reasons)")
     console.print(f"{verdict}: acceptance {report.acceptance}, runtime {report.runtime}{ratio}", highlight=False)

@@ -145,7 +145,8 @@ def _read_json(path: Path, limit: int) -> Any:
     try:
         return json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc})", "replace it with the checkpoint's original file") from None
+        raise CheckpointError(f"{path} is not valid JSON ({exc})",
+                              "replace it with the checkpoint's original file") from None
 
 
 def _inside(folder: Path, name: str, referrer: Path) -> Path:
@@ -238,7 +239,8 @@ def _checked_tensor_entry(path: Path, name: str, entry: Any, data_len: int, fix:
     if dtype not in SAFETENSORS_DTYPES:
         raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}",
                               "use fp16/bf16/fp32 weights (no quantized formats)")
-    valid_shape = isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    valid_shape = isinstance(shape, list) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     valid_offsets = (isinstance(offsets, list) and len(offsets) == 2
                      and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
                      and 0 <= offsets[0] <= offsets[1])
@@ -478,7 +480,8 @@ def read_checkpoint(path: str | Path, *, allow_pickle: bool = False, trust_remot
     """Summarize the HF checkpoint folder ``path`` from its config, weight headers and tokenizer files."""
     folder = Path(path)
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist", "pass the folder that holds config.json")
+        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist",
+                              "pass the folder that holds config.json")
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{folder} has no config.json", "point at a Hugging Face checkpoint folder "

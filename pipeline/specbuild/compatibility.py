@@ -93,7 +93,8 @@ def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
     return report
 
 
-def _tokenizers(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _tokenizers(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                report: CompatibilityReport) -> None:
     t, d = target.tokenizer, draft.tokenizer
     if t.hash == d.hash:
         return
@@ -108,7 +109,8 @@ def _tokenizers(target: CheckpointInfo, draft: CheckpointInfo, params: PairParam
             "trained with the target's tokenizer.json)"))
 
 
-def _special_ids(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _special_ids(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                 report: CompatibilityReport) -> None:
     for role in ("bos", "eos", "pad"):
         t_id = getattr(target.tokenizer, f"{role}_token_id")
         d_id = getattr(draft.tokenizer, f"{role}_token_id")
@@ -124,7 +126,8 @@ def _special_ids(target: CheckpointInfo, draft: CheckpointInfo, params: PairPara
                     "the target's"))
 
 
-def _vocab_widths(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _vocab_widths(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                  report: CompatibilityReport) -> None:
     for role, info in (("target", target), ("draft", draft)):
         rows = info.embedding_rows
         if rows is not None and info.tokenizer.max_token_id >= rows:
@@ -155,7 +158,8 @@ def _vocab_widths(target: CheckpointInfo, draft: CheckpointInfo, params: PairPar
                     "draft-logits acceptance would need equal widths"))
 
 
-def _architectures(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _architectures(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                   report: CompatibilityReport) -> None:
     families = ", ".join(TRTLLM_FAMILIES)
     for role, info in (("target", target), ("draft", draft)):
         if info.architecture in ARCHITECTURE_FAMILY:
@@ -163,19 +167,22 @@ def _architectures(target: CheckpointInfo, draft: CheckpointInfo, params: PairPa
         message = (f"{role} architecture {info.architecture} is not converted by TensorRT-LLM 1.2.x "
                    f"(supported families: {families})")
         if params.runtime == "tensorrt-llm":
-            report.reasons.append(Finding(code=f"{role}-architecture", message=message,
-                                          fix="use the torch runtime (--runtime torch) or a model of a supported family"))
+            report.reasons.append(Finding(
+                code=f"{role}-architecture", message=message,
+                fix="use the torch runtime (--runtime torch) or a model of a supported family"))
         else:
             report.warnings.append(Finding(code=f"{role}-architecture",
                                            message=message + "; the torch runtime can still serve it"))
 
 
-def _dtypes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _dtypes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+            report: CompatibilityReport) -> None:
     if params.runtime == "tensorrt-llm":
         for role, dtype in (("target", params.target_dtype), ("draft", params.draft_dtype)):
             if dtype == "float32":
                 report.reasons.append(Finding(
-                    code=f"{role}-dtype", message=f"{role} dtype float32 is not built by this project's TensorRT-LLM path",
+                    code=f"{role}-dtype",
+                    message=f"{role} dtype float32 is not built by this project's TensorRT-LLM path",
                     fix=f"set {role}.dtype to bfloat16 or float16 (or auto)"))
     stored = {info.torch_dtype for info in (target, draft)}
     if len(stored) > 1:
@@ -185,7 +192,8 @@ def _dtypes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, r
                     f"{draft.torch_dtype}); both are cast to the engine dtype"))
 
 
-def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+           report: CompatibilityReport) -> None:
     ratio = report.size_ratio
     low, high = SIZE_RATIO_RANGE
     if ratio is None or low <= ratio <= high:
@@ -198,7 +206,8 @@ def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, re
                 f"(about {low:.0f}-{high:.0f}x is typical): {advice}"))
 
 
-def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+               report: CompatibilityReport) -> None:
     limits = [m for m in (target.max_position_embeddings, draft.max_position_embeddings) if m is not None]
     for role, info in (("target", target), ("draft", draft)):
         limit = info.max_position_embeddings
@@ -210,7 +219,8 @@ def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams
                 fix=f"lower limits.max_seq_len to {min(limits)} or less"))
 
 
-def _rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams, report: CompatibilityReport) -> None:
+def _rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+          report: CompatibilityReport) -> None:
     if (target.rope_theta, target.rope_scaling) != (draft.rope_theta, draft.rope_scaling):
         report.warnings.append(Finding(
             code="rope",
