@@ -67,6 +67,7 @@ def _check_action(spec: BuildSpec, output: Path) -> dict[str, Any]:
         "architectures": {role: getattr(report, role).architecture for role in ROLES},
         "dtypes": {role: getattr(report, role).torch_dtype for role in ROLES},
         "kv_fractions": {"target": report.memory.target_kv_fraction, "draft": report.memory.draft_kv_fraction},
+        "kv_tokens": {role: getattr(report.memory, role).kv_tokens for role in ROLES},
     }
 
 
@@ -106,13 +107,15 @@ def _package_action(spec: BuildSpec, check: dict[str, Any], engines: Path, outpu
     draft = EngineInfo.read(engines / "draft", "draft")
     factory = None
     if spec.runtime == "tensorrt-llm":
-        factory = tensorrt_llm_engine_configs(spec, check["kv_fractions"])
+        factory = tensorrt_llm_engine_configs(spec, check["kv_fractions"], check["kv_tokens"])
     render_repository(spec, target, draft, Path(spec.target.checkpoint), output, engine_config=factory)
 
 
-def tensorrt_llm_engine_configs(spec: BuildSpec, kv_fractions: dict[str, float]):
+def tensorrt_llm_engine_configs(spec: BuildSpec, kv_fractions: dict[str, float], kv_tokens: dict[str, int]):
     """Engine configs for the ``tensorrtllm`` backend: engines at ``engine_mount`` inside the container,
-    the KV-cache split from the memory plan (or the spec), devices from the launch plan."""
+    the KV-cache split from the memory plan (or the spec), capped at the planned KV tokens (each fraction
+    applies to the memory free when that engine loads, so the token cap keeps the first one honest),
+    devices from the launch plan."""
     from .launch import device_assignment
     from .runtimes.tensorrt_llm import engine_model_config
 
@@ -131,6 +134,7 @@ def tensorrt_llm_engine_configs(spec: BuildSpec, kv_fractions: dict[str, float])
             gpu_device_ids=[int(x) for x in ids.split(",")] if ids else None,
             participant_ids=[int(x) for x in participants.split(",")] if participants else None,
             fast_logits=params.get("speculative_decoding_fast_logits") == "true",
+            max_tokens_in_paged_kv_cache=kv_tokens[engine.role],
         )
 
     return make
@@ -142,18 +146,20 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package") -> 
     build_dir, engines, repository = _dirs(spec)
     converted = build_dir / spec.runtime
     models = {role: getattr(spec, role) for role in ROLES}
+    # What engines are built for; the default K and adaptive K only change the orchestrator's config.
+    engine_speculation = spec.speculation.model_dump(include={"max_draft_len", "acceptance"})
 
     def check_data() -> dict[str, Any]:
         return runner.results[0].data
 
     all_stages = [
         Stage("check", {"models": models, "target": Path(spec.target.checkpoint), "draft": Path(spec.draft.checkpoint),
-                        "speculation": spec.speculation, "limits": spec.limits, "security": spec.security,
+                        "engine_speculation": engine_speculation, "limits": spec.limits, "security": spec.security,
                         "gpu_memory_gib": spec.triton.gpu_memory_gib, "runtime": spec.runtime},
               build_dir / "check", lambda tmp: _check_action(spec, tmp)),
         Stage("convert", {"runtime": spec.runtime, "models": models, "security": spec.security},
               converted, lambda tmp, progress: _convert_action(spec, check_data(), tmp, progress)),
-        Stage("build", {"runtime": spec.runtime, "models": models, "speculation": spec.speculation,
+        Stage("build", {"runtime": spec.runtime, "models": models, "engine_speculation": engine_speculation,
                         "limits": spec.limits},
               engines, lambda tmp, progress: _build_action(spec, converted, tmp, progress)),
         Stage("package", {"spec": spec.model_dump(mode="json", exclude={"outputs"}),

@@ -1,0 +1,124 @@
+"""The compile pipeline on small real checkpoints (torch runtime): outputs, skip, atomicity, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401 - session fixture
+from specbuild import manifest, pipeline
+from specbuild.cli import main
+from specbuild.errors import StageError
+from specbuild.runtimes import torch_runtime
+from specbuild.spec import BuildSpec, load_spec
+
+
+def make_spec(root: Path, target: Path, draft: Path, **overrides) -> BuildSpec:
+    values = {
+        "runtime": "torch", "target.checkpoint": str(target), "draft.checkpoint": str(draft),
+        "limits.max_input_len": 64, "limits.max_seq_len": 128,
+        "outputs.build_dir": str(root / "build"), "outputs.engines_dir": str(root / "engines"),
+        "outputs.repository_dir": str(root / "triton_repo"),
+    }
+    values.update(overrides)
+    return load_spec(None, values, base_dir=root)
+
+
+@pytest.fixture()
+def spec(tmp_path: Path, checkpoints: Checkpoints) -> BuildSpec:  # noqa: F811
+    return make_spec(tmp_path, checkpoints.target, checkpoints.draft)
+
+
+def statuses(result: pipeline.CompileResult) -> dict[str, str]:
+    return {step.name: step.status for step in result.steps}
+
+
+def test_compile_writes_a_verified_release(spec: BuildSpec, tmp_path: Path) -> None:
+    result = pipeline.run(spec, json_mode=True)
+    assert set(statuses(result).values()) == {"ok"}
+    assert result.manifest == tmp_path / "triton_repo" / "manifest.json"
+    assert manifest.verify(result.repository).ok
+    info = json.loads((tmp_path / "engines" / "target" / "build_info.json").read_text())
+    assert info["runtime"] == "torch"
+    assert info["build_config"]["max_draft_len"] == spec.speculation.max_draft_len
+    assert info["build_config"]["speculative_decoding_mode"] == "draft_tokens_external"
+    draft_info = json.loads((tmp_path / "engines" / "draft" / "build_info.json").read_text())
+    assert draft_info["build_config"]["max_draft_len"] == 0
+    config = (result.repository / "target" / "config.pbtxt").read_text()
+    assert 'string_value: "engines/target"' in config  # relative: the release moves as a whole
+
+
+def test_unchanged_inputs_skip_and_a_changed_k_only_repackages(spec: BuildSpec, tmp_path: Path) -> None:
+    pipeline.run(spec, json_mode=True)
+    again = pipeline.run(spec, json_mode=True)
+    assert set(statuses(again).values()) == {"skipped"}
+    assert again.check["kv_fractions"]  # a skipped check still hands its findings to later steps
+    changed = make_spec(tmp_path, Path(spec.target.checkpoint), Path(spec.draft.checkpoint),
+                        **{"speculation.num_draft_tokens": 2})
+    result = pipeline.run(changed, json_mode=True)
+    assert statuses(result) == {"check": "skipped", "convert": "skipped", "build": "skipped", "package": "ok"}
+    assert 'key: "num_draft_tokens"\n  value {\n    string_value: "2"' in \
+        (tmp_path / "triton_repo" / "orchestrator" / "config.pbtxt").read_text()
+    assert manifest.verify(result.repository).ok
+
+
+def test_an_incompatible_pair_stops_at_check(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
+    spec = make_spec(tmp_path, checkpoints.target, checkpoints.other_tokenizer)
+    with pytest.raises(StageError) as error:
+        pipeline.run(spec, json_mode=True)
+    assert error.value.stage == "check" and error.value.exit_code == 10
+    assert "tokenizer" in str(error.value)
+    assert not (tmp_path / "engines").exists() and not (tmp_path / "triton_repo").exists()
+
+
+def test_an_interrupted_build_leaves_no_partial_output(spec: BuildSpec, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    real_build = torch_runtime.build
+
+    def interrupted(spec, role, checkpoint_dir, output_dir):
+        real_build(spec, role, checkpoint_dir, output_dir)
+        if role == "draft":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch_runtime, "build", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(spec, json_mode=True)
+    assert not (tmp_path / "engines").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".engines")]
+    monkeypatch.setattr(torch_runtime, "build", real_build)
+    result = pipeline.run(spec, json_mode=True)
+    assert statuses(result)["convert"] == "skipped" and statuses(result)["build"] == "ok"
+    assert manifest.verify(result.repository).ok
+
+
+def test_pickle_only_checkpoints_are_refused(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
+    spec = make_spec(tmp_path, checkpoints.target, checkpoints.pickle_only)
+    with pytest.raises(StageError, match="allow_pickle|allow-pickle"):
+        pipeline.run(spec, json_mode=True)
+
+
+def test_tensorrt_llm_dry_run_prints_the_plan_per_rank(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
+    result = CliRunner().invoke(main, [
+        "compile", "--runtime", "tensorrt-llm", "--dry-run", "--target", str(checkpoints.target),
+        "--draft", str(checkpoints.draft), "--set", "target.tp_size=2", "--max-draft-len", "6"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("$ trtllm-build") == 2  # one per model; it builds every rank of its checkpoint
+    assert "--speculative_decoding_mode=draft_tokens_external --max_draft_len=6" in result.output
+    assert "rank 1" in result.output
+
+
+def test_compile_json_and_exit_codes(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
+    runner = CliRunner()
+    args = ["compile", "--runtime", "torch", "--target", str(checkpoints.target), "--draft", str(checkpoints.draft),
+            "--set", f"outputs.build_dir={tmp_path / 'b'}", "--set", f"outputs.engines_dir={tmp_path / 'e'}",
+            "--set", f"outputs.repository_dir={tmp_path / 'r'}", "--set", "limits.max_seq_len=128",
+            "--set", "limits.max_input_len=64", "--json"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [step["name"] for step in report["steps"]] == ["check", "convert", "build", "package"]
+    bad = runner.invoke(main, args[:-1] + ["--set", "speculation.acceptance=greedy"])
+    assert bad.exit_code == 2 and "speculation.acceptance" in bad.output
