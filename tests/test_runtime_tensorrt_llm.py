@@ -369,7 +369,8 @@ FAKE_TENSORRT_LLM = {
         "        mode = self.bc.kw.get('speculative_decoding_mode')\n"
         "        cfg = {**self.bc.kw, 'speculative_decoding_mode': mode and mode.name,\n"
         "               'plugin_config': dict(self.bc.plugin_config)}\n"
-        "        pathlib.Path(out, 'config.json').write_text(json.dumps({'build_config': cfg}))\n"
+        "        pathlib.Path(out, 'config.json').write_text(json.dumps({'build_config': cfg, 'pretrained_config': \n"
+        "            {'dtype': 'bfloat16', 'vocab_size': 400}}))\n"
         "def build(model, bc):\n"
         "    tensorrt_llm.CALLS.append(('build', model.config.mapping.rank))\n"
         "    return Engine(model, bc)\n"),
@@ -415,6 +416,7 @@ def test_convert_then_build_every_rank_and_record_build_info(fake_tensorrt_llm, 
         "gpu": {"name": "NVIDIA H100", "sm": "9.0"},
         "build_config": {**LIMITS, "speculative_decoding_mode": "DRAFT_TOKENS_EXTERNAL", "max_draft_len": 8,
                          "plugin_config": PLUGINS},
+        "dtype": "bfloat16", "vocab_size": 400,
     }
 
 
