@@ -1,0 +1,311 @@
+"""The math of ``specbuild bench``: traces in, figures out. No I/O here (see :mod:`specbuild.bench_runner`
+for the request loops and :mod:`specbuild.bench_report` for tables and plots).
+
+Definitions follow the field (see docs/benchmarks.md):
+
+* acceptance rate = accepted draft tokens / drafted tokens;
+* mean acceptance length (MAL) = tokens per target step = 1 + accepted / drafts (counts the bonus token);
+* speedup = output tokens/s at K against K=0 at the same concurrency;
+* expected speedup = MAL / (K*c + V(K)), with c = draft cost per token and V(K) = cost of one verification
+  call, both in target steps measured at K=0 (Leviathan et al. 2023 assume V = 1; a CPU does not give
+  that). MAL is what Leviathan's (1 - a^(K+1)) / (1 - a) predicts for a per-token acceptance ``a``;
+  :func:`per_token_acceptance` solves it back for ``a``;
+* efficiency = measured / expected: near 1, the draft (acceptance, cost) explains the speed; far below 1,
+  time goes outside the engines (orchestration, streaming, queueing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+QUANTILES = (50, 95, 99)
+
+# Prometheus sample names exported by the orchestrator (triton_models/orchestrator.py).
+COUNTER_NAMES = {
+    "requests": "specbuild_requests_total",
+    "output_tokens": "specbuild_output_tokens_total",
+    "rounds": "specbuild_spec_decode_rounds_total",
+    "drafts": "specbuild_spec_decode_num_drafts_total",
+    "draft_tokens": "specbuild_spec_decode_num_draft_tokens_total",
+    "accepted": "specbuild_spec_decode_num_accepted_tokens_total",
+    "draft_seconds": "specbuild_draft_seconds_total",
+    "target_seconds": "specbuild_target_seconds_total",
+    "fallbacks": "specbuild_draft_fallbacks_total",
+}
+PER_POSITION = "specbuild_spec_decode_num_accepted_tokens_per_pos_total"
+
+
+# --- per request -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RequestTrace:
+    """One streamed request: when each response arrived (seconds from sending) and its new tokens."""
+
+    prompt_index: int
+    category: str
+    chunk_times: tuple[float, ...]
+    chunk_tokens: tuple[int, ...]
+    total_time: float
+    drafted: int = 0
+    accepted: int = 0
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def _token_chunks(self) -> list[tuple[float, int]]:
+        return [(t, n) for t, n in zip(self.chunk_times, self.chunk_tokens) if n > 0]
+
+    @property
+    def ttft(self) -> float | None:
+        chunks = self._token_chunks
+        return chunks[0][0] if chunks else None
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (last token time - TTFT) / (tokens - 1)."""
+        chunks = self._token_chunks
+        if self.output_tokens < 2:
+            return None
+        return (chunks[-1][0] - chunks[0][0]) / (self.output_tokens - 1)
+
+    def inter_token_latencies(self) -> list[float]:
+        """Gaps between tokens: a response carrying n tokens after a gap g counts as n gaps of g/n
+        (the first response's extra tokens arrived together with the first token: gaps of 0)."""
+        chunks = self._token_chunks
+        gaps = [0.0] * (chunks[0][1] - 1) if chunks else []
+        for (before, _), (after, tokens) in zip(chunks, chunks[1:]):
+            gaps.extend([(after - before) / tokens] * tokens)
+        return gaps
+
+    @property
+    def rounds(self) -> int:
+        """Responses that carried tokens: one per speculative round when streaming."""
+        return len(self._token_chunks)
+
+
+def chunk_tokens(cumulative: Sequence[int | None]) -> list[int]:
+    """New tokens per response from the running ``output_token_count`` (``None``: no count, so none new)."""
+    new, last = [], 0
+    for count in cumulative:
+        current = last if count is None else count
+        new.append(max(0, current - last))
+        last = max(last, current)
+    return new
+
+
+def percentiles(values: Iterable[float | None], quantiles: Sequence[int] = QUANTILES) -> dict[str, float | None]:
+    """``{"p50": ..., "p95": ..., "p99": ...}`` of the values that are not None (None when there are none)."""
+    data = np.array([v for v in values if v is not None], dtype=float)
+    return {f"p{q}": (float(np.percentile(data, q)) if data.size else None) for q in quantiles}
+
+
+# --- server counters -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Counters:
+    """The orchestrator's Prometheus counters (summed over models), or their change over a run."""
+
+    requests: float = 0.0
+    output_tokens: float = 0.0
+    rounds: float = 0.0
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    fallbacks: float = 0.0
+    accepted_per_position: tuple[float, ...] = ()
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[tuple[str, Mapping[str, str], float]]) -> Counters:
+        """From (sample name, labels, value) triples as a Prometheus text parser yields them."""
+        by_name = {name: key for key, name in COUNTER_NAMES.items()}
+        totals: dict[str, float] = {}
+        positions: dict[int, float] = {}
+        for name, labels, value in samples:
+            if name in by_name:
+                totals[by_name[name]] = totals.get(by_name[name], 0.0) + value
+            elif name == PER_POSITION and "position" in labels:
+                position = int(labels["position"])
+                positions[position] = positions.get(position, 0.0) + value
+        per_position = tuple(positions.get(i, 0.0) for i in range(max(positions) + 1)) if positions else ()
+        return cls(**totals, accepted_per_position=per_position)
+
+    def __sub__(self, before: Counters) -> Counters:
+        scalars = {key: getattr(self, key) - getattr(before, key) for key in COUNTER_NAMES}
+        width = max(len(self.accepted_per_position), len(before.accepted_per_position))
+        after_pos = list(self.accepted_per_position) + [0.0] * (width - len(self.accepted_per_position))
+        before_pos = list(before.accepted_per_position) + [0.0] * (width - len(before.accepted_per_position))
+        per_position = tuple(a - b for a, b in zip(after_pos, before_pos))
+        while per_position and per_position[-1] == 0:
+            per_position = per_position[:-1]
+        return Counters(**scalars, accepted_per_position=per_position)
+
+
+# --- the analytic model ----------------------------------------------------------------------------------
+def leviathan_tokens_per_step(a: float, k: float) -> float:
+    """Expected tokens per target step with per-token acceptance ``a`` and ``k`` draft tokens.
+
+    >>> leviathan_tokens_per_step(0.5, 2)
+    1.75
+    """
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def per_token_acceptance(mean_acceptance_length: float, k: float, tolerance: float = 1e-9) -> float:
+    """The per-token acceptance ``a`` for which Leviathan's formula gives the measured MAL at ``k``.
+
+    The formula rises monotonically from 1 (a=0) to k+1 (a=1), so bisection finds the one solution.
+
+    >>> round(per_token_acceptance(1.75, 2), 6)
+    0.5
+    """
+    if k <= 0 or mean_acceptance_length <= 1.0:
+        return 0.0
+    if mean_acceptance_length >= k + 1:
+        return 1.0
+    low, high = 0.0, 1.0
+    while high - low > tolerance:
+        middle = (low + high) / 2
+        if leviathan_tokens_per_step(middle, k) < mean_acceptance_length:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def expected_speedup(mean_acceptance_length: float, k: float, cost_ratio: float, verify_cost: float = 1.0) -> float:
+    """Tokens per target step over the cost of one round, in target steps: MAL / (k*c + V(k)).
+
+    >>> expected_speedup(1.75, 2, 0.1)  # the textbook case, V = 1
+    1.4583333333333335
+    """
+    return mean_acceptance_length / (k * cost_ratio + verify_cost)
+
+
+# --- one cell of the sweep (one K, one concurrency) -------------------------------------------------------
+@dataclass
+class Cell:
+    """The figures of one (K, adaptive, concurrency) run; comparison fields are set by :func:`compare`."""
+
+    k: int
+    concurrency: int
+    adaptive: bool
+    requests: int
+    errors: int
+    output_tokens: int
+    wall_seconds: float
+    tokens_per_second: float
+    ttft: dict[str, float | None]
+    tpot: dict[str, float | None]
+    itl: dict[str, float | None]
+    e2e: dict[str, float | None]
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    acceptance_per_position: list[float] = field(default_factory=list)
+    draft_tokens_per_round: float | None = None  # the K really used (shorter at the end, or adaptive)
+    draft_seconds_per_token: float | None = None
+    target_seconds_per_round: float | None = None
+    engine_share: float | None = None  # engine seconds / request seconds
+    source: str = "requests"  # where acceptance came from: "metrics" or "requests"
+    matches_baseline: float | None = None  # share of prompts whose text equals K=0's (greedy)
+    latencies: dict[str, list[float]] = field(default_factory=dict)  # per request, for distribution plots
+    # set by compare():
+    speedup: float | None = None
+    cost_ratio: float | None = None
+    verify_cost: float | None = None
+    per_token_acceptance: float | None = None
+    expected_speedup: float | None = None
+    expected_speedup_textbook: float | None = None
+    efficiency: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"K={self.k}{'+adaptive' if self.adaptive else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **asdict(self)}
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[RequestTrace], wall_seconds: float,
+              counters: Counters | None = None) -> Cell:
+    """Figures of one cell from its request traces, and the server's counter deltas over it when known."""
+    done = [t for t in traces if t.error is None]
+    output_tokens = sum(t.output_tokens for t in done)
+    cell = Cell(
+        k=k, concurrency=concurrency, adaptive=adaptive, requests=len(done), errors=len(traces) - len(done),
+        output_tokens=output_tokens, wall_seconds=wall_seconds,
+        tokens_per_second=output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
+        ttft=percentiles(t.ttft for t in done), tpot=percentiles(t.tpot for t in done),
+        itl=percentiles(gap for t in done for gap in t.inter_token_latencies()),
+        e2e=percentiles(t.total_time for t in done),
+        acceptance_rate=None, mean_acceptance_length=None,
+        latencies={"ttft": [t.ttft for t in done if t.ttft is not None],
+                   "tpot": [t.tpot for t in done if t.tpot is not None],
+                   "e2e": [t.total_time for t in done]},
+    )
+    request_seconds = sum(t.total_time for t in done)
+    if counters is not None and counters.rounds > 0:
+        cell.source = "metrics"
+        cell.acceptance_rate = _ratio(counters.accepted, counters.draft_tokens)
+        cell.mean_acceptance_length = 1.0 + counters.accepted / counters.drafts if counters.drafts else 1.0
+        cell.acceptance_per_position = [a / counters.drafts for a in counters.accepted_per_position] \
+            if counters.drafts else []
+        cell.draft_tokens_per_round = _ratio(counters.draft_tokens, counters.drafts)
+        cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.draft_tokens)
+        cell.target_seconds_per_round = counters.target_seconds / counters.rounds
+        cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
+    else:  # per-request outputs only: one streamed response per round
+        drafted = sum(t.drafted for t in done)
+        rounds = sum(t.rounds for t in done)
+        cell.acceptance_rate = _ratio(sum(t.accepted for t in done), drafted)
+        cell.mean_acceptance_length = _ratio(output_tokens, rounds)
+    return cell
+
+
+def compare(cells: Sequence[Cell]) -> list[Cell]:
+    """Copies of ``cells`` with speedup, step costs, expectations and efficiency against the K=0 cell of the
+    same concurrency (cells without one are returned unchanged)."""
+    baselines = {c.concurrency: c for c in cells if c.k == 0 and not c.adaptive}
+    compared = []
+    for cell in cells:
+        base = baselines.get(cell.concurrency)
+        if base is None:
+            compared.append(cell)
+            continue
+        cell = replace(cell, speedup=_ratio(cell.tokens_per_second, base.tokens_per_second))
+        step = base.target_seconds_per_round
+        k = cell.draft_tokens_per_round
+        if step and k and cell.draft_seconds_per_token is not None \
+                and cell.target_seconds_per_round is not None and cell.mean_acceptance_length is not None:
+            cell.cost_ratio = cell.draft_seconds_per_token / step
+            cell.verify_cost = cell.target_seconds_per_round / step
+            cell.per_token_acceptance = per_token_acceptance(cell.mean_acceptance_length, k)
+            cell.expected_speedup = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio, cell.verify_cost)
+            cell.expected_speedup_textbook = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio)
+            cell.efficiency = _ratio(cell.speedup or 0.0, cell.expected_speedup)
+        compared.append(cell)
+    return compared
+
+
+def match_baseline(cells: Sequence[Cell], texts: Mapping[tuple[int, bool, int], Mapping[int, str]]) -> None:
+    """Set each cell's ``matches_baseline``: the share of its prompts whose output equals K=0's.
+
+    ``texts`` maps (k, adaptive, concurrency) to {prompt index: output text}. Meaningful for greedy runs.
+    """
+    for cell in cells:
+        base = texts.get((0, False, cell.concurrency), {})
+        mine = texts.get((cell.k, cell.adaptive, cell.concurrency), {})
+        shared = [i for i in mine if i in base]
+        cell.matches_baseline = sum(mine[i] == base[i] for i in shared) / len(shared) if shared else None

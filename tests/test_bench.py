@@ -1,0 +1,251 @@
+"""specbuild bench: the math on synthetic traces (fast), the prompt set, the reports, and one tiny bench
+against a real Triton server on the tiny pair (slow). No test asserts on timing of a real run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from specbuild.bench import (Cell, Counters, RequestTrace, chunk_tokens, compare, expected_speedup,
+                             leviathan_tokens_per_step, match_baseline, per_token_acceptance, percentiles, summarize)
+from specbuild.bench_runner import BenchPlan, require_loopback
+from specbuild.errors import UsageError
+from specbuild.prompts import CATEGORIES, interleave, load_prompts, parse_jsonl
+
+
+# --- prompts ---------------------------------------------------------------------------------------------
+def test_bundled_prompts_cover_every_category_with_varied_lengths():
+    prompts = load_prompts()
+    assert len(prompts) >= 80
+    assert {p.category for p in prompts} == set(CATEGORIES)
+    lengths = sorted(len(p.prompt) for p in prompts)
+    assert lengths[0] < 60 and lengths[-1] > 500
+    assert len({p.prompt for p in prompts}) == len(prompts)
+
+
+def test_limit_takes_prompts_round_robin_across_categories():
+    first = load_prompts(limit=5)
+    assert [p.category for p in first] == list(dict.fromkeys(p.category for p in load_prompts()))[:5]
+    assert len({p.category for p in first}) == 5
+
+
+def test_user_jsonl_and_its_errors(tmp_path: Path):
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"category": "x", "prompt": "a"}\n\n{"prompt": "b", "extra": 1}\n', encoding="utf-8")
+    assert [(p.category, p.prompt) for p in load_prompts(good)] == [("x", "a"), ("custom", "b")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"category": "x"}\n', encoding="utf-8")
+    with pytest.raises(UsageError, match="line 2"):
+        load_prompts(bad)
+    with pytest.raises(UsageError, match="line 1"):
+        parse_jsonl("not json", "f")
+    with pytest.raises(UsageError, match="does not exist"):
+        load_prompts(tmp_path / "missing.jsonl")
+    with pytest.raises(UsageError, match="no prompts in the categories"):
+        load_prompts(categories=["poetry"])
+
+
+def test_interleave_keeps_order_within_a_category():
+    prompts = parse_jsonl("\n".join(json.dumps({"category": c, "prompt": p})
+                                    for c, p in [("a", "1"), ("a", "2"), ("b", "3")]), "t")
+    assert [p.prompt for p in interleave(prompts)] == ["1", "3", "2"]
+
+
+# --- per-request figures ---------------------------------------------------------------------------------
+def trace(times, tokens, **kwargs) -> RequestTrace:
+    return RequestTrace(0, "chat", tuple(times), tuple(tokens), total_time=kwargs.pop("total", times[-1]), **kwargs)
+
+
+def test_chunk_tokens_from_running_counts():
+    assert chunk_tokens([1, 3, None, 6, 6]) == [1, 2, 0, 3, 0]
+
+
+def test_ttft_tpot_and_inter_token_latencies():
+    # first token at 0.5 s, then 2 tokens at 0.9 s, an empty final response, 1 token at 1.0 s
+    t = trace([0.5, 0.9, 0.95, 1.0], [1, 2, 0, 1])
+    assert t.output_tokens == 4 and t.rounds == 3
+    assert t.ttft == 0.5
+    assert t.tpot == pytest.approx((1.0 - 0.5) / 3)
+    assert t.inter_token_latencies() == pytest.approx([0.2, 0.2, 0.1])
+    # tokens of the first response beyond the first one came with it
+    assert trace([0.4, 0.6], [3, 1]).inter_token_latencies() == pytest.approx([0.0, 0.0, 0.2])
+    assert trace([0.3], [1]).tpot is None
+    assert trace([0.3], [0]).ttft is None
+
+
+def test_percentiles_ignore_missing_values():
+    values = [None] + [float(v) for v in range(1, 101)]
+    result = percentiles(values)
+    assert result["p50"] == pytest.approx(50.5)
+    assert result["p99"] == pytest.approx(99.01)
+    assert percentiles([None]) == {"p50": None, "p95": None, "p99": None}
+
+
+# --- analytic model --------------------------------------------------------------------------------------
+def test_leviathan_tokens_per_step():
+    assert leviathan_tokens_per_step(0.0, 4) == 1.0
+    assert leviathan_tokens_per_step(1.0, 4) == 5.0
+    assert leviathan_tokens_per_step(0.8, 3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+
+
+@pytest.mark.parametrize("a,k", [(0.1, 1), (0.5, 2), (0.73, 4), (0.95, 8)])
+def test_per_token_acceptance_inverts_the_formula(a, k):
+    assert per_token_acceptance(leviathan_tokens_per_step(a, k), k) == pytest.approx(a, abs=1e-6)
+
+
+def test_expected_speedup_textbook_and_with_verification_cost():
+    mal = leviathan_tokens_per_step(0.8, 4)
+    assert expected_speedup(mal, 4, 0.05) == pytest.approx(mal / 1.2)
+    # verification costing 1.5 target steps eats into the gain
+    assert expected_speedup(mal, 4, 0.05, 1.5) == pytest.approx(mal / 1.7)
+    assert expected_speedup(1.0, 0, 0.3) == 1.0
+
+
+# --- counters --------------------------------------------------------------------------------------------
+def samples(accepted_per_position, **scalars):
+    names = {"rounds": "specbuild_spec_decode_rounds_total", "drafts": "specbuild_spec_decode_num_drafts_total",
+             "draft_tokens": "specbuild_spec_decode_num_draft_tokens_total",
+             "accepted": "specbuild_spec_decode_num_accepted_tokens_total",
+             "draft_seconds": "specbuild_draft_seconds_total", "target_seconds": "specbuild_target_seconds_total",
+             "output_tokens": "specbuild_output_tokens_total"}
+    result = [(names[key], {"model": "orchestrator"}, value) for key, value in scalars.items()]
+    result += [("specbuild_spec_decode_num_accepted_tokens_per_pos_total",
+                {"model": "orchestrator", "position": str(i)}, v) for i, v in enumerate(accepted_per_position)]
+    result.append(("nv_inference_count", {"model": "target"}, 99.0))  # Triton's own metrics are ignored
+    return result
+
+
+def test_counters_parse_prometheus_text_and_subtract():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = ('# HELP specbuild_draft_seconds_total Time\n# TYPE specbuild_draft_seconds_total counter\n'
+            'specbuild_draft_seconds_total{model="orchestrator"} 1.5\n'
+            '# TYPE specbuild_spec_decode_num_accepted_tokens_per_pos_total counter\n'
+            'specbuild_spec_decode_num_accepted_tokens_per_pos_total{model="orchestrator",position="1"} 3\n'
+            'specbuild_spec_decode_num_accepted_tokens_per_pos_total{model="orchestrator",position="0"} 7\n')
+    parsed = Counters.from_samples((s.name, s.labels, s.value)
+                                   for family in text_string_to_metric_families(text) for s in family.samples)
+    assert parsed.draft_seconds == 1.5
+    assert parsed.accepted_per_position == (7.0, 3.0)
+    before = Counters.from_samples(samples([2, 0, 0], rounds=10, accepted=2))
+    after = Counters.from_samples(samples([5, 3, 0], rounds=25, accepted=8))
+    delta = after - before
+    assert delta.rounds == 15 and delta.accepted == 6
+    assert delta.accepted_per_position == (3.0, 3.0)  # trailing zeros dropped
+
+
+# --- cells -----------------------------------------------------------------------------------------------
+STEP = 0.05  # target seconds per token at K=0
+
+
+def synthetic_cell(k: int, tokens_per_second: float, counters: Counters | None, concurrency: int = 1) -> Cell:
+    """A cell of 4 requests producing 100 tokens in all over 100 / tokens_per_second seconds."""
+    wall = 100 / tokens_per_second
+    traces = [trace([0.1 * (j + 1) for j in range(25)], [1] * 25, total=wall / 4) for _ in range(4)]
+    return summarize(k, concurrency, False, traces, wall, counters)
+
+
+def test_summarize_from_counters():
+    counters = Counters(rounds=40, drafts=40, draft_tokens=160, accepted=60, draft_seconds=0.8,
+                        target_seconds=3.0, accepted_per_position=(30.0, 18.0, 9.0, 3.0))
+    cell = synthetic_cell(4, 25.0, counters)
+    assert cell.source == "metrics"
+    assert cell.output_tokens == 100 and cell.tokens_per_second == pytest.approx(25.0)
+    assert cell.acceptance_rate == pytest.approx(60 / 160)
+    assert cell.mean_acceptance_length == pytest.approx(1 + 60 / 40)
+    assert cell.acceptance_per_position == pytest.approx([0.75, 0.45, 0.225, 0.075])
+    assert cell.draft_tokens_per_round == 4
+    assert cell.draft_seconds_per_token == pytest.approx(0.005)
+    assert cell.target_seconds_per_round == pytest.approx(0.075)
+    assert cell.engine_share == pytest.approx(3.8 / 4.0)
+    assert len(cell.latencies["e2e"]) == 4
+
+
+def test_summarize_without_counters_uses_per_request_outputs():
+    traces = [trace([0.1, 0.2, 0.3], [1, 3, 2], drafted=8, accepted=4),
+              trace([0.1, 0.2], [2, 2], drafted=4, accepted=2), RequestTrace(1, "code", (), (), 0.1, error="boom")]
+    cell = summarize(2, 1, False, traces, 1.0)
+    assert cell.source == "requests" and cell.requests == 2 and cell.errors == 1
+    assert cell.acceptance_rate == pytest.approx(6 / 12)
+    assert cell.mean_acceptance_length == pytest.approx(10 / 5)  # tokens per streamed round
+
+
+def test_compare_speedup_expectation_and_efficiency():
+    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
+    # K=4: MAL 2.5, draft 0.1 target steps per token, verification 1.5 target steps
+    spec = synthetic_cell(4, 30.0, Counters(rounds=40, drafts=40, draft_tokens=160, accepted=60,
+                                            draft_seconds=160 * 0.1 * STEP, target_seconds=40 * 1.5 * STEP))
+    other = synthetic_cell(4, 50.0, None, concurrency=8)  # no K=0 at concurrency 8: nothing to compare
+    cells = compare([base, spec, other])
+    assert cells[0].speedup == 1.0 and cells[0].expected_speedup is None
+    result = cells[1]
+    assert result.speedup == pytest.approx(1.5)
+    assert result.cost_ratio == pytest.approx(0.1)
+    assert result.verify_cost == pytest.approx(1.5)
+    assert result.expected_speedup == pytest.approx(2.5 / (4 * 0.1 + 1.5))
+    assert result.expected_speedup_textbook == pytest.approx(2.5 / 1.4)
+    assert result.efficiency == pytest.approx(1.5 / (2.5 / 1.9))
+    assert leviathan_tokens_per_step(result.per_token_acceptance, 4) == pytest.approx(2.5)
+    assert cells[2].speedup is None
+    assert spec.speedup is None  # the inputs are not modified
+
+
+def test_match_baseline_counts_identical_outputs():
+    cells = [synthetic_cell(0, 10.0, None), synthetic_cell(2, 10.0, None)]
+    match_baseline(cells, {(0, False, 1): {0: "a", 1: "b"}, (2, False, 1): {0: "a", 1: "c", 2: "d"}})
+    assert cells[0].matches_baseline == 1.0
+    assert cells[1].matches_baseline == 0.5
+
+
+# --- plan and addresses ----------------------------------------------------------------------------------
+def test_plan_always_includes_k0_and_skips_adaptive_at_k0():
+    plan = BenchPlan(ks=(4, 2), adaptive=(True, False), concurrencies=(2, 1))
+    assert plan.ks == (0, 2, 4)
+    assert plan.cells()[:4] == [(0, False, 1), (2, False, 1), (2, True, 1), (4, False, 1)]
+    assert len(plan.cells()) == 10
+    with pytest.raises(ValueError):
+        BenchPlan(concurrencies=(0,))
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8001", "localhost:8001", "http://127.0.0.1:8002/metrics", "[::1]:8001"])
+def test_loopback_addresses_are_accepted(url):
+    require_loopback(url)
+
+
+@pytest.mark.parametrize("url", ["10.1.2.3:8001", "http://192.168.0.4:8002/metrics", "no-such-host.invalid:1"])
+def test_other_addresses_are_refused(url):
+    with pytest.raises(UsageError, match="not a loopback address"):
+        require_loopback(url)
+
+
+# --- reports ---------------------------------------------------------------------------------------------
+def test_reports_are_written(tmp_path: Path):
+    from specbuild.bench_report import markdown, tables, write_outputs
+    from specbuild.bench_runner import BenchReport
+
+    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=5.0))
+    spec = synthetic_cell(2, 26.0, Counters(rounds=50, drafts=50, draft_tokens=100, accepted=50, draft_seconds=0.5,
+                                            target_seconds=3.0, accepted_per_position=(30.0, 20.0)))
+    report = BenchReport(BenchPlan(ks=(2,)), "127.0.0.1:1", 82, compare([base, spec]), True, {"cpus": 2})
+    written = write_outputs(report, tmp_path / "out")
+    assert sorted(p.name for p in written) == ["acceptance.png", "bench.json", "bench.md", "latency.png",
+                                               "speedup.png"]
+    for png in (p for p in written if p.suffix == ".png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["cells"][1]["label"] == "K=2" and math.isclose(data["cells"][1]["speedup"], 1.3)
+    text = markdown(report)
+    assert "| 2 | 1 | 4 | 26.0 | 1.30x |" in text
+    assert len(tables(report.cells)) == 2
+
+
+def test_wheel_ships_the_bundled_prompts(tmp_path: Path):
+    import zipfile
+
+    hatchling = pytest.importorskip("hatchling.builders.wheel")
+    root = Path(__file__).resolve().parents[1]
+    wheel = next(iter(hatchling.WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])))
+    assert "specbuild/prompts/bundled.jsonl" in zipfile.ZipFile(wheel).namelist()
