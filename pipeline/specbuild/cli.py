@@ -336,5 +336,131 @@ def demo(workdir: str, question: str | None, max_tokens: int, num_draft_tokens: 
         sys.exit(1)
 
 
+def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    """``"0,2,4"`` -> ``(0, 2, 4)``."""
+    if value is None:
+        return None
+    try:
+        return tuple(int(item) for item in value.split(",") if item.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,2,4") from None
+
+
+ADAPTIVE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The prompts and bounds shared by ``bench`` and ``tune``."""
+    options = [
+        click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+                     help="JSONL file of {category, prompt} lines  [default: the bundled set]"),
+        click.option("--category", "categories", multiple=True, help="only prompts of this category (repeatable)"),
+        click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="use the first N prompts "
+                     "(taken round-robin across categories)"),
+        click.option("--max-tokens", type=click.IntRange(1, 4096), default=64, show_default=True),
+        click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
+                     help="requests per (K, concurrency) cell"),
+        click.option("--max-seconds", type=click.FloatRange(min=1), default=300.0, show_default=True,
+                     help="per cell: no request starts after this"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) -> None:
+    from .bench_report import tables, write_outputs
+
+    if json_mode:
+        print_json(report.to_dict())
+    else:
+        for table in tables(report.cells):
+            console.print(table)
+    if out_dir:
+        for path in write_outputs(report, out_dir, with_plots=plots):
+            console.print(f"wrote {path}", highlight=False)
+
+
+@main.command()
+@click.option("--url", default=None, help="gRPC address of a running server on this machine, e.g. 127.0.0.1:8001")
+@click.option("--metrics-url", default=None, help="its metrics endpoint  [default: http://<host>:8002/metrics]")
+@click.option("--repository", type=click.Path(file_okay=False), default=None,
+              help="start a server on this repository for the run (loopback, free ports)")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="wrap prompts in this tokenizer's chat template  [default: the repository's, if given]")
+@click.option("--k", "ks", default="0,1,2,4", show_default=True, callback=_int_list,
+              help="K values, comma-separated (0 is always included)")
+@click.option("--concurrency", "concurrencies", default="1", show_default=True, callback=_int_list,
+              help="concurrency levels, comma-separated")
+@click.option("--adaptive", type=click.Choice(list(ADAPTIVE_CHOICES)), default="off", show_default=True,
+              help="adaptive K per request")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="default: greedy")
+@workload_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench_results", show_default=True,
+              help="folder for bench.json, bench.md and the plots")
+@click.option("--plots/--no-plots", default=True, show_default=True)
+@click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
+@reports_errors
+def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None,
+          ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, temperature: float | None,
+          prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None, max_tokens: int,
+          requests: int, max_seconds: float, out_dir: str, plots: bool, json_mode: bool) -> None:
+    """Measure speculative speedup per K and concurrency (streaming): latency percentiles, tokens/s,
+    acceptance, and the speedup the analytic model expects from the measured acceptance and step costs."""
+    from pydantic import ValidationError
+
+    from .bench_runner import BenchPlan, bench_server, repository_tokenizer, run_bench
+    from .errors import UsageError
+    from .prompts import load_prompts
+
+    try:
+        plan = BenchPlan(ks=ks, concurrencies=concurrencies, adaptive=ADAPTIVE_CHOICES[adaptive],
+                         max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, temperature=temperature)
+    except ValidationError as exc:
+        raise UsageError(f"invalid bench options: {exc.errors()[0]['msg']}", "see specbuild bench --help") from None
+    prompts = load_prompts(prompts_file, categories=categories or None, limit=num_prompts)
+    tokenizer = tokenizer or (repository_tokenizer(repository) if repository else None)
+    with bench_server(url, repository) as (grpc_url, server_metrics_url):
+        report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url or server_metrics_url,
+                           tokenizer_dir=tokenizer, console=console)
+    _show_bench(report, out_dir, plots, json_mode)
+
+
+@main.command()
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=DEFAULT_SPEC_FILE, show_default=True,
+              help="the release's build spec: its repository is benchmarked, and the choice written into it")
+@click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True,
+              help="latency: lowest median end-to-end latency at concurrency 1; throughput: most output tokens/s")
+@click.option("--k", "ks", default=None, callback=_int_list,
+              help="K values to try, comma-separated  [default: 0,1,2,3,4,6,8 up to max_draft_len]")
+@click.option("--adaptive", type=click.Choice(list(ADAPTIVE_CHOICES)), default="both", show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="[default: 1 for latency, min(4, max_batch_size) for throughput]")
+@click.option("--url", default=None, help="benchmark this running server instead of starting one")
+@workload_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="also write the bench report")
+@click.option("--dry-run", is_flag=True, help="measure and show the choice; change nothing")
+@reports_errors
+def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, concurrency: int | None,
+         url: str | None, prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None,
+         max_tokens: int, requests: int, max_seconds: float, out_dir: str | None, dry_run: bool) -> None:
+    """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default."""
+    from .prompts import load_prompts
+    from .tune import tune as run_tune
+
+    prompts = load_prompts(prompts_file, categories=categories or None, limit=num_prompts)
+    result = run_tune(spec_file, goal, prompts, ks=ks, adaptive=ADAPTIVE_CHOICES[adaptive],  # type: ignore[arg-type]
+                      concurrency=concurrency, max_tokens=max_tokens, requests=requests, max_seconds=max_seconds,
+                      url=url, write=not dry_run, console=console)
+    _show_bench(result.report, out_dir, True, False)
+    choice = result.choice
+    console.print(f"best for {goal}: [bold]{choice.label}[/] ({choice.tokens_per_second:.1f} tokens/s, "
+                  f"speedup {choice.speedup or 1.0:.2f}x at concurrency {choice.concurrency})", highlight=False)
+    if result.compiled is not None:
+        console.print(f"wrote speculation.num_draft_tokens={choice.k}, adaptive={str(choice.adaptive).lower()} "
+                      f"into {spec_file}; re-packaged {result.compiled.repository} (restart its server to use it)",
+                      highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

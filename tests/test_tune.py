@@ -1,0 +1,70 @@
+"""specbuild tune: choosing a setting and writing it into the spec file without losing the user's comments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specbuild.bench import Cell, percentiles
+from specbuild.errors import SpecError, UsageError
+from specbuild.spec import load_spec, starter_spec
+from specbuild.tune import candidate_ks, pick, set_section_values, write_choice
+
+
+def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,
+         matches: float | None = 1.0) -> Cell:
+    return Cell(k=k, concurrency=1, adaptive=adaptive, requests=4, errors=errors, output_tokens=100,
+                wall_seconds=100 / tokens_per_second, tokens_per_second=tokens_per_second, ttft=percentiles([]),
+                tpot=percentiles([]), itl=percentiles([]), e2e=percentiles([e2e]), acceptance_rate=None,
+                mean_acceptance_length=None, matches_baseline=matches)
+
+
+def test_pick_by_goal_skipping_failed_and_wrong_settings():
+    cells = [cell(0, 20, 3.0), cell(2, 30, 2.5), cell(4, 35, 2.7), cell(4, 40, 2.0, adaptive=True, errors=1),
+             cell(6, 50, 1.0, matches=0.9)]
+    assert pick(cells, "throughput").k == 4
+    assert pick(cells, "latency").k == 2
+    assert pick([cell(0, 20, 3.0), cell(3, 20, 3.0)], "throughput").k == 0  # a tie: the smaller K
+    with pytest.raises(UsageError, match="no setting"):
+        pick([cell(2, 30, 2.0, errors=4)], "latency")
+
+
+def test_candidate_ks_stay_within_the_engine_limit():
+    assert candidate_ks(8) == (0, 1, 2, 3, 4, 6, 8)
+    assert candidate_ks(3) == (0, 1, 2, 3)
+
+
+def test_set_section_values_edits_only_the_scalars_and_keeps_comments():
+    text = starter_spec("t", "d")
+    updated = set_section_values(text, "speculation", {"num_draft_tokens": 2, "adaptive": True})
+    assert "  num_draft_tokens: 2      # default K per request" in updated
+    assert "  adaptive: true          # adapt K per request from its acceptance" in updated
+    assert updated.count("\n") == text.count("\n")
+    data = yaml.safe_load(updated)
+    assert data["speculation"] == {**yaml.safe_load(text)["speculation"], "num_draft_tokens": 2, "adaptive": True}
+
+
+def test_set_section_values_adds_missing_keys_and_sections():
+    text = "name: x  # mine\nspeculation:\n    max_draft_len: 6   # engine\ntarget:\n  checkpoint: t\n"
+    updated = set_section_values(text, "speculation", {"num_draft_tokens": 3, "adaptive": False})
+    assert yaml.safe_load(updated)["speculation"] == {"max_draft_len": 6, "num_draft_tokens": 3, "adaptive": False}
+    assert "    num_draft_tokens: 3\n" in updated and "# engine" in updated
+    plain = set_section_values("name: x", "speculation", {"num_draft_tokens": 1})
+    assert yaml.safe_load(plain) == {"name": "x", "speculation": {"num_draft_tokens": 1}}
+    with pytest.raises(SpecError, match="block mapping"):
+        set_section_values("speculation: {adaptive: true}\n", "speculation", {"adaptive": False})
+
+
+def test_write_choice_keeps_a_valid_spec_and_refuses_an_impossible_one(tmp_path: Path):
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(starter_spec(str(tmp_path / "t"), str(tmp_path / "d")), encoding="utf-8")
+    write_choice(path, 6, True)
+    spec = load_spec(path)
+    assert (spec.speculation.num_draft_tokens, spec.speculation.adaptive) == (6, True)
+    before = path.read_text(encoding="utf-8")
+    with pytest.raises(SpecError, match="larger than max_draft_len"):
+        write_choice(path, 12, False)  # max_draft_len is 8
+    assert path.read_text(encoding="utf-8") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["specbuild.yaml"]  # no temporary file left
