@@ -183,10 +183,11 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
               help="engines folder, for tensorrt-llm  [default: the spec's outputs.engines_dir]")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE", help="override a spec field (tensorrt-llm)")
 @click.option("--dry-run", is_flag=True, help="print the commands instead of running them")
+@click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json (torch)")
 @reports_errors
 def serve(repository: str, runtime: str, host: str | None, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, timeout: float, log_file: str | None, spec_file: str | None,
-          engines: str | None, assignments: tuple[str, ...], dry_run: bool) -> None:
+          engines: str | None, assignments: tuple[str, ...], dry_run: bool, no_verify: bool) -> None:
     """Serve REPOSITORY (default: triton_repo) with Triton until Ctrl-C."""
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
     if runtime == "tensorrt-llm":
@@ -205,6 +206,7 @@ def serve(repository: str, runtime: str, host: str | None, http_port: int | None
 
     defaults = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
     server = TritonServer(repository, host=host or "127.0.0.1", startup_timeout=timeout, log_file=log_file,
+                          verify=not no_verify,
                           **{key: defaults[key] if port is None else port for key, port in ports.items()})
     if dry_run:
         click.echo(server.describe())

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Callable, Literal, Sequence
 
-from .errors import ServerError, UsageError
+from .errors import ServerError, UsageError, VerificationError
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -150,6 +150,7 @@ class TritonServer:
         stop_timeout: float = 15.0,
         log_file: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        verify: bool = True,
     ) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
@@ -164,9 +165,11 @@ class TritonServer:
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.extra_args = tuple(extra_args)
+        self.verify = verify
         self.shm_prefix = f"{SHM_PREFIX}specbuild_{uuid.uuid4().hex[:12]}_"
         self._log_file = Path(log_file).resolve() if log_file else None
         self._workdir: Path | None = None
+        self._bytecode_dirs: set[Path] = set()
         self._process: subprocess.Popen[bytes] | None = None
 
     # --- endpoints ---------------------------------------------------------------------------------------
@@ -263,8 +266,11 @@ class TritonServer:
         """Start the server and return once it is ready; raise :class:`ServerError` otherwise."""
         if self._process is not None:
             raise ServerError("this server is already started")
+        if self.verify:
+            verify_release(self.repository)
         install = find_triton()
         self._workdir = Path(tempfile.mkdtemp(prefix="specbuild-triton-"))
+        self._bytecode_dirs = self._model_bytecode_dirs()
         try:
             backends = self._assemble_backends(install, self._workdir / "backends")
             for kind, port in self.ports.items():
@@ -283,6 +289,11 @@ class TritonServer:
             self.stop()
             raise
         return self
+
+    def _model_bytecode_dirs(self) -> set[Path]:
+        """``<model>/<version>/__pycache__`` folders: the stubs' embedded Python writes them when importing
+        model.py (it ignores PYTHONDONTWRITEBYTECODE), and left there they would change a verified release."""
+        return set(self.repository.glob("*/*/__pycache__"))
 
     def _wait_ready(self) -> None:
         assert self._process is not None
@@ -332,6 +343,8 @@ class TritonServer:
                 code = process.wait()
         for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
             region.unlink(missing_ok=True)
+        for folder in self._model_bytecode_dirs() - self._bytecode_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
         if self._workdir is not None:  # the default log goes too: errors were already raised with its lines
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -343,6 +356,34 @@ class TritonServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+    # --- processes ---------------------------------------------------------------------------------------
+    def processes(self) -> dict[str, int]:
+        """PIDs of the server (``"tritonserver"``) and of its python model stubs, by instance (``"draft_0_0"``).
+
+        Stubs are found by this server's private shm prefix in their command line (argv: model path, shm
+        region, sizes, parent pid, backend dir, ipc handle, instance name, ...).
+        """
+        found = {"tritonserver": self.pid} if self.is_running() and self.pid else {}
+        prefix = self.shm_prefix.encode()
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+            except OSError:
+                continue
+            if len(argv) > 8 and argv[0].endswith(b"triton_python_backend_stub") and argv[2].startswith(prefix):
+                found[argv[8].decode("utf-8", "replace")] = int(entry.name)
+        return found
+
+    def shm_bytes(self) -> int:
+        """Bytes of /dev/shm held by this server's python backend regions."""
+        total = 0
+        for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
+            try:
+                total += region.stat().st_size
+            except OSError:  # a region removed between listing and stat
+                continue
+        return total
 
     # --- models ------------------------------------------------------------------------------------------
     def is_running(self) -> bool:
@@ -395,6 +436,26 @@ class TritonServer:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def verify_release(repository: str | Path) -> None:
+    """Refuse to serve a release whose files differ from its ``manifest.json`` (when it has one).
+
+    Raises :class:`VerificationError` naming the first changed, missing or extra files.
+    """
+    from .manifest import MANIFEST_NAME, verify
+
+    if not (Path(repository) / MANIFEST_NAME).is_file():
+        return
+    report = verify(Path(repository) / MANIFEST_NAME)
+    if report.ok:
+        return
+    problems = [f"{kind} {path}" for kind, paths in (("changed", report.changed), ("missing", report.missing),
+                                                      ("extra", report.extra)) for path in paths]
+    shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
+    raise VerificationError(f"the release under {report.root} does not match its manifest: {shown}",
+                            "rebuild it with `specbuild compile` or restore the files; "
+                            "`specbuild serve --no-verify` serves it anyway")
 
 
 def run_foreground(argv: Sequence[str]) -> int:
