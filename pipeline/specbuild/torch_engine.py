@@ -181,7 +181,8 @@ class TorchEngine:
                 f"max_seq_len ({self.max_seq_len})",
                 "shorten the prompt or ask for fewer tokens",
             )
-        for token in request.input_ids + (request.draft_tokens or []):
+        bad_word_tokens = [token for word in request.bad_words for token in word]
+        for token in request.input_ids + (request.draft_tokens or []) + bad_word_tokens:
             if not 0 <= token < self.vocab_size:
                 raise RequestError(f"token id {token} is outside the vocabulary [0, {self.vocab_size})")
         if request.draft_logits is not None and tuple(request.draft_logits.shape) != (draft_count, self.vocab_size):

@@ -1,0 +1,212 @@
+"""The torch engine: generation and one-pass verification with ``tensorrtllm`` semantics, the prefix KV
+cache (reuse, cropping after rejections), request validation, seeded sampling and bad words."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
+from specbuild.decoding import GenerationRequest
+from specbuild.errors import RequestError
+from specbuild.inprocess import InProcessSpeculator
+from specbuild.speculative import SamplingParams
+from specbuild.torch_engine import EngineRequest, PrefixCache, TorchEngine, mask_bad_words
+
+SAMPLING = SamplingParams(temperature=1.0, top_k=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    return TorchEngine(tiny.target, max_draft_len=4, max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def uncached(tiny):
+    return TorchEngine(tiny.target, max_draft_len=4, max_seq_len=64, cache_entries=0)
+
+
+def greedy(engine: TorchEngine, prompt: list[int], n: int) -> list[int]:
+    return engine.run(EngineRequest(prompt, n)).tokens
+
+
+# -- generation and verification ------------------------------------------------------------------------
+def test_generation_logits_match_an_uncached_full_forward(tiny, engine):
+    from transformers import AutoModelForCausalLM
+
+    prompt = [3, 1, 4, 1, 5]
+    out = engine.run(EngineRequest(prompt, 6, return_logits=True))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny.target)).eval()
+    with torch.inference_mode():
+        full = model(input_ids=torch.tensor([prompt + out.tokens])).logits[0, len(prompt) - 1:-1]
+    torch.testing.assert_close(out.logits, full, atol=1e-4, rtol=1e-4)
+    assert out.tokens == full.argmax(-1).tolist()
+
+
+def test_verification_accepts_the_targets_own_continuation(engine, uncached):
+    prompt = [2, 7, 1, 8]
+    continuation = greedy(uncached, prompt, 5)
+    out = engine.run(EngineRequest(prompt, 5, draft_tokens=continuation[:4]))
+    assert out.tokens == continuation and out.accepted_draft_tokens == 4
+    wrong = (continuation[1] + 1) % VOCAB
+    out = engine.run(EngineRequest(prompt, 5, draft_tokens=[continuation[0], wrong, 0, 0]))
+    assert out.tokens == continuation[:2] and out.accepted_draft_tokens == 1
+
+
+def test_end_id_and_min_new_tokens(engine, uncached):
+    prompt = [9, 9, 2]
+    full = greedy(uncached, prompt, 12)
+    end_id = full[3]
+    first = full.index(end_id)
+    assert greedy_with(engine, prompt, 12, end_id=end_id) == full[: first + 1]  # the engine returns the end token
+    later = [i for i, t in enumerate(full) if t == end_id and i >= first + 1]
+    expected_len = (later[0] + 1) if later else 12
+    assert greedy_with(engine, prompt, 12, end_id=end_id, min_new_tokens=first + 2) == full[:expected_len]
+    # verification stops at the end token too
+    out = engine.run(EngineRequest(prompt, 5, draft_tokens=full[:4], end_id=end_id))
+    assert out.tokens == full[: min(first + 1, 5)]
+
+
+def greedy_with(engine: TorchEngine, prompt: list[int], n: int, **kwargs) -> list[int]:
+    return engine.run(EngineRequest(prompt, n, **kwargs)).tokens
+
+
+# -- the prefix cache -----------------------------------------------------------------------------------
+def test_prefix_cache_reuses_the_longest_prefix(tiny):
+    engine = TorchEngine(tiny.target, cache_entries=4)
+    prompt = [1, 2, 3, 4, 5, 6]
+    first = greedy(engine, prompt, 4)
+    assert (engine.cache.hits, engine.cache.reused_tokens, len(engine.cache)) == (0, 0, 1)
+    # the continuation of the same sequence reuses everything that was fed: prompt + 3 generated tokens
+    second = greedy(engine, prompt + first, 3)
+    assert (engine.cache.hits, engine.cache.reused_tokens) == (1, len(prompt) + 3)
+    # a sequence sharing only the first 4 tokens reuses 4 (the entry is cropped)
+    greedy(engine, prompt[:4] + [15, 15], 2)
+    assert (engine.cache.hits, engine.cache.reused_tokens) == (2, len(prompt) + 3 + 4)
+    # results are those of an engine without a cache
+    uncached = TorchEngine(tiny.target, cache_entries=0)
+    assert greedy(uncached, prompt, 4) == first and greedy(uncached, prompt + first, 3) == second
+    assert len(uncached.cache) == 0 and uncached.cache.hits == 0
+
+
+def test_verification_crops_rejected_tokens_from_the_cache(tiny):
+    engine = TorchEngine(tiny.target, max_draft_len=4, cache_entries=4)
+    uncached = TorchEngine(tiny.target, max_draft_len=4, cache_entries=0)
+    prompt = [5, 4, 3, 2, 1]
+    continuation = greedy(uncached, prompt, 6)
+    drafts = [continuation[0], (continuation[1] + 1) % VOCAB, 0, 0]  # accepts 1, rejects 3
+    engine.run(EngineRequest(prompt, 5, draft_tokens=drafts))
+    # the next round starts from prompt + accepted + the target's token: the cache holds prompt + 1 accepted
+    sequence = prompt + continuation[:2]
+    out = engine.run(EngineRequest(sequence, 4, return_logits=True))
+    assert engine.cache.reused_tokens == len(prompt) + 1
+    reference = uncached.run(EngineRequest(sequence, 4, return_logits=True))
+    assert out.tokens == reference.tokens == continuation[2:6]
+    torch.testing.assert_close(out.logits, reference.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sampling", [None, SAMPLING], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("use_draft_logits", [True, False], ids=["draft-logits", "token-match"])
+def test_speculation_with_caches_equals_speculation_without(tiny, sampling, use_draft_logits):
+    def speculator(entries: int) -> InProcessSpeculator:
+        return InProcessSpeculator(TorchEngine(tiny.target, max_draft_len=6, cache_entries=entries),
+                                   TorchEngine(tiny.perturbed, cache_entries=entries))
+    cached, uncached = speculator(8), speculator(0)
+    for seed, prompt in enumerate([[1, 2, 3], [7], [4, 4, 4, 4, 4, 4, 4, 4], [0, 15, 3, 9]]):
+        request = GenerationRequest(prompt, 20, sampling=sampling or SamplingParams.from_request(), seed=seed,
+                                    num_draft_tokens=3 + seed, use_draft_logits=use_draft_logits)
+        got, expected = cached.generate(request), uncached.generate(request)
+        assert got.tokens == expected.tokens
+        assert got.stats.accepted_tokens == expected.stats.accepted_tokens
+    assert cached.target.cache.hits > 0 and cached.draft.cache.hits > 0
+
+
+def prefix_cache_entry(length: int):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 1, length, 2), torch.zeros(1, 1, length, 2), 0)
+    return cache
+
+
+def test_prefix_cache_unit():
+    cache = PrefixCache(max_entries=2)
+    assert cache.take([1, 2, 3]) == (None, 0)
+    cache.put([1, 2, 3, 4], prefix_cache_entry(4))
+    cache.put([1, 2, 9], prefix_cache_entry(3))
+    cache.put([5, 6], prefix_cache_entry(2))  # evicts the oldest entry, [1, 2, 3, 4]
+    assert len(cache) == 2
+    entry, length = cache.take([1, 2, 9, 9])
+    assert length == 3 and entry.get_seq_length() == 3
+    assert len(cache) == 1  # taken entries leave the cache until put back
+    entry, length = cache.take([5, 6])  # never reuses the whole input: one token must be fed for logits
+    assert length == 1 and entry.get_seq_length() == 1
+    assert (cache.hits, cache.reused_tokens) == (2, 4)
+    PrefixCache(0).put([1], prefix_cache_entry(1))
+    assert len(PrefixCache(0)) == 0
+
+
+# -- validation -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (EngineRequest([1, 2], 5, draft_tokens=[1, 2, 3, 4, 5]),
+         r"Number of draft tokens \(5\) is larger than maximum number of draft tokens \(4\)"),
+        (EngineRequest([1, VOCAB], 5), rf"token id {VOCAB} is outside the vocabulary \[0, {VOCAB}\)"),
+        (EngineRequest([1, -1], 5), r"token id -1 is outside the vocabulary"),
+        (EngineRequest([1, 2], 3, draft_tokens=[1, 99]), r"token id 99 is outside the vocabulary"),
+        (EngineRequest([1] * 60, 5), r"exceeds the engine's max_seq_len \(64\)"),
+        (EngineRequest([1] * 62, 1, draft_tokens=[1, 2, 3]), r"max_seq_len"),
+        (EngineRequest([], 5), "input_ids is empty"),
+        (EngineRequest([1], 0), "request_output_len must be >= 1"),
+        (EngineRequest([1], 3, draft_tokens=[1, 2], draft_logits=torch.zeros(2, VOCAB + 1)), "draft_logits must be"),
+        (EngineRequest([1], 3, bad_words=[[1, VOCAB + 5]]), rf"token id {VOCAB + 5} is outside the vocabulary"),
+        (EngineRequest([1], 3, bad_words=[[-2]]), r"token id -2 is outside the vocabulary"),
+    ],
+)
+def test_invalid_requests_are_request_errors(engine, request_, message):
+    with pytest.raises(RequestError, match=message):
+        engine.run(request_)
+
+
+def test_an_engine_built_without_draft_tokens_says_so(tiny):
+    plain = TorchEngine(tiny.perturbed)
+    with pytest.raises(RequestError, match=r"larger than maximum number of draft tokens \(0\)") as error:
+        plain.run(EngineRequest([1, 2], 3, draft_tokens=[3]))
+    assert "max_draft_len" in error.value.fix
+    assert greedy(plain, [1, 2], 3)  # still serves after a bad request
+
+
+# -- sampling -------------------------------------------------------------------------------------------
+def test_seeded_sampling_is_reproducible(engine):
+    def draw(seed: int | None, **kwargs) -> list[int]:
+        return engine.run(EngineRequest([1, 2, 3], 12, sampling=SAMPLING, seed=seed, **kwargs)).tokens
+    assert draw(5) == draw(5)
+    assert len({tuple(draw(s)) for s in range(6)}) > 1
+    verify = dict(draft_tokens=[4, 4, 4], draft_logits=torch.zeros(3, VOCAB))
+    assert draw(5, **verify) == draw(5, **verify)
+
+
+@pytest.mark.parametrize("sampling", [None, SAMPLING, SamplingParams(temperature=3.0)], ids=["greedy", "top-k", "hot"])
+def test_bad_words_never_appear(engine, sampling):
+    prompt = [1, 2, 3]
+    usual = greedy(engine, prompt, 16)
+    single = sorted(set(usual))[:3]
+    pair = [usual[0], usual[1]]  # usual[1] may still appear, but never right after usual[0]
+    bad_words = [[t] for t in single[1:]] + [pair]
+    for seed in range(8):
+        out = engine.run(EngineRequest(prompt, 16, sampling=sampling or SamplingParams.from_request(),
+                                       seed=seed, bad_words=bad_words)).tokens
+        sequence = prompt + out
+        assert not set(single[1:]) & set(out)
+        assert all(sequence[i:i + 2] != pair for i in range(len(prompt) - 1, len(sequence) - 1))
+
+
+def test_mask_bad_words():
+    logits = torch.zeros(5)
+    assert mask_bad_words(logits, [1, 2], []) is logits
+    masked = mask_bad_words(logits, [1, 2], [[3], [2, 4], [1, 0], [0, 1, 2, 1], []])
+    assert torch.isinf(masked).tolist() == [False, False, False, True, True]  # 3 always; 4 after 2
+    assert not torch.isinf(logits).any()  # the input is left alone
+    assert torch.isinf(mask_bad_words(logits, [0, 1, 2], [[0, 1, 2, 1]]))[1]
+    assert not torch.isinf(mask_bad_words(logits, [2], [[0, 2, 3]])).any()  # context shorter than the prefix
