@@ -193,7 +193,10 @@ async def speculate(
 
 
 def _accepted_prefix(drafted: list[int], returned: list[int]) -> int:
+    """Drafted tokens the target accepted: their common prefix, since every rule's own token at a mismatch
+    differs from the drafted one. (Capping at ``len(returned) - 1`` would miss an accepted end token, after
+    which the target returns no token of its own.)"""
     accepted = 0
-    while accepted < len(drafted) and accepted < len(returned) - 1 and drafted[accepted] == returned[accepted]:
+    while accepted < min(len(drafted), len(returned)) and drafted[accepted] == returned[accepted]:
         accepted += 1
     return accepted

@@ -1,0 +1,235 @@
+"""The speculative loop (``decoding.speculate``) through ``InProcessSpeculator``: greedy output is
+token-identical to the target alone for every K, with drafts that disagree often; adaptive K, stop words,
+end_id, max_tokens, draft failures and the acceptance statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
+from specbuild.decoding import GenerationRequest, Round, SpeculationStats, next_draft_length, speculate
+from specbuild.inprocess import Generated, InProcessSpeculator
+from specbuild.speculative import SamplingParams
+from specbuild.torch_engine import EngineOutput, EngineRequest, TorchEngine
+
+MAX_DRAFT_LEN = 8
+PROMPTS = [[random.Random(seed).randrange(VOCAB) for _ in range(1 + seed % 9)] for seed in range(12)]
+
+
+@pytest.fixture(scope="module")
+def target(tiny):
+    return TorchEngine(tiny.target, max_draft_len=MAX_DRAFT_LEN)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny):
+    """The reference: the target alone, without speculation and without a prefix cache."""
+    return InProcessSpeculator(TorchEngine(tiny.target, cache_entries=0), None)
+
+
+@pytest.fixture(scope="module", params=["perturbed", "unrelated"])
+def speculator(request, tiny, target):
+    return InProcessSpeculator(target, TorchEngine(getattr(tiny, request.param)))
+
+
+def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, **kwargs) -> list[Round]:
+    async def collect():
+        return [r async for r in speculate(request, target_call, draft_call, max_draft_len=MAX_DRAFT_LEN,
+                                           stats=stats, **kwargs)]
+    return asyncio.run(collect())
+
+
+def engine_call(engine: TorchEngine, seen: list[EngineRequest] | None = None):
+    async def call(request: EngineRequest) -> EngineOutput:
+        if seen is not None:
+            seen.append(request)
+        return engine.run(request)
+    return call
+
+
+def test_greedy_is_token_identical_to_target_alone_for_every_k(speculator, alone):
+    totals = SpeculationStats()
+    for prompt in PROMPTS:
+        expected = alone.generate(GenerationRequest(prompt, 16)).tokens
+        assert len(expected) == 16
+        for k in range(1, MAX_DRAFT_LEN + 1):
+            result = speculator.generate(GenerationRequest(prompt, 16, num_draft_tokens=k))
+            assert result.tokens == expected, (prompt, k)
+            assert result.finish_reason == "length"
+            assert result.stats.drafts > 0
+            totals.drafted_tokens += result.stats.drafted_tokens
+            totals.accepted_tokens += result.stats.accepted_tokens
+    # the draft disagrees often (so rejections and cache crops are exercised) but not always
+    assert 0.0 < totals.acceptance_rate < 0.5
+
+
+def test_adaptive_k_stays_within_bounds_and_exact(tiny, target, alone):
+    draft = TorchEngine(tiny.perturbed)
+    for prompt in PROMPTS[:6]:
+        expected = alone.generate(GenerationRequest(prompt, 24)).tokens
+        seen: list[EngineRequest] = []
+        rounds = run_loop(GenerationRequest(prompt, 24, num_draft_tokens=3, adaptive=True),
+                          engine_call(target), engine_call(draft, seen))
+        assert [t for r in rounds for t in r.tokens] == expected
+        ks = [r.max_new_tokens for r in seen]
+        assert all(1 <= k <= MAX_DRAFT_LEN for k in ks)
+    assert len(set(ks)) > 1  # K really adapts
+
+
+@pytest.mark.parametrize(
+    ("current", "drafted", "accepted", "expected"),
+    [(3, 3, 3, 5), (7, 7, 7, 8), (8, 8, 8, 8), (3, 3, 1, 2), (1, 1, 0, 1), (4, 0, 0, 4), (5, 2, 2, 7)],
+)
+def test_next_draft_length(current, drafted, accepted, expected):
+    assert next_draft_length(current, drafted, accepted, max_draft_len=8) == expected
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_stop_words_end_output_at_first_occurrence(speculator, alone, k):
+    prompt = PROMPTS[3]
+    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    start = 5
+    word = full[start:start + 2]
+    first = next(i for i in range(len(full) - 1) if full[i:i + 2] == word)
+    result = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, stop_words=[[VOCAB + 3], word]))
+    assert result.tokens == full[: first + 2]  # the stop word is kept, nothing after it
+    assert result.finish_reason == "stop_words"
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_end_id_stops_before_the_end_token(speculator, alone, k):
+    prompt = PROMPTS[5]
+    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    end_id = full[6]
+    first = full.index(end_id)
+    reference = alone.generate(GenerationRequest(prompt, 24, end_id=end_id))
+    result = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, end_id=end_id))
+    assert result.tokens == reference.tokens == full[:first]
+    assert result.finish_reason == reference.finish_reason == "end_id"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 9])
+def test_max_tokens(speculator, alone, max_tokens):
+    expected = alone.generate(GenerationRequest(PROMPTS[0], max_tokens)).tokens
+    result = speculator.generate(GenerationRequest(PROMPTS[0], max_tokens, num_draft_tokens=8))
+    assert result.tokens == expected and len(expected) == max_tokens
+    assert result.finish_reason == "length"
+
+
+@pytest.mark.parametrize("fail_on_call", [1, 3])
+def test_failing_draft_falls_back_to_target_alone(tiny, target, alone, fail_on_call):
+    draft = TorchEngine(tiny.perturbed)
+    calls = 0
+
+    async def flaky_draft(request: EngineRequest) -> EngineOutput:
+        nonlocal calls
+        calls += 1
+        if calls == fail_on_call:
+            raise RuntimeError("draft model unavailable")
+        return draft.run(request)
+
+    failures: list[Exception] = []
+    stats = SpeculationStats()
+    prompt = PROMPTS[7]
+    rounds = run_loop(GenerationRequest(prompt, 20, num_draft_tokens=2), engine_call(target), flaky_draft,
+                      stats, on_draft_failure=failures.append)
+    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 20)).tokens
+    assert stats.fallbacks == 1 and calls == fail_on_call  # never asks the failed draft again
+    assert [str(e) for e in failures] == ["draft model unavailable"]
+    assert stats.drafts == fail_on_call - 1
+
+
+def test_target_only_chunk_streams_token_by_token(target, alone):
+    rounds = run_loop(GenerationRequest(PROMPTS[2], 6, target_only_chunk=1), engine_call(target), None)
+    assert [len(r.tokens) for r in rounds] == [1] * 6
+    assert [r.finished for r in rounds] == [False] * 5 + [True]
+    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(PROMPTS[2], 6)).tokens
+
+
+def test_an_engine_that_returns_nothing_ends_the_request():
+    async def silent(request: EngineRequest) -> EngineOutput:
+        return EngineOutput([])
+
+    rounds = run_loop(GenerationRequest([1, 2], 5), silent, None)
+    assert rounds == [Round([], True, "no_progress")]
+
+
+def test_sampled_generation_is_reproducible_by_seed(speculator):
+    params = SamplingParams(temperature=1.0, top_k=10)
+    def draw(seed: int, use_draft_logits: bool) -> Generated:
+        return speculator.generate(GenerationRequest(PROMPTS[1], 20, sampling=params, seed=seed, num_draft_tokens=3,
+                                                     use_draft_logits=use_draft_logits))
+    for mode in (True, False):
+        assert draw(7, mode).tokens == draw(7, mode).tokens
+        assert len({tuple(draw(seed, mode).tokens) for seed in range(5)}) > 1
+
+
+def test_bad_words_never_appear_and_greedy_stays_exact(speculator, alone):
+    prompt = PROMPTS[4]
+    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    banned = sorted(set(full[:6]))[:2]
+    bad_words = [[t] for t in banned]
+    reference = alone.generate(GenerationRequest(prompt, 24, bad_words=bad_words)).tokens
+    assert reference != full
+    for k in (1, 4):
+        greedy = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, bad_words=bad_words)).tokens
+        assert greedy == reference
+        sampled = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, bad_words=bad_words,
+                                                        sampling=SamplingParams(), seed=k)).tokens
+        assert not set(banned) & set(greedy + sampled)
+
+
+def test_stats_record_rounds():
+    stats = SpeculationStats()
+    stats.record_round(drafted=4, accepted=2)
+    stats.record_round(drafted=2, accepted=2)
+    stats.record_round(drafted=0, accepted=0)  # a target-only round
+    assert (stats.rounds, stats.drafts, stats.drafted_tokens, stats.accepted_tokens) == (3, 2, 6, 4)
+    assert stats.drafted_per_position == [2, 2, 1, 1]
+    assert stats.accepted_per_position == [2, 2]
+    assert stats.acceptance_rate == pytest.approx(4 / 6)
+    assert stats.mean_acceptance_length == pytest.approx(1 + 4 / 2)
+    assert SpeculationStats().acceptance_rate == 0.0 and SpeculationStats().mean_acceptance_length == 1.0
+
+
+def test_stats_count_what_the_engines_did(tiny, target):
+    draft = TorchEngine(tiny.perturbed)
+    seen_draft: list[EngineRequest] = []
+    seen_target: list[EngineRequest] = []
+    stats = SpeculationStats()
+    rounds = run_loop(GenerationRequest(PROMPTS[6], 20, num_draft_tokens=4), engine_call(target, seen_target),
+                      engine_call(draft, seen_draft), stats)
+    assert stats.rounds == len(rounds) == len(seen_target)
+    assert stats.drafts == len(seen_draft)
+    assert stats.drafted_tokens == sum(len(r.draft_tokens or []) for r in seen_target)
+    # every round yields its accepted drafts plus one target token (the last round may be cut by max_tokens)
+    assert sum(len(r.tokens) for r in rounds[:-1]) == sum(
+        1 + a for a in _accepted_per_round(seen_target[:-1], rounds[:-1]))
+    assert stats.accepted_tokens == sum(_accepted_per_round(seen_target, rounds))
+
+
+def _accepted_per_round(requests: list[EngineRequest], rounds: list[Round]) -> list[int]:
+    accepted = []
+    for request, round_ in zip(requests, rounds):
+        drafts = request.draft_tokens or []
+        n = 0
+        while n < len(drafts) and n < len(round_.tokens) - 1 and drafts[n] == round_.tokens[n]:
+            n += 1
+        accepted.append(n)
+    return accepted
+
+
+def test_a_draft_identical_to_the_target_is_always_accepted_up_to_the_end_token(tiny, target, alone):
+    """The end token ends the target's output early: an accepted drafted end token still counts as accepted."""
+    twin = InProcessSpeculator(target, TorchEngine(tiny.target))
+    prompt, full, end_id = next(
+        (prompt, full, token) for prompt in PROMPTS
+        for full in [alone.generate(GenerationRequest(prompt, 16)).tokens]
+        for i, token in enumerate(full) if i >= 3 and token not in full[:i]
+    )  # an end token the target reaches after a few tokens
+    result = twin.generate(GenerationRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive=True))
+    assert result.tokens == full[: full.index(end_id)] and result.finish_reason == "end_id"
+    assert result.stats.acceptance_rate == 1.0
