@@ -233,3 +233,10 @@ def test_a_draft_identical_to_the_target_is_always_accepted_up_to_the_end_token(
     result = twin.generate(GenerationRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive=True))
     assert result.tokens == full[: full.index(end_id)] and result.finish_reason == "end_id"
     assert result.stats.acceptance_rate == 1.0
+
+
+def test_from_checkpoints_caps_k_at_the_targets_max_draft_len(tiny, alone):
+    speculator = InProcessSpeculator.from_checkpoints(tiny.target, tiny.perturbed, max_draft_len=3)
+    result = speculator.generate(GenerationRequest(PROMPTS[9], 12, num_draft_tokens=8))
+    assert result.tokens == alone.generate(GenerationRequest(PROMPTS[9], 12)).tokens
+    assert len(result.stats.drafted_per_position) == 3 and result.stats.drafts > 0  # never more than 3 drafted
