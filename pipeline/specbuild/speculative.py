@@ -31,8 +31,10 @@ Rule = Literal["greedy", "token-match", "rejection"]
 class SamplingParams:
     """How one request samples. Greedy when ``temperature == 0`` or ``top_k == 1``.
 
-    ``top_k == 0`` means no top-k limit and ``top_p`` of 0 or 1 means no nucleus limit, as in TensorRT-LLM.
-    A request that sets none of them is greedy (see :meth:`from_request`).
+    ``top_k == 0`` means no top-k limit and ``top_p == 1`` no nucleus limit. A request that sets none of
+    them is greedy (see :meth:`from_request`, which also reads a request's ``top_p == 0`` as "no limit").
+    TensorRT-LLM reads ``top_k == 0`` with ``top_p == 0`` as greedy, so the orchestrator always sends the
+    normalised values (``runtime_top_k=1`` for greedy, ``runtime_top_p=1.0`` for no limit) to engines.
     """
 
     temperature: float = 1.0
