@@ -196,6 +196,10 @@ def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dic
         )
     except SpecbuildError as exc:
         raise StageError("manifest", exc.message, exc.fix) from exc
+    except OSError as exc:  # e.g. the disk filled up: the repository is whole, only its manifest is missing
+        raise StageError("manifest", f"cannot write {repository / manifest.MANIFEST_NAME}: {exc}",
+                         "free disk space or fix the folder's permissions, then run compile again "
+                         "(finished steps are skipped)") from exc
 
 
 def _read_json(path: Path) -> Any:

@@ -5,7 +5,8 @@ and ``target`` engine models called through BLS, so many requests are in flight 
 one response per round with the tokens accepted in it; otherwise one response at the end. Every response
 carries the acceptance figures so far. Acceptance metrics are exported as Prometheus counters through the
 python backend's metrics API. If the draft fails or is unloaded, requests fall back to the target alone
-(exact) and ``specbuild_draft_fallbacks_total`` counts it.
+(exact) and ``specbuild_draft_fallbacks_total`` counts it. After a draft failure, new requests skip the
+draft for ``DRAFT_RETRY_SECONDS`` (a dead draft stub makes every call wait for its failure), then try it again.
 
 Parameters: ``max_draft_len``, ``num_draft_tokens`` (default K), ``use_draft_logits``, ``adaptive_draft``,
 ``max_input_len``, ``max_seq_len``, ``vocab_size``, ``target_model``, ``draft_model``.
@@ -14,6 +15,7 @@ Parameters: ``max_draft_len``, ``num_draft_tokens`` (default K), ``use_draft_log
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from specbuild.torch_engine import EngineOutput, EngineRequest
 from specbuild.triton_models.common import model_parameters, optional_input, required_input, row_scalar, tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+DRAFT_RETRY_SECONDS = 5.0
 
 
 class EngineCallError(RuntimeError):
@@ -180,6 +183,7 @@ class TritonPythonModel:
         self.settings = Settings.from_parameters(model_parameters(args))
         self.metrics = Metrics(args["model_name"])
         self.logger = pb_utils.Logger
+        self._draft_down_until = 0.0  # time.monotonic() before which requests do not call the draft
 
     # -- engine calls through BLS -----------------------------------------------------------------
     async def _call(self, model: str, request: EngineRequest) -> EngineOutput:
@@ -196,6 +200,7 @@ class TritonPythonModel:
         return await self._call(self.settings.draft_model, request)
 
     def _draft_failed(self, exc: Exception) -> None:
+        self._draft_down_until = time.monotonic() + DRAFT_RETRY_SECONDS
         self.logger.log_warn(f"orchestrator: draft model failed ({exc}); continuing with the target alone")
 
     # -- requests ---------------------------------------------------------------------------------
@@ -272,6 +277,9 @@ class TritonPythonModel:
                        on_round: Any = None) -> None:
         """Run one row to the end (or until the client cancels), appending its tokens to ``collected``."""
         draft = self._draft if row.generation.num_draft_tokens > 0 else None
+        if draft is not None and time.monotonic() < self._draft_down_until:
+            draft = None
+            stats.fallbacks += 1
         async for step in speculate(row.generation, self._target, draft, max_draft_len=self.settings.max_draft_len,
                                     stats=stats, on_draft_failure=self._draft_failed):
             collected.extend(step.tokens)
