@@ -144,7 +144,7 @@ def _read_json(path: Path, limit: int) -> Any:
                               "replace it with the checkpoint's original file")
     try:
         return json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting: RecursionError
         raise CheckpointError(f"{path} is not valid JSON ({exc})",
                               "replace it with the checkpoint's original file") from None
 
@@ -219,7 +219,7 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
         raise CheckpointError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from None
     try:
         header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise CheckpointError(f"{path} is corrupt: its safetensors header is not valid JSON", fix) from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path} is corrupt: its safetensors header is not a JSON object", fix)

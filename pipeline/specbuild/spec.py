@@ -157,7 +157,7 @@ def parse_override(assignment: str) -> tuple[str, Any]:
         raise SpecError(f"override {assignment!r} is not KEY=VALUE", "write it as e.g. --set limits.max_seq_len=4096")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # deeply nested brackets exhaust the YAML composer's recursion
         value = raw
     return key.strip(), value
 
@@ -181,6 +181,9 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SpecError(f"spec file {str(path)!r} is not valid YAML: {exc}", "fix the file's syntax") from None
+    except RecursionError:
+        raise SpecError(f"spec file {str(path)!r} nests too deeply to be a build spec",
+                        "write the spec as `specbuild init` does (a few levels of keys)") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -45,12 +45,18 @@ def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
         raise CheckpointError(f"{source} has no .safetensors weights (pickle files are not loaded by default)",
                               "convert it to safetensors, or pass --set security.allow_pickle=true if you trust it")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model, loading = AutoModelForCausalLM.from_pretrained(
             str(source), dtype=DTYPES[resolve_dtype(spec, role)], use_safetensors=has_safetensors,
-            trust_remote_code=spec.security.trust_remote_code, low_cpu_mem_usage=True)
+            trust_remote_code=spec.security.trust_remote_code, low_cpu_mem_usage=True, output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"cannot load {role} checkpoint {source}: {exc}",
                               "check that the folder is a complete HF causal-LM checkpoint") from None
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:  # transformers would fill them with random values: an engine that compiles and talks nonsense
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CheckpointError(f"{source / 'config.json'} declares weights that the {role} checkpoint does not hold: "
+                              f"{shown}", "use the config.json saved with these weights (layer count and sizes "
+                              "must match the safetensors files)")
     with torch.no_grad():
         model.save_pretrained(str(output_dir), safe_serialization=True)
     copy_tokenizer(source, output_dir)
