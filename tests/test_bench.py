@@ -249,3 +249,86 @@ def test_wheel_ships_the_bundled_prompts(tmp_path: Path):
     root = Path(__file__).resolve().parents[1]
     wheel = next(iter(hatchling.WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])))
     assert "specbuild/prompts/bundled.jsonl" in zipfile.ZipFile(wheel).namelist()
+
+
+# --- end to end (slow): a real Triton server on the tiny pair ----------------------------------------------
+@pytest.fixture(scope="module")
+def bench_release(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny pair compiled with the torch runtime; returns its spec file (the repository is in its folder)."""
+    from specbuild import pipeline
+    from specbuild.spec import load_spec
+
+    try:
+        pair = request.getfixturevalue("tiny_pair")
+    except pytest.FixtureLookupError:
+        from specbuild.tiny_models import build_tiny_pair
+
+        pair = build_tiny_pair(Path(__file__).resolve().parents[1] / ".cache" / "tiny_pair")  # cached across runs
+    root = tmp_path_factory.mktemp("tiny_release")
+    spec = load_spec(None, {"name": "tiny", "runtime": "torch", "target.checkpoint": str(pair.target_dir),
+                            "draft.checkpoint": str(pair.draft_dir), "speculation.max_draft_len": 4,
+                            "outputs.build_dir": "build", "outputs.engines_dir": "engines",
+                            "outputs.repository_dir": "triton_repo"}, base_dir=root)
+    spec_file = root / "specbuild.yaml"
+    spec_file.write_text(spec.to_yaml(), encoding="utf-8")
+    pipeline.run(spec)
+    return spec_file
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_bench_against_a_real_server(bench_release: Path, tmp_path: Path):
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [
+        "bench", "--repository", str(bench_release.parent / "triton_repo"), "--k", "2", "--concurrency", "1,2",
+        "--num-prompts", "3", "--requests", "3", "--max-tokens", "12", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "bench.json").read_text())
+    assert data["metrics"] is True
+    cells = {(c["k"], c["concurrency"]): c for c in data["cells"]}
+    assert set(cells) == {(0, 1), (2, 1), (0, 2), (2, 2)}
+    for (k, _), cell in cells.items():
+        assert cell["requests"] == 3 and cell["errors"] == 0 and cell["output_tokens"] > 0
+        assert cell["source"] == "metrics"
+        assert cell["matches_baseline"] == 1.0  # greedy: speculation never changes the text
+        if k:
+            assert 0.0 <= cell["acceptance_rate"] <= 1.0
+            assert 1.0 <= cell["mean_acceptance_length"] <= 3.0
+            assert cell["draft_tokens_per_round"] <= 2
+            assert all(0.0 <= a <= 1.0 for a in cell["acceptance_per_position"])
+            assert cell["expected_speedup"] > 0 and cell["verify_cost"] > 0 and cell["cost_ratio"] > 0
+    assert {p.name for p in out.iterdir()} >= {"bench.md", "speedup.png", "acceptance.png", "latency.png"}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_tune_writes_the_choice_into_the_spec_and_the_repository(bench_release: Path, tmp_path: Path):
+    import shutil
+
+    from click.testing import CliRunner
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from specbuild.cli import main
+    from specbuild.spec import load_spec
+
+    release = tmp_path / "release"
+    shutil.copytree(bench_release.parent, release, symlinks=True)
+    spec_file = release / "specbuild.yaml"
+    spec_file.write_text(spec_file.read_text().replace(str(bench_release.parent), str(release)))
+    result = CliRunner().invoke(main, ["tune", "--spec", str(spec_file), "--goal", "throughput", "--k", "0,1",
+                                       "--adaptive", "both", "--concurrency", "1", "--num-prompts", "2",
+                                       "--requests", "2", "--max-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(spec_file)
+    config = text_format.Parse((release / "triton_repo" / "orchestrator" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    assert config.parameters["num_draft_tokens"].string_value == str(spec.speculation.num_draft_tokens)
+    assert config.parameters["adaptive_draft"].string_value == str(spec.speculation.adaptive).lower()
+    assert f"K={spec.speculation.num_draft_tokens}" in result.output
+    verified = CliRunner().invoke(main, ["verify", str(release / "triton_repo")])
+    assert verified.exit_code == 0, verified.output  # the manifest was re-written with the new configs

@@ -32,18 +32,18 @@ SPEED_COLUMNS: list[Column] = [
     ("K", lambda c: c.label.removeprefix("K=")),
     ("conc.", lambda c: str(c.concurrency)),
     ("requests", lambda c: f"{c.requests}" + (f" ({c.errors} failed)" if c.errors else "")),
-    ("tokens/s", lambda c: _num(c.tokens_per_second, 1)),
+    ("tok/s", lambda c: _num(c.tokens_per_second, 1)),
     ("speedup", lambda c: _num(c.speedup, 2, "x")),
     ("expected", lambda c: _num(c.expected_speedup, 2, "x")),
-    ("V=1 textbook", lambda c: _num(c.expected_speedup_textbook, 2, "x")),
-    ("efficiency", lambda c: _num(c.efficiency, 2)),
-    ("acceptance", lambda c: _num(c.acceptance_rate, 2)),
+    ("textbook V=1", lambda c: _num(c.expected_speedup_textbook, 2, "x")),
+    ("effic.", lambda c: _num(c.efficiency, 2)),
+    ("accept", lambda c: _num(c.acceptance_rate, 2)),
     ("MAL", lambda c: _num(c.mean_acceptance_length, 2)),
     ("per position", _positions),
-    ("c draft/target", lambda c: _num(c.cost_ratio, 3)),
+    ("c", lambda c: _num(c.cost_ratio, 3)),
     ("V(K)", lambda c: _num(c.verify_cost, 2)),
     ("engine share", lambda c: _num(c.engine_share, 2)),
-    ("= K=0 output", lambda c: "-" if c.matches_baseline is None else f"{c.matches_baseline:.0%}"),
+    ("=K0 text", lambda c: "-" if c.matches_baseline is None else f"{c.matches_baseline:.0%}"),
 ]
 LATENCY_COLUMNS: list[Column] = [
     ("K", lambda c: c.label.removeprefix("K=")),
@@ -55,10 +55,15 @@ LATENCY_COLUMNS: list[Column] = [
 ]
 
 
+# Left out of the terminal table to keep it narrow (they are in the Markdown and JSON reports).
+MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share"}
+
+
 def tables(cells: Sequence[Cell]) -> list[Table]:
     """Two rich tables: speed and acceptance, then latency."""
     result = []
-    for title, columns in (("speed and acceptance", SPEED_COLUMNS), ("latency (streamed)", LATENCY_COLUMNS)):
+    speed = [column for column in SPEED_COLUMNS if column[0] not in MARKDOWN_ONLY]
+    for title, columns in (("speed and acceptance", speed), ("latency (streamed)", LATENCY_COLUMNS)):
         table = Table(title=title, title_justify="left")
         for name, _ in columns:
             table.add_column(name, justify="right" if name not in ("per position",) else "left")
@@ -85,8 +90,10 @@ def markdown(report: Any) -> str:
                   "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(render(cell) for _, render in columns) + " |" for cell in report.cells]
         lines.append("")
-    lines += ["expected = MAL / (K*c + V(K)) with c and V(K) measured against the K=0 target step; "
-              "efficiency = speedup / expected; MAL = 1 + accepted / drafts.", ""]
+    lines += ["MAL = 1 + accepted / drafts (tokens per target step); per position = accepted at that position "
+              "per draft; c = draft seconds per token and V(K) = target seconds per round, both over the K=0 target "
+              "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "
+              "share = engine seconds / request seconds.", ""]
     return "\n".join(lines)
 
 
