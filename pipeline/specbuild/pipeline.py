@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from .errors import IncompatibleError, StageError
-from .spec import BuildSpec
+from .errors import IncompatibleError, StageError, UsageError
+from .spec import BuildSpec, OutputsSpec
 from .stages import Stage, StageResult, StageRunner
 
 StepName = Literal["check", "convert", "build", "package"]
@@ -169,10 +169,29 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package") -> 
     return all_stages[: STEPS.index(upto) + 1]
 
 
+def check_outputs(spec: BuildSpec) -> None:
+    """Refuse output folders that hold an input checkpoint or the working directory: each step replaces
+    its output folder whole, so such a folder would be deleted with everything in it."""
+    build_dir, engines, repository = _dirs(spec)
+    outputs = {"build_dir": build_dir, "engines_dir": engines, "repository_dir": repository}
+    protected = {f"the {role} checkpoint": Path(getattr(spec, role).checkpoint) for role in ROLES}
+    protected["the current directory"] = Path.cwd()
+    for field_name, output in outputs.items():
+        replaced = [output / "check", output / spec.runtime] if field_name == "build_dir" else [output]
+        for folder in (path.resolve() for path in replaced):
+            for what, path in protected.items():
+                if path.resolve().is_relative_to(folder):
+                    raise UsageError(f"outputs.{field_name} ({output}) would replace {folder}, which holds {what} "
+                                     f"({path}): compile replaces its output folders whole",
+                                     f"point outputs.{field_name} at a folder of its own (default: "
+                                     f"{OutputsSpec.model_fields[field_name].default}/)")
+
+
 def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, json_mode: bool = False,
         console: Console | None = None, write_manifest: bool = True) -> CompileResult:
     """Run the pipeline through ``upto`` (``compile`` = through ``package``, then the manifest)."""
     spec = spec.resolved()
+    check_outputs(spec)
     build_dir, engines, repository = _dirs(spec)
     runner = StageRunner(build_dir / STATE_FILE, force=force, console=console, json_mode=json_mode)
     results = runner.run(stages(spec, runner, upto))
