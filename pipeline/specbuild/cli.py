@@ -464,5 +464,25 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
                       highlight=False)
 
 
+@main.command("demo-models")
+@click.argument("out", type=click.Path(file_okay=False), default="models/demo")
+@click.option("--tiny", is_flag=True, help="the tiny pair made from nothing (for tests) instead of SmolLM2")
+@click.option("--json", "json_mode", is_flag=True, help="print the pair's stamp (recipe and figures) as JSON")
+@reports_errors
+def demo_models(out: str, tiny: bool, json_mode: bool) -> None:
+    """Make the demo target/draft pair in OUT, offline (nothing downloaded; reused when already built)."""
+    from rich.progress import Progress
+
+    if tiny:
+        from .tiny_models import build_tiny_pair as build
+    else:
+        from .demo_models import build_demo_pair as build
+    with Progress(console=console, transient=True) as progress:
+        pair = build(out, progress=progress)
+    if json_mode:
+        print_json(pair.info)
+    console.print(f"target: {pair.target_dir}\ndraft:  {pair.draft_dir}", highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,92 @@
+"""The shared pair machinery: greedy acceptance arithmetic and the cached, atomic pair folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specbuild.errors import UsageError
+from specbuild.model_pairs import (CHECKPOINT_FILES, STAMP_FILE, acceptance_by_k, acceptance_rate, cached_pair,
+                                   expected_speedup, load_pair)
+
+
+def test_acceptance_counts_runs_per_round():
+    # K=2 over [T, T, F, T, F]: round 1 accepts both and the target adds position 2; round 2 accepts
+    # position 3 and the target corrects position 4: 3 accepted of 4 drafted.
+    assert acceptance_rate([[True, True, False, True, False]], 2) == pytest.approx(3 / 4)
+    # K=4 over 8 matches: 4 accepted + bonus, then the last 3 of a round of 4.
+    assert acceptance_rate([[True] * 8], 4) == pytest.approx(7 / 8)
+    assert acceptance_rate([[False] * 5], 3) == 0.0
+    assert acceptance_rate([], 3) == 0.0
+
+
+def test_acceptance_per_k_falls_as_k_grows_for_a_mixed_row():
+    rates = acceptance_by_k([[True, True, False, True, True, True, False, False, True]], max_k=4)
+    assert list(rates) == ["1", "2", "3", "4"]
+    assert rates["1"] >= rates["4"]
+
+
+def test_acceptance_rejects_k_below_one():
+    with pytest.raises(ValueError):
+        acceptance_rate([[True]], 0)
+
+
+def test_expected_speedup():
+    assert expected_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert expected_speedup(0.0, 4, 0.25) == pytest.approx(0.5)  # nothing accepted, draft work wasted
+    assert expected_speedup(0.5, 2, 0.1) == pytest.approx(2.0 / 1.2)
+
+
+def _fake_build(calls: list[Path]):
+    def build(root: Path) -> dict:
+        calls.append(root)
+        for role in ("target", "draft"):
+            (root / role).mkdir()
+            for name in CHECKPOINT_FILES:
+                (root / role / name).write_text("{}")
+        return {"figure": 1}
+    return build
+
+
+def test_cached_pair_builds_once_and_rebuilds_on_new_recipe(tmp_path):
+    calls: list[Path] = []
+    out = tmp_path / "pair"
+    first = cached_pair(out, {"version": 1}, _fake_build(calls))
+    again = cached_pair(out, {"version": 1}, _fake_build(calls))
+    assert len(calls) == 1 and first.info == again.info == {"recipe": {"version": 1}, "figure": 1}
+    assert first.target_dir == out / "target" and first.draft_dir == out / "draft"
+    cached_pair(out, {"version": 2}, _fake_build(calls))
+    assert len(calls) == 2
+    assert json.loads((out / STAMP_FILE).read_text())["recipe"] == {"version": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pair"]  # no staging or old folders left
+
+
+def test_incomplete_pair_is_not_returned(tmp_path):
+    calls: list[Path] = []
+    out = tmp_path / "pair"
+    cached_pair(out, {"version": 1}, _fake_build(calls))
+    (out / "draft" / "model.safetensors").unlink()
+    assert load_pair(out, {"version": 1}) is None
+    cached_pair(out, {"version": 1}, _fake_build(calls))
+    assert len(calls) == 2
+
+
+def test_failed_build_leaves_nothing(tmp_path):
+    def broken(root: Path) -> dict:
+        (root / "target").mkdir()
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        cached_pair(tmp_path / "pair", {"version": 1}, broken)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_to_replace_a_foreign_folder(tmp_path):
+    out = tmp_path / "pair"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not a specbuild model pair"):
+        cached_pair(out, {"version": 1}, _fake_build([]))
+    assert (out / "notes.txt").read_text() == "mine"
