@@ -253,20 +253,14 @@ def test_wheel_ships_the_bundled_prompts(tmp_path: Path):
 
 # --- end to end (slow): a real Triton server on the tiny pair ----------------------------------------------
 @pytest.fixture(scope="module")
-def bench_release(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bench_release(tiny_pair, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny pair compiled with the torch runtime; returns its spec file (the repository is in its folder)."""
     from specbuild import pipeline
     from specbuild.spec import load_spec
 
-    try:
-        pair = request.getfixturevalue("tiny_pair")
-    except pytest.FixtureLookupError:
-        from specbuild.tiny_models import build_tiny_pair
-
-        pair = build_tiny_pair(Path(__file__).resolve().parents[1] / ".cache" / "tiny_pair")  # cached across runs
     root = tmp_path_factory.mktemp("tiny_release")
-    spec = load_spec(None, {"name": "tiny", "runtime": "torch", "target.checkpoint": str(pair.target_dir),
-                            "draft.checkpoint": str(pair.draft_dir), "speculation.max_draft_len": 4,
+    spec = load_spec(None, {"name": "tiny", "runtime": "torch", "target.checkpoint": str(tiny_pair.target_dir),
+                            "draft.checkpoint": str(tiny_pair.draft_dir), "speculation.max_draft_len": 4,
                             "outputs.build_dir": "build", "outputs.engines_dir": "engines",
                             "outputs.repository_dir": "triton_repo"}, base_dir=root)
     spec_file = root / "specbuild.yaml"
