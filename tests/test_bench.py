@@ -326,3 +326,20 @@ def test_tune_writes_the_choice_into_the_spec_and_the_repository(bench_release: 
     assert f"K={spec.speculation.num_draft_tokens}" in result.output
     verified = CliRunner().invoke(main, ["verify", str(release / "triton_repo")])
     assert verified.exit_code == 0, verified.output  # the manifest was re-written with the new configs
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "either --url"),
+    (["--url", "127.0.0.1:1", "--repository", "."], "either --url"),
+    (["--url", "10.1.2.3:8001"], "not a loopback address"),
+    (["--url", "127.0.0.1:1", "--k", "2,x"], "comma-separated list"),
+    (["--url", "127.0.0.1:1", "--concurrency", "0"], "concurrency levels"),
+])
+def test_bench_command_refuses_bad_options_without_a_traceback(args, message):
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--num-prompts", "1", *args])
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
