@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import threading
 import time
@@ -76,6 +77,7 @@ class MemorySample:
     at: float
     rss: dict[str, int]  # process ("tritonserver", "draft_0_0", ...) -> resident bytes
     shm: int
+    load: float  # the machine's 1-minute load average: other work on the cores slows requests down
 
     @property
     def total_rss(self) -> int:
@@ -120,7 +122,7 @@ def rss_bytes(pid: int) -> int:
 
 def sample_memory(server: TritonServer, at: float) -> MemorySample:
     return MemorySample(at=round(at, 2), rss={name: rss_bytes(pid) for name, pid in sorted(server.processes().items())},
-                        shm=server.shm_bytes())
+                        shm=server.shm_bytes(), load=round(os.getloadavg()[0], 2))
 
 
 def memory_growth(first: MemorySample, last: MemorySample) -> dict[str, Any]:
@@ -223,7 +225,7 @@ def run_soak(server: TritonServer, config: SoakConfig, console: Console | None =
         memory.append(sample_memory(server, time.perf_counter() - started))
         if console is not None:
             console.print(f"  {memory[-1].at:7.1f} s: rss {memory[-1].total_rss / MIB:.0f} MiB, "
-                          f"shm {memory[-1].shm / MIB:.0f} MiB", highlight=False)
+                          f"shm {memory[-1].shm / MIB:.0f} MiB, load {memory[-1].load:.1f}", highlight=False)
     seconds = time.perf_counter() - started
     memory.append(sample_memory(server, seconds))
     outcomes = result[0]
@@ -243,18 +245,19 @@ def run_soak(server: TritonServer, config: SoakConfig, console: Console | None =
 def report_table(report: SoakReport) -> Table:
     table = Table(title=f"soak: {report.served} served, {report.errors} errors in {report.seconds:.0f} s "
                         f"(concurrency {report.config.concurrency})", title_justify="left")
-    for column in ("window", "requests", "errors", "tokens", "p50 s", "p95 s", "p99 s", "rss MiB", "shm MiB"):
+    for column in ("window", "requests", "errors", "tokens", "p50 s", "p95 s", "p99 s", "rss MiB", "shm MiB", "load"):
         table.add_column(column, justify="right")
     samples = {int(sample.at // report.config.window_s): sample for sample in report.memory}
     for row in report.windows:
         sample = samples.get(int(row["from_s"] // report.config.window_s) + 1)
         cells = [f"{row[q]:.3f}" if row[q] is not None else "-" for q in ("p50", "p95", "p99")]
         table.add_row(f"{row['from_s']:.0f}s", str(row["requests"]), str(row["errors"]), str(row["tokens"]), *cells,
-                      f"{sample.total_rss / MIB:.0f}" if sample else "-", f"{sample.shm / MIB:.0f}" if sample else "-")
+                      f"{sample.total_rss / MIB:.0f}" if sample else "-", f"{sample.shm / MIB:.0f}" if sample else "-",
+                      f"{sample.load:.1f}" if sample else "-")
     growth = report.growth
-    table.caption = (f"memory {'stable' if growth['stable'] else 'GROWING'}: rss {growth['rss_growth_bytes'] / MIB:+.1f} "
-                     f"MiB (allowed {growth['rss_allowed_bytes'] / MIB:.0f}), shm {growth['shm_growth_bytes'] / MIB:+.1f} "
-                     f"MiB (allowed {growth['shm_allowed_bytes'] / MIB:.0f})")
+    rss, shm = (f"{growth[f'{kind}_growth_bytes'] / MIB:+.1f} MiB (allowed {growth[f'{kind}_allowed_bytes'] / MIB:.0f})"
+                for kind in ("rss", "shm"))
+    table.caption = f"memory {'stable' if growth['stable'] else 'GROWING'}: rss {rss}, shm {shm}"
     return table
 
 

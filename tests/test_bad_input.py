@@ -217,7 +217,8 @@ def test_deeply_nested_spec_file_and_flag_are_spec_errors(tmp_path):
     (tmp_path / "deep.yaml").write_text(f"name: {deep}\n")
     with pytest.raises(SpecError, match="nests too deeply"):
         load_spec(tmp_path / "deep.yaml")
-    result = CliRunner().invoke(main, ["compile", "--dry-run", "--target", "t", "--draft", "d", "--set", f"name={deep}"])
+    result = CliRunner().invoke(main, ["compile", "--dry-run", "--target", "t", "--draft", "d",
+                                       "--set", f"name={deep}"])
     assert result.exit_code == 2 and "name" in result.output and result.exception is not None
     assert isinstance(result.exception, SystemExit)
 

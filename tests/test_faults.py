@@ -17,7 +17,15 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from served_tiny import MAX_DRAFT_LEN, checkpoints, compile_release, counters, raw_stream, served, tiny_repository  # noqa: F401
+from served_tiny import (  # noqa: F401  (fixtures)
+    MAX_DRAFT_LEN,
+    checkpoints,
+    compile_release,
+    counters,
+    raw_stream,
+    served,
+    tiny_repository,
+)
 
 from specbuild.cli import main
 from specbuild.client import Generation, GenerationRequest, SpecbuildClient

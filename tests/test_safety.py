@@ -61,7 +61,8 @@ def test_a_malicious_pickle_never_runs_even_with_allow_pickle(checkpoints, tmp_p
         read_checkpoint(folder, allow_pickle=True)
     assert "pytorch_model.bin" in refused.value.message
     with pytest.raises(StageError):
-        compile_release(checkpoints, tmp_path / "out", **{"draft.checkpoint": str(folder), "security.allow_pickle": True})
+        compile_release(checkpoints, tmp_path / "out",
+                        **{"draft.checkpoint": str(folder), "security.allow_pickle": True})
     assert not marker.exists()
 
 
@@ -87,7 +88,8 @@ def test_remote_code_is_refused_and_never_imported(checkpoints, tmp_path):
     ("engines_dir", lambda ck: Path.cwd()),  # the working directory
     ("build_dir", None),  # build/<runtime> is replaced: a checkpoint is put there
 ])
-def test_outputs_that_would_replace_a_checkpoint_or_the_cwd_are_refused(checkpoints, tmp_path, monkeypatch, field, where):
+def test_outputs_that_would_replace_a_checkpoint_or_the_cwd_are_refused(checkpoints, tmp_path, monkeypatch, field,
+                                                                        where):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     monkeypatch.chdir(outside)
@@ -105,8 +107,9 @@ def test_outputs_that_would_replace_a_checkpoint_or_the_cwd_are_refused(checkpoi
 
 
 def test_cli_refuses_an_output_holding_the_checkpoints_with_exit_2(checkpoints, tmp_path):
-    result = CliRunner().invoke(main, ["compile", "--target", str(checkpoints.target), "--draft",
-                                       str(checkpoints.draft), "--set", f"outputs.engines_dir={checkpoints.target.parent}",
+    result = CliRunner().invoke(main, ["compile", "--target", str(checkpoints.target),
+                                       "--draft", str(checkpoints.draft),
+                                       "--set", f"outputs.engines_dir={checkpoints.target.parent}",
                                        "--set", f"outputs.build_dir={tmp_path / 'b'}",
                                        "--set", f"outputs.repository_dir={tmp_path / 'r'}"])
     assert result.exit_code == 2 and "outputs.engines_dir" in result.output and "Traceback" not in result.output

@@ -21,7 +21,7 @@ MIB = 2**20
 
 
 def _sample(rss: dict[str, int], shm: int) -> object:
-    return soak.MemorySample(at=0.0, rss=rss, shm=shm)
+    return soak.MemorySample(at=0.0, rss=rss, shm=shm, load=1.0)
 
 
 def test_memory_within_tolerance_is_stable():
