@@ -169,10 +169,7 @@ def truncation_acceptance(target: LlamaForCausalLM, prompts: Sequence[Sequence[i
 
     layers = target.model.layers
     captured: dict[int, torch.Tensor] = {}
-    hooks = [layers[depth - 1].register_forward_hook(
-        lambda _module, _args, output, depth=depth: captured.__setitem__(
-            depth, output[0] if isinstance(output, tuple) else output))
-        for depth in depths]
+    hooks = [layers[depth - 1].register_forward_hook(_keep_output(captured, depth)) for depth in depths]
     matches: dict[int, list[list[bool]]] = {depth: [] for depth in depths}
     try:
         with torch.no_grad():
@@ -186,6 +183,13 @@ def truncation_acceptance(target: LlamaForCausalLM, prompts: Sequence[Sequence[i
         for hook in hooks:
             hook.remove()
     return {depth: acceptance_by_k(rows, MAX_K) for depth, rows in matches.items()}
+
+
+def _keep_output(store: dict[int, torch.Tensor], key: int) -> Callable[..., None]:
+    """A forward hook that stores a decoder layer's hidden states (a tensor, or a tuple's first item in 4.57)."""
+    def hook(_module: Any, _args: Any, output: Any) -> None:
+        store[key] = output[0] if isinstance(output, tuple) else output
+    return hook
 
 
 def truncation_cost_ratio(config: LlamaConfig, depth: int) -> float:

@@ -150,8 +150,9 @@ def draft_matches(draft_logits: torch.Tensor, sequence: torch.Tensor, prompt_len
 def acceptance_rate(matches: Sequence[Sequence[bool]], k: int) -> float:
     """Greedy speculative decoding's accepted / drafted tokens at ``k`` drafts per round.
 
-    Each round drafts ``k`` tokens at the current position, accepts the run of matches, and advances past
-    it plus the target's own token, exactly as greedy verification does.
+    Each round drafts ``k`` tokens at the current position (fewer where the row ends, so the figure has no
+    end-of-text bias), accepts the run of matches, and advances past it plus the target's own token,
+    exactly as greedy verification does.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -163,7 +164,7 @@ def acceptance_rate(matches: Sequence[Sequence[bool]], k: int) -> float:
             while run < k and position + run < len(row) and row[position + run]:
                 run += 1
             accepted += run
-            drafted += k
+            drafted += min(k, len(row) - position)
             position += run + 1
     return accepted / drafted if drafted else 0.0
 
