@@ -83,3 +83,25 @@ def test_cached_pair_is_returned_without_rebuilding(tiny_pair, tmp_path):
     assert again.info == tiny_pair.info
     assert weights.stat().st_mtime_ns == before
     assert (copy / STAMP_FILE).is_file()
+
+
+def test_cli_reports_the_pair_and_refuses_a_foreign_folder(tiny_pair, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    copy = tmp_path / "tiny"
+    shutil.copytree(tiny_pair.root, copy)
+    result = CliRunner().invoke(main, ["demo-models", str(copy), "--tiny", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["recipe"] == tiny_pair.info["recipe"]
+
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("keep me")
+    result = CliRunner().invoke(main, ["demo-models", str(foreign), "--tiny"])
+    assert result.exit_code == 2
+    assert "not a specbuild model pair" in result.output and "Traceback" not in result.output
+    assert (foreign / "todo.txt").read_text() == "keep me"
