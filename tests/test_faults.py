@@ -5,6 +5,7 @@ is tampered with after the build. Each must end in exact output, a clean error o
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -156,6 +157,37 @@ def test_interrupted_compile_leaves_no_partial_output_and_a_rerun_resumes(checkp
     statuses = {s.name: s.status for s in result.steps}
     assert all(statuses[done] == "skipped" for done in STEPS[: STEPS.index(step)] if done in statuses)
     assert verify(result.repository).ok
+
+
+def test_sigint_during_build_exits_130_without_traceback_and_a_rerun_resumes(checkpoints, tmp_path):
+    """A real SIGINT to ``specbuild compile`` while the build step runs (held there by a slow build)."""
+    marker = tmp_path / "building"
+    args = ["compile", "--target", str(checkpoints.target), "--draft", str(checkpoints.draft), "--runtime", "torch",
+            *(f"--set=outputs.{key}={tmp_path / folder}" for key, folder in
+              (("build_dir", "build"), ("engines_dir", "engines"), ("repository_dir", "triton_repo"))),
+            "--set=limits.max_input_len=64", "--set=limits.max_seq_len=192"]
+    script = (f"import pathlib, sys, time\nimport specbuild.runtimes.torch_runtime as runtime\n"
+              f"runtime.build = lambda *a, **k: (pathlib.Path({str(marker)!r}).touch(), time.sleep(300))\n"
+              f"from specbuild.cli import main\nsys.argv = ['specbuild', *{args!r}]\nmain()\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130 and "interrupted" in output and "Traceback" not in output, output
+    assert not (tmp_path / "engines").exists() and _scratch_left(tmp_path) == []
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    statuses = {step["name"]: step["status"] for step in json.loads(result.stdout)["steps"]}
+    assert statuses == {"check": "skipped", "convert": "skipped", "build": "ok", "package": "ok"}
+    assert verify(tmp_path / "triton_repo").ok
 
 
 def test_interrupted_rebuild_keeps_the_previous_release_whole(checkpoints, tmp_path, monkeypatch):
