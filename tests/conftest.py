@@ -30,3 +30,39 @@ def demo_pair():
     except CheckpointError as exc:
         pytest.skip(f"{exc.message} ({exc.fix})")
     return build_demo_pair(CACHE_DIR / "demo-pair")
+
+
+@pytest.fixture(scope="session")
+def tiny_release(tiny_pair):
+    """The tiny pair compiled with the torch runtime into the cache folder (``tiny-release/``); a rerun
+    skips every stage whose inputs are unchanged. Returns the :class:`specbuild.pipeline.CompileResult`."""
+    from specbuild import pipeline
+    from specbuild.spec import load_spec
+
+    root = CACHE_DIR / "tiny-release"
+    spec = load_spec(None, {
+        "name": "tiny", "runtime": "torch",
+        "target.checkpoint": str(tiny_pair.target_dir), "draft.checkpoint": str(tiny_pair.draft_dir),
+        "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8,
+        "outputs.build_dir": "build", "outputs.engines_dir": "release/engines",
+        "outputs.repository_dir": "release/triton_repo",
+    }, base_dir=root)
+    return pipeline.run(spec, json_mode=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_release):
+    """One Triton server on the tiny release for the whole session, on free loopback ports; stopped (with
+    its python model processes and shared memory) at the end. Tests must leave its models loaded."""
+    from specbuild.server import TritonServer
+
+    with TritonServer(tiny_release.repository, startup_timeout=300) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_client(tiny_server):
+    """A gRPC client of ``tiny_server``'s ensemble."""
+    from specbuild.client import SpecbuildClient
+
+    return SpecbuildClient(tiny_server.grpc_url, timeout=300)
