@@ -62,6 +62,7 @@ def test_cached_pair_builds_once_and_rebuilds_on_new_recipe(tmp_path):
     assert len(calls) == 2
     assert json.loads((out / STAMP_FILE).read_text())["recipe"] == {"version": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pair"]  # no staging or old folders left
+    assert (out.stat().st_mode & 0o777) == 0o755
 
 
 def test_incomplete_pair_is_not_returned(tmp_path):

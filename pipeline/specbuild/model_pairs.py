@@ -81,6 +81,7 @@ def cached_pair(out_dir: str | Path, recipe: dict[str, Any],
                          "choose an empty or new folder, or remove that one")
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; servers in containers often read as another user
     try:
         figures = build(staging)
         info = {"recipe": recipe, **figures}
