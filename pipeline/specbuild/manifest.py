@@ -91,8 +91,12 @@ def _trees(repository_dir: Path, engines_dir: Path) -> tuple[Path, dict[str, str
     return root, {role: path.relative_to(root).as_posix() for role, path in trees.items()}
 
 
+BYTECODE_DIR = "__pycache__"
+
+
 def _hash_release(root: Path, trees: Mapping[str, str], manifest: Path) -> dict[str, str]:
-    """``{path relative to root: sha256}`` of every file in the trees, the manifest itself excluded."""
+    """``{path relative to root: sha256}`` of every file in the trees, the manifest itself and Python
+    bytecode caches (which the server's model processes write next to their ``model.py``) excluded."""
     manifest_relative = manifest.resolve().relative_to(root).as_posix()
     files: dict[str, str] = {}
     for tree in trees.values():
@@ -102,6 +106,8 @@ def _hash_release(root: Path, trees: Mapping[str, str], manifest: Path) -> dict[
         prefix = "" if tree == "." else f"{tree}/"
         exclude = {manifest_relative[len(prefix):]} if manifest_relative.startswith(prefix) else set()
         for relative, digest in hash_tree(tree_dir, symlinks="record", exclude=exclude).items():
+            if BYTECODE_DIR in relative.split("/"):
+                continue  # written by a running server's python models, never part of the release
             files[prefix + relative] = digest
     return dict(sorted(files.items()))
 

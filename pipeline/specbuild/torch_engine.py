@@ -181,6 +181,8 @@ class TorchEngine:
                 f"max_seq_len ({self.max_seq_len})",
                 "shorten the prompt or ask for fewer tokens",
             )
+        if request.end_id is not None and not 0 <= request.end_id < self.vocab_size:
+            raise RequestError(f"end_id {request.end_id} is outside the vocabulary [0, {self.vocab_size})")
         bad_word_tokens = [token for word in request.bad_words for token in word]
         for token in request.input_ids + (request.draft_tokens or []) + bad_word_tokens:
             if not 0 <= token < self.vocab_size:

@@ -178,6 +178,11 @@ def engine_output(response: Any, request: EngineRequest) -> EngineOutput:
     return EngineOutput(tokens, logits)
 
 
+def _end_id(value: Any) -> int | None:
+    """A negative end id means "never stop on a token", as in TensorRT-LLM."""
+    return None if value is None or int(value) < 0 else int(value)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.settings = Settings.from_parameters(model_parameters(args))
@@ -260,7 +265,7 @@ class TritonPythonModel:
             rows.append(RowRequest(
                 generation=GenerationRequest(
                     prompt_ids=prompt, max_tokens=wanted, sampling=sampling,
-                    seed=None if seed is None else int(seed), end_id=int(get("end_id", -1)),
+                    seed=None if seed is None else int(seed), end_id=_end_id(get("end_id")),
                     stop_words=decode_word_list(None if stop_words is None else stop_words[row]),
                     bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
                     num_draft_tokens=k,
@@ -305,7 +310,13 @@ class TritonPythonModel:
     async def _complete(self, request: Any, sender: Any, rows: list[RowRequest]) -> None:
         stats = [SpeculationStats() for _ in rows]
         outputs: list[list[int]] = [[] for _ in rows]
-        await asyncio.gather(*(self._run_row(row, st, request, out) for row, st, out in zip(rows, stats, outputs)))
+        tasks = [asyncio.create_task(self._run_row(row, st, request, out))
+                 for row, st, out in zip(rows, stats, outputs)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one failed row fails the request: stop the others' work too
+            for task in tasks:
+                task.cancel()
         texts = [(row.prompt_ids if not row.exclude_input else []) + out for row, out in zip(rows, outputs)]
         sender.send(self._response(texts, [0] * len(rows), True, stats, [len(o) for o in outputs]), flags=FINAL)
 
