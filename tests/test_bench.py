@@ -343,3 +343,18 @@ def test_bench_command_refuses_bad_options_without_a_traceback(args, message):
     result = CliRunner().invoke(main, ["bench", "--num-prompts", "1", *args])
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_acceptance_per_position_divides_by_drafts_at_that_position():
+    from specbuild.bench import acceptance_per_position
+
+    # Adaptive K: 10 rounds drafted position 0, only 4 reached position 2.
+    counters = Counters(drafts=10, accepted_per_position=(8.0, 5.0, 2.0), drafted_per_position=(10.0, 8.0, 4.0))
+    assert acceptance_per_position(counters) == pytest.approx([0.8, 0.625, 0.5])
+    older_server = Counters(drafts=10, accepted_per_position=(8.0, 5.0))
+    assert acceptance_per_position(older_server) == pytest.approx([0.8, 0.5])
+    parsed = Counters.from_samples([
+        ("specbuild_spec_decode_num_draft_tokens_per_pos_total", {"position": "0"}, 10.0),
+        ("specbuild_spec_decode_num_draft_tokens_per_pos_total", {"position": "1"}, 8.0)])
+    assert parsed.drafted_per_position == (10.0, 8.0)
+    assert (parsed - Counters()).drafted_per_position == (10.0, 8.0)

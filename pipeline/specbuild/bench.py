@@ -35,7 +35,8 @@ COUNTER_NAMES = {
     "target_seconds": "specbuild_target_seconds_total",
     "fallbacks": "specbuild_draft_fallbacks_total",
 }
-PER_POSITION = "specbuild_spec_decode_num_accepted_tokens_per_pos_total"
+PER_POSITION = {"accepted_per_position": "specbuild_spec_decode_num_accepted_tokens_per_pos_total",
+                "drafted_per_position": "specbuild_spec_decode_num_draft_tokens_per_pos_total"}
 
 
 # --- per request -----------------------------------------------------------------------------------------
@@ -120,31 +121,48 @@ class Counters:
     target_seconds: float = 0.0
     fallbacks: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
+    drafted_per_position: tuple[float, ...] = ()  # empty from servers older than this counter
 
     @classmethod
     def from_samples(cls, samples: Iterable[tuple[str, Mapping[str, str], float]]) -> Counters:
         """From (sample name, labels, value) triples as a Prometheus text parser yields them."""
         by_name = {name: key for key, name in COUNTER_NAMES.items()}
+        by_position_name = {name: key for key, name in PER_POSITION.items()}
         totals: dict[str, float] = {}
-        positions: dict[int, float] = {}
+        positions: dict[str, dict[int, float]] = {key: {} for key in PER_POSITION}
         for name, labels, value in samples:
             if name in by_name:
                 totals[by_name[name]] = totals.get(by_name[name], 0.0) + value
-            elif name == PER_POSITION and "position" in labels:
-                position = int(labels["position"])
-                positions[position] = positions.get(position, 0.0) + value
-        per_position = tuple(positions.get(i, 0.0) for i in range(max(positions) + 1)) if positions else ()
-        return cls(**totals, accepted_per_position=per_position)
+            elif name in by_position_name and "position" in labels:
+                counts = positions[by_position_name[name]]
+                counts[int(labels["position"])] = counts.get(int(labels["position"]), 0.0) + value
+        vectors = {key: tuple(counts.get(i, 0.0) for i in range(max(counts) + 1)) if counts else ()
+                   for key, counts in positions.items()}
+        return cls(**totals, **vectors)
 
     def __sub__(self, before: Counters) -> Counters:
         scalars = {key: getattr(self, key) - getattr(before, key) for key in COUNTER_NAMES}
-        width = max(len(self.accepted_per_position), len(before.accepted_per_position))
-        after_pos = list(self.accepted_per_position) + [0.0] * (width - len(self.accepted_per_position))
-        before_pos = list(before.accepted_per_position) + [0.0] * (width - len(before.accepted_per_position))
-        per_position = tuple(a - b for a, b in zip(after_pos, before_pos))
-        while per_position and per_position[-1] == 0:
-            per_position = per_position[:-1]
-        return Counters(**scalars, accepted_per_position=per_position)
+        vectors = {key: _subtract(getattr(self, key), getattr(before, key)) for key in PER_POSITION}
+        return Counters(**scalars, **vectors)
+
+
+def _subtract(after: tuple[float, ...], before: tuple[float, ...]) -> tuple[float, ...]:
+    """Element-wise ``after - before`` of per-position counts, trailing zeros dropped."""
+    width = max(len(after), len(before))
+    padded_after = list(after) + [0.0] * (width - len(after))
+    padded_before = list(before) + [0.0] * (width - len(before))
+    delta = tuple(a - b for a, b in zip(padded_after, padded_before))
+    while delta and delta[-1] == 0:
+        delta = delta[:-1]
+    return delta
+
+
+def acceptance_per_position(counters: Counters) -> list[float]:
+    """Accepted / drafted at each draft position; from servers without the drafted-per-position counter,
+    accepted / drafts (exact only when every round drafts the same K)."""
+    if counters.drafted_per_position:
+        return [_ratio(a, d) for a, d in zip(counters.accepted_per_position, counters.drafted_per_position)]
+    return [a / counters.drafts for a in counters.accepted_per_position] if counters.drafts else []
 
 
 # --- the analytic model ----------------------------------------------------------------------------------
@@ -260,8 +278,7 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.source = "metrics"
         cell.acceptance_rate = _ratio(counters.accepted, counters.draft_tokens)
         cell.mean_acceptance_length = 1.0 + counters.accepted / counters.drafts if counters.drafts else 1.0
-        cell.acceptance_per_position = [a / counters.drafts for a in counters.accepted_per_position] \
-            if counters.drafts else []
+        cell.acceptance_per_position = acceptance_per_position(counters)
         cell.draft_tokens_per_round = _ratio(counters.draft_tokens, counters.drafts)
         cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.draft_tokens)
         cell.target_seconds_per_round = counters.target_seconds / counters.rounds

@@ -87,8 +87,10 @@ class Metrics:
             "drafts": family("specbuild_spec_decode_num_drafts_total", "Rounds with at least one draft token"),
             "draft_tokens": family("specbuild_spec_decode_num_draft_tokens_total", "Draft tokens proposed"),
             "accepted": family("specbuild_spec_decode_num_accepted_tokens_total", "Draft tokens accepted"),
-            "per_position": family("specbuild_spec_decode_num_accepted_tokens_per_pos_total",
-                                   "Draft tokens accepted, by position in the draft"),
+            "accepted_per_position": family("specbuild_spec_decode_num_accepted_tokens_per_pos_total",
+                                            "Draft tokens accepted, by position in the draft"),
+            "drafted_per_position": family("specbuild_spec_decode_num_draft_tokens_per_pos_total",
+                                           "Draft tokens proposed, by position in the draft"),
             "draft_seconds": family("specbuild_draft_seconds_total", "Time spent in draft calls"),
             "target_seconds": family("specbuild_target_seconds_total", "Time spent in target calls"),
             "fallbacks": family("specbuild_draft_fallbacks_total",
@@ -97,8 +99,8 @@ class Metrics:
         }
         self._labels = {"model": model_name}
         self._metrics = {key: fam.Metric(labels=self._labels) for key, fam in self._families.items()
-                         if key != "per_position"}
-        self._per_position: dict[int, Any] = {}
+                         if not key.endswith("_per_position")}
+        self._per_position: dict[tuple[str, int], Any] = {}
 
     def count(self, key: str, value: float = 1.0) -> None:
         if value:
@@ -114,12 +116,14 @@ class Metrics:
         self.count("draft_seconds", stats.draft_seconds)
         self.count("target_seconds", stats.target_seconds)
         self.count("fallbacks", stats.fallbacks)
-        for position, accepted in enumerate(stats.accepted_per_position):
-            if position not in self._per_position:
-                labels = dict(self._labels, position=str(position))
-                self._per_position[position] = self._families["per_position"].Metric(labels=labels)
-            if accepted:
-                self._per_position[position].increment(accepted)
+        for key, counts in (("accepted_per_position", stats.accepted_per_position),
+                            ("drafted_per_position", stats.drafted_per_position)):
+            for position, count in enumerate(counts):
+                if (key, position) not in self._per_position:
+                    labels = dict(self._labels, position=str(position))
+                    self._per_position[key, position] = self._families[key].Metric(labels=labels)
+                if count:
+                    self._per_position[key, position].increment(count)
 
 
 def _sampling_inputs(params: SamplingParams) -> list[Any]:
