@@ -1,0 +1,143 @@
+"""specbuild draft: a distilled draft for a target (specbuild.draft, specbuild.draft_prompts, the CLI command).
+
+The command runs on the tiny pair with a handful of prompts and steps: fast, and real (no mocks).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specbuild.cli import main
+from specbuild.draft import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, learning_rate, spread_layers, state_dir,
+                             student_from_target)
+from specbuild.draft_prompts import distillation_prompts
+from specbuild.errors import UsageError
+
+SMALL = ["--prompts", "6", "--held-out", "2", "--max-new-tokens", "8", "--minutes", "5"]
+
+
+def run_draft(target: Path, out: Path, *extra: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["draft", str(target), str(out), *SMALL, *extra, "--json"])
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def first_run(tiny_pair, tmp_path_factory):
+    """The command run once on the tiny target for 2 steps; returns (out folder, summary)."""
+    out = tmp_path_factory.mktemp("draft") / "draft"
+    code, output = run_draft(tiny_pair.target_dir, out, "--steps", "2")
+    assert code == 0, output
+    return out, json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
+
+
+def test_draft_writes_a_loadable_checkpoint_with_the_targets_tokenizer(tiny_pair, first_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, summary = first_run
+    draft = AutoModelForCausalLM.from_pretrained(out, use_safetensors=True)
+    target = AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True)
+    assert draft.config.vocab_size == target.config.vocab_size
+    text = "def main():\n    return 42  # ünïcode"
+    assert (AutoTokenizer.from_pretrained(out)(text)["input_ids"]
+            == AutoTokenizer.from_pretrained(tiny_pair.target_dir)(text)["input_ids"])
+    assert summary["steps_done"] == 2 and summary["resumed_from_step"] == 0
+    assert set(summary["held_out_acceptance"]) == {"1", "2", "3", "4"}
+    assert all(0 <= rate <= 1 for rate in summary["held_out_acceptance"].values())
+    assert summary["best_k"] in (1, 2, 3, 4) and summary["draft_step_ms"] > 0
+    assert not list(out.glob("*.pt")) and (state_dir(out) / TRAIN_FILE).is_file()  # state stays outside OUT
+
+
+def test_specbuild_check_accepts_the_draft(tiny_pair, first_run):
+    out, _ = first_run
+    result = CliRunner().invoke(main, ["check", str(tiny_pair.target_dir), str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["compatible"] is True
+
+
+def test_resume_continues_from_the_saved_step_and_reuses_the_data(tiny_pair, first_run, tmp_path):
+    out, _ = first_run
+    copy = tmp_path / "draft"
+    shutil.copytree(out, copy)
+    shutil.copytree(state_dir(out), state_dir(copy))
+    data_before = (state_dir(copy) / DATA_FILE).read_bytes()
+    code, output = run_draft(tiny_pair.target_dir, copy, "--steps", "4", "--resume")
+    assert code == 0, output
+    summary = json.loads((copy / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert summary["resumed_from_step"] == 2 and summary["steps_done"] == 4
+    assert (state_dir(copy) / DATA_FILE).read_bytes() == data_before
+
+
+def test_an_earlier_run_is_never_overwritten_without_resume(tiny_pair, first_run):
+    out, _ = first_run
+    code, output = run_draft(tiny_pair.target_dir, out, "--steps", "2")
+    assert code == 2 and "--resume" in output and "Traceback" not in output
+
+
+def test_resume_refuses_changed_settings(tiny_pair, first_run):
+    out, _ = first_run
+    code, output = run_draft(tiny_pair.target_dir, out, "--steps", "2", "--layers", "1", "--resume")
+    assert code == 2 and "layers" in output
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_a_clear_error(tmp_path):
+    code, output = run_draft(tmp_path, tmp_path / "out")
+    assert code == 1 and "config.json" in output and "Traceback" not in output
+
+
+def test_spread_layers():
+    assert spread_layers(1, 30) == [0]
+    assert spread_layers(2, 30) == [0, 29]
+    assert spread_layers(4, 30) == [0, 10, 19, 29]
+    with pytest.raises(UsageError):
+        spread_layers(31, 30)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_pair):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()
+
+
+def test_a_full_depth_copy_is_the_target(tiny_target):
+    import torch
+
+    depth = tiny_target.config.num_hidden_layers
+    student, copied = student_from_target(tiny_target, depth)
+    assert copied == list(range(depth))
+    ids = torch.randint(0, tiny_target.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(student.eval()(input_ids=ids).logits, tiny_target(input_ids=ids).logits)
+
+
+def test_a_narrower_draft_keeps_the_vocabulary_and_checks_its_width(tiny_target):
+    head_dim = tiny_target.config.head_dim
+    student, copied = student_from_target(tiny_target, 1, hidden=2 * head_dim)
+    assert copied == [] and student.config.hidden_size == 2 * head_dim
+    assert student.lm_head.weight.shape == (tiny_target.config.vocab_size, 2 * head_dim)
+    with pytest.raises(UsageError, match="multiple"):
+        student_from_target(tiny_target, 1, hidden=head_dim + 1)
+
+
+def test_learning_rate_warms_up_then_decays():
+    rates = [learning_rate(step, 100, 1.0) for step in range(100)]
+    assert rates[0] < rates[4] == pytest.approx(1.0)
+    assert rates[5:] == sorted(rates[5:], reverse=True) and rates[-1] == pytest.approx(0.1, abs=0.01)
+
+
+def test_distillation_prompts_are_seeded_distinct_and_exclude_the_benchmark():
+    from specbuild.prompts import load_prompts
+
+    benchmark = frozenset(prompt.prompt for prompt in load_prompts())
+    prompts = distillation_prompts(500, seed=3, exclude=benchmark)
+    assert prompts == distillation_prompts(500, seed=3, exclude=benchmark) != distillation_prompts(500, seed=4)
+    assert len(set(prompts)) == 500 and not benchmark & set(prompts)
+    kinds = {"Write a Python", "Summarize this documentation", "Extract the names", "Explain"}
+    assert all(any(p.startswith(kind) for p in prompts) for kind in kinds)
+    excluded = distillation_prompts(10_000, seed=0, exclude=frozenset({prompts[0]}))
+    assert prompts[0] not in excluded
