@@ -484,5 +484,45 @@ def demo_models(out: str, tiny: bool, json_mode: bool) -> None:
     console.print(f"target: {pair.target_dir}\ndraft:  {pair.draft_dir}", highlight=False)
 
 
+@main.command("draft")
+@click.argument("target", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True, help="decoder layers of the draft")
+@click.option("--hidden", type=click.IntRange(min=1), default=None,
+              help="hidden size (default: the target's, copying its embeddings, head and spread layers)")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="hard wall-clock budget of this run (data, training and the summary)")
+@click.option("--steps", type=click.IntRange(min=1), default=1500, show_default=True,
+              help="training steps of the schedule (the budget may stop it earlier)")
+@click.option("--prompts", type=click.IntRange(min=2), default=1200, show_default=True,
+              help="distillation prompts the target answers (within 40% of the budget)")
+@click.option("--held-out", type=click.IntRange(min=1), default=48, show_default=True,
+              help="of those, kept out of training to measure acceptance")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=96, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
+@click.option("--json", "json_mode", is_flag=True, help="print the summary as JSON on stdout")
+@reports_errors
+def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
+                  held_out: int, max_new_tokens: int, seed: int, resume: bool, json_mode: bool) -> None:
+    """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
+    from rich.progress import Progress
+
+    from .draft import DraftOptions, make_draft
+
+    options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
+                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed)
+    with Progress(console=console, transient=True) as progress:
+        summary = make_draft(target, out, options, resume=resume, progress=progress)
+    if json_mode:
+        print_json(summary)
+    acceptance = " ".join(f"K={k}: {rate:.2f}" for k, rate in summary["held_out_acceptance"].items())
+    console.print(f"draft: {out} ({summary['parameters'] / 1e6:.1f}M parameters, {summary['steps_done']} steps)\n"
+                  f"held-out acceptance {acceptance}\n"
+                  f"draft step {summary['draft_step_ms']} ms, target step {summary['target_step_ms']} ms; "
+                  f"expected speedup {summary['expected_speedup'][str(summary['best_k'])]:.2f}x at K={summary['best_k']}",
+                  highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
