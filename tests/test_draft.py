@@ -141,3 +141,13 @@ def test_distillation_prompts_are_seeded_distinct_and_exclude_the_benchmark():
     assert all(any(p.startswith(kind) for p in prompts) for kind in kinds)
     excluded = distillation_prompts(10_000, seed=0, exclude=frozenset({prompts[0]}))
     assert prompts[0] not in excluded
+
+
+def test_in_process_comparison_is_exact_at_every_k(tiny_pair):
+    from specbuild.draft_eval import compare_in_process
+
+    report = compare_in_process(tiny_pair.target_dir, tiny_pair.draft_dir, (2, 1), prompts=2, max_tokens=8)
+    assert [row["k"] for row in report["rows"]] == [0, 1, 2]
+    assert all(row["identical"] == 2 and row["tokens"] > 0 for row in report["rows"])
+    assert report["rows"][0]["speedup"] == 1.0 and report["rows"][0]["acceptance"] is None
+    assert all(0 <= row["acceptance"] <= 1 for row in report["rows"][1:])
