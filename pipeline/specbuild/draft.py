@@ -51,6 +51,7 @@ HIDDEN_WEIGHT = 1.0
 WARMUP_SHARE, FINAL_LR_SHARE = 0.05, 0.1
 MAX_K = 4
 COST_CONTEXT, COST_REPEATS = 200, 12
+EVAL_RESERVE_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -105,21 +106,21 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
     import torch
 
     options.validate()
-    started = time.monotonic()
-    deadline = started + options.minutes * 60
+    started, budget = time.monotonic(), options.minutes * 60
+    data_deadline = started + budget * options.data_share
+    train_deadline = started + budget - min(EVAL_RESERVE_SECONDS, 0.1 * budget)  # leave time for the summary
     out, work = Path(out_dir), state_dir(out_dir)
     _check_paths(Path(target_dir), out, work, resume, options)
     with torch_threads(options.threads):
         torch.manual_seed(options.seed)
         target, tokenizer = _load_target(Path(target_dir))
-        data = _load_or_make_data(target, tokenizer, work, options, started + options.minutes * 60 * options.data_share,
-                                  progress)
+        data = _load_or_make_data(target, tokenizer, work, options, data_deadline, progress)
         student, copied = student_from_target(target, options.layers, options.hidden)
         trainer = Trainer(student, data, options, frozen_head=options.hidden in (None, target.config.hidden_size))
         if resume and (work / TRAIN_FILE).is_file():
             trainer.load(work / TRAIN_FILE)
         resumed_from = trainer.step
-        trainer.run(deadline, work / TRAIN_FILE, progress)
+        trainer.run(train_deadline, work / TRAIN_FILE, progress)
         figures = evaluate(target, student, data, progress)
     summary = {
         "target": str(target_dir), "options": asdict(options), "copied_layers": copied,
