@@ -77,8 +77,13 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
             chunk.text, end="", highlight=False, markup=False, soft_wrap=True))
         console.print()
         console.print(f"[bold]speculative:[/] {speculative.summary()}")
-        baseline = client.generate(prompt, max_tokens, num_draft_tokens=0)
+        # Streamed too, so both runs pay the same per-response cost and their tokens/s compare.
+        baseline = client.generate(prompt, max_tokens, num_draft_tokens=0, stream=True)
         console.print(f"[bold]target alone:[/] {baseline.summary()}")
+        if speculative.tokens_per_second and baseline.tokens_per_second:
+            ratio = speculative.tokens_per_second / baseline.tokens_per_second
+            console.print(f"speculative / target alone: [bold]{ratio:.2f}x[/] tokens/s "
+                          "(one request; `specbuild bench` measures properly)")
     demo = DemoResult(speculative.text, speculative, baseline, result.repository)
     verdict = "identical" if demo.identical else "DIFFERENT (please report this)"
     console.print(f"greedy output with and without speculation: [bold]{verdict}[/]")
