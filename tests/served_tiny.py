@@ -68,13 +68,8 @@ def counters(server: TritonServer) -> dict[str, float]:
             if line.startswith("specbuild_") and "position=" not in line}
 
 
-def raw_stream(server: TritonServer, model: str, arrays: dict[str, np.ndarray], *, chunks: int | None = None,
-               timeout: float = 120) -> tuple[list[Any], str | None]:
-    """Send ``arrays`` as they are (no client-side checks) over a gRPC stream.
-
-    Returns the responses and the error message, if any. With ``chunks``, stops (cancelling the request)
-    after that many responses.
-    """
+def grpc_inputs(arrays: dict[str, np.ndarray]) -> list[Any]:
+    """``{name: array}`` as tritonclient gRPC inputs, sent as they are (no client-side checks)."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
@@ -83,6 +78,19 @@ def raw_stream(server: TritonServer, model: str, arrays: dict[str, np.ndarray], 
         tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
+    return inputs
+
+
+def raw_stream(server: TritonServer, model: str, arrays: dict[str, np.ndarray], *, chunks: int | None = None,
+               timeout: float = 120) -> tuple[list[Any], str | None]:
+    """Send ``arrays`` as they are (no client-side checks) over a gRPC stream.
+
+    Returns the responses and the error message, if any. With ``chunks``, stops (cancelling the request)
+    after that many responses.
+    """
+    import tritonclient.grpc as grpcclient
+
+    inputs = grpc_inputs(arrays)
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: list[Any] = []

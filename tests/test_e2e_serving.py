@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from served_tiny import grpc_inputs
 from specbuild.client import GenerationRequest, SpecbuildClient, parse_sse
 from specbuild.contract import ENSEMBLE_MODEL, ORCHESTRATOR_MODEL
 from specbuild.decoding import GenerationRequest as TokenRequest
@@ -73,13 +74,9 @@ def infer_stream(url: str, inputs: dict[str, np.ndarray], model: str = ENSEMBLE_
                  outputs: Iterable[str] = ()) -> list[Any]:
     """One request on a gRPC stream, as tritonclient users write it; its responses, or the server's error."""
     import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+    from tritonclient.utils import InferenceServerException
 
-    tensors = []
-    for name, array in inputs.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
+    tensors = grpc_inputs(inputs)
     results: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))

@@ -410,7 +410,7 @@ def test_convert_then_build_every_rank_and_record_build_info(fake_tensorrt_llm, 
         ("from_checkpoint", 0, "float32"), ("build", 0), ("from_checkpoint", 1, "float32"), ("build", 1)]
     assert sorted(p.name for p in engine.iterdir()) == [
         "build_info.json", "config.json", "rank0.engine", "rank1.engine"]
-    info = json.loads((engine / trt.BUILD_INFO_FILE).read_text())
+    info = json.loads((engine / trt.BUILD_INFO).read_text())
     assert info == {
         "runtime": "tensorrt-llm", "role": "target", "tensorrt_llm": "1.2.1", "tensorrt": "10.13.0", "cuda": "12.9",
         "gpu": {"name": "NVIDIA H100", "sm": "9.0"},

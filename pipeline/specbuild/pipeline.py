@@ -16,6 +16,7 @@ from typing import Any, Literal
 from rich.console import Console
 
 from .errors import IncompatibleError, StageError, UsageError
+from .runtimes import BUILD_INFO
 from .spec import BuildSpec, OutputsSpec
 from .stages import Stage, StageResult, StageRunner
 
@@ -116,24 +117,22 @@ def tensorrt_llm_engine_configs(spec: BuildSpec, kv_fractions: dict[str, float],
     the KV-cache split from the memory plan (or the spec), capped at the planned KV tokens (each fraction
     applies to the memory free when that engine loads, so the token cap keeps the first one honest),
     devices from the launch plan."""
-    from .launch import device_assignment
+    from .launch import model_devices
     from .runtimes.tensorrt_llm import engine_model_config
 
-    devices = device_assignment(spec)
+    devices = model_devices(spec)
 
     def make(spec: BuildSpec, engine: Any, repository: Path):
         fraction = spec.triton.kv_cache_free_gpu_mem_fraction
         role_fraction = kv_fractions[engine.role] if fraction is None else fraction * (
             kv_fractions[engine.role] / max(1e-9, sum(kv_fractions.values())))
-        params = devices[engine.role]
-        ids = params.get("gpu_device_ids")
-        participants = params.get("participant_ids")
+        placement = devices[engine.role]
         return engine_model_config(
             spec, engine.role, engine_path=f"{spec.triton.engine_mount.rstrip('/')}/{engine.role}",
             kv_cache_free_gpu_mem_fraction=round(role_fraction, 4),
-            gpu_device_ids=[int(x) for x in ids.split(",")] if ids else None,
-            participant_ids=[int(x) for x in participants.split(",")] if participants else None,
-            fast_logits=params.get("speculative_decoding_fast_logits") == "true",
+            gpu_device_ids=list(placement.gpu_device_ids) or None,
+            participant_ids=None if placement.participant_ids is None else list(placement.participant_ids),
+            fast_logits=placement.fast_logits,
             max_tokens_in_paged_kv_cache=kv_tokens[engine.role],
         )
 
@@ -211,7 +210,7 @@ def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dic
         return manifest.write_manifest(
             repository, engines, spec=spec, inputs=check_data.get("inputs", {}), steps=results,
             compatibility=check_data.get("compatibility"),
-            extra={"build_info": {role: _read_json(engines / role / "build_info.json") for role in ROLES}},
+            extra={"build_info": {role: _read_json(engines / role / BUILD_INFO) for role in ROLES}},
         )
     except SpecbuildError as exc:
         raise StageError("manifest", exc.message, exc.fix) from exc

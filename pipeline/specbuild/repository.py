@@ -20,9 +20,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import contract
 from .contract import Tensor
 from .errors import StageError
+from .runtimes import BUILD_INFO
 from .spec import BuildSpec
 
-BUILD_INFO = "build_info.json"
 MODELS_DIR = Path(__file__).parent / "triton_models"
 
 

@@ -33,6 +33,7 @@ from pydantic import TypeAdapter
 from .. import contract
 from ..errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from ..spec import BuildSpec
+from . import BUILD_INFO
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -45,7 +46,6 @@ ROLES: tuple[Role, ...] = ("target", "draft")
 TENSORRT_LLM_SERIES = "1.2"
 LOGITS_DTYPE = "float32"  # engine logits; the Triton config's logits tensors are TYPE_FP32 to match
 MIN_SM = (8, 0)
-BUILD_INFO_FILE = "build_info.json"
 
 
 @dataclass(frozen=True)
@@ -373,7 +373,7 @@ def build(plan: BuildPlan, into: str | Path | None = None) -> Path:
             "build_config": engine_config.get("build_config", {}),
             "dtype": engine_config.get("pretrained_config", {}).get("dtype"),
             "vocab_size": engine_config.get("pretrained_config", {}).get("vocab_size")}
-    (output / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (output / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return output
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import CheckpointError
+from . import BUILD_INFO
 from ..spec import BuildSpec
 
 Role = Literal["target", "draft"]
-BUILD_INFO = "build_info.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 
