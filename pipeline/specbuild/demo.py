@@ -28,20 +28,11 @@ class DemoResult:
         return self.text == self.baseline.text
 
 
-def chat_prompt(tokenizer_dir: Path, question: str) -> str:
-    """Wrap ``question`` in the model's chat template when it has one."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    if not getattr(tokenizer, "chat_template", None):
-        return question
-    return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
-
-
 def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
              num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
     from . import pipeline
+    from .bench_runner import chat_prompts
+    from .prompts import Prompt
     from .client import GenerationRequest, SpecbuildClient
     from .server import TritonServer
     from .spec import load_spec
@@ -69,7 +60,8 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
     with TritonServer(result.repository) as server:
         console.print(f"server ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
         client = SpecbuildClient(server.grpc_url)
-        prompt = chat_prompt(result.repository / "preprocessing" / "1" / "tokenizer", question)
+        [prompt] = chat_prompts(result.repository / "preprocessing" / "1" / "tokenizer",
+                                [Prompt(category="chat", prompt=question)])
         console.rule("[bold]4/4 generate (streamed, speculation on)")
         console.print(f"[bold]question:[/] {question}")
         request = GenerationRequest(prompt, max_tokens, stream=True, num_draft_tokens=num_draft_tokens)
