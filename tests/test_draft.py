@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.draft import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, learning_rate, spread_layers, state_dir,
-                             student_from_target)
+from specbuild.draft import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, DraftOptions, compute_dtype, label,
+                             learning_rate, spread_layers, state_dir, student_from_target)
 from specbuild.draft_prompts import distillation_prompts
 from specbuild.errors import UsageError
 
@@ -122,6 +122,31 @@ def test_a_narrower_draft_keeps_the_vocabulary_and_checks_its_width(tiny_target)
     assert student.lm_head.weight.shape == (tiny_target.config.vocab_size, 2 * head_dim)
     with pytest.raises(UsageError, match="multiple"):
         student_from_target(tiny_target, 1, hidden=head_dim + 1)
+
+
+def test_batched_labels_equal_one_sequence_at_a_time(tiny_target):
+    """Right padding in a batch must not change any real position's labels (causal attention)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    vocab = tiny_target.config.vocab_size
+    sequences = [(torch.randint(0, vocab, (length,), generator=generator).tolist(), 2) for length in (5, 17, 9, 12)]
+    batched = label(tiny_target, sequences, top_k=4, progress=None)
+    for index, (sequence, _) in enumerate(sequences):
+        one = label(tiny_target, [(sequence, 2)], top_k=4, progress=None)
+        start, end = int(batched.offsets[index]), int(batched.offsets[index + 1])
+        torch.testing.assert_close(batched.top_logp[start:end], one.top_logp, atol=1e-4, rtol=1e-4)
+        assert torch.equal(batched.top_ids[start:end, 0], one.top_ids[:, 0])
+        torch.testing.assert_close(batched.hidden[start:end].float(), one.hidden.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_precision_choices():
+    import torch
+
+    assert compute_dtype("float32") is torch.float32 and compute_dtype("bfloat16") is torch.bfloat16
+    assert compute_dtype("auto") in (torch.float32, torch.bfloat16)
+    with pytest.raises(UsageError, match="precision"):
+        DraftOptions(precision="fp8").validate()
 
 
 def test_learning_rate_warms_up_then_decays():

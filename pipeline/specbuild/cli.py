@@ -500,18 +500,21 @@ def demo_models(out: str, tiny: bool, json_mode: bool) -> None:
               help="of those, kept out of training to measure acceptance")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=96, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--precision", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units")
 @click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
 @click.option("--json", "json_mode", is_flag=True, help="print the summary as JSON on stdout")
 @reports_errors
 def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
-                  held_out: int, max_new_tokens: int, seed: int, resume: bool, json_mode: bool) -> None:
+                  held_out: int, max_new_tokens: int, seed: int, precision: str, resume: bool,
+                  json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
     from rich.progress import Progress
 
     from .draft import DraftOptions, make_draft
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
-                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed)
+                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision)
     with Progress(console=console, transient=True) as progress:
         summary = make_draft(target, out, options, resume=resume, progress=progress)
     if json_mode:

@@ -17,6 +17,10 @@ Recipe (chosen by measured cost on a 2-core CPU; see docs/benchmarks.md):
    only: the saved head keeps every vocabulary id). Prompt positions count with a small weight, answer
    positions fully.
 
+On CPUs with bfloat16 matrix units (Intel AMX, AVX512-BF16) the target's answers, their labels and the
+training matmuls run in bfloat16 (``precision="auto"``): 4-6x the float32 throughput on such a CPU, so the
+same budget buys that much more data. The saved draft and the acceptance summary stay float32.
+
 Everything runs under a hard wall-clock budget with periodic checkpoints in ``<OUT>.state/`` (outside the
 checkpoint folder, so ``specbuild compile`` never sees it) and ``resume``. Seeds fix the prompts, the
 batch order and the initialisation. The summary reports held-out greedy acceptance at K=1..4 (answers to
@@ -26,6 +30,7 @@ cost V(K).
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
@@ -52,6 +57,8 @@ WARMUP_SHARE, FINAL_LR_SHARE = 0.05, 0.1
 MAX_K = 4
 COST_CONTEXT, COST_REPEATS = 200, 12
 EVAL_RESERVE_SECONDS = 60
+PRECISIONS = ("auto", "float32", "bfloat16")
+LABEL_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -73,13 +80,15 @@ class DraftOptions:
     seed: int = 0
     checkpoint_every: int = 100
     threads: int = 2
+    precision: str = "auto"  # "auto": bfloat16 where the CPU has bfloat16 matrix units, else float32
 
     def validate(self) -> None:
         checks = [(self.layers >= 1, "--layers must be at least 1"), (self.minutes > 0, "--minutes must be > 0"),
                   (self.steps >= 1, "--steps must be at least 1"), (self.prompts > self.held_out >= 1,
                   "prompts must outnumber the held-out prompts (at least 1)"),
                   (0 < self.data_share < 1, "data_share must be between 0 and 1"),
-                  (self.hidden is None or self.hidden >= 1, "--hidden must be positive")]
+                  (self.hidden is None or self.hidden >= 1, "--hidden must be positive"),
+                  (self.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}")]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message, "see `specbuild draft --help`")
@@ -114,16 +123,19 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
     with torch_threads(options.threads):
         torch.manual_seed(options.seed)
         target, tokenizer = _load_target(Path(target_dir))
-        data = _load_or_make_data(target, tokenizer, work, options, data_deadline, progress)
+        dtype = compute_dtype(options.precision)
+        data = _load_or_make_data(target, tokenizer, work, options, data_deadline, dtype, progress)
         student, copied = student_from_target(target, options.layers, options.hidden)
-        trainer = Trainer(student, data, options, frozen_head=options.hidden in (None, target.config.hidden_size))
+        trainer = Trainer(student, data, options, frozen_head=options.hidden in (None, target.config.hidden_size),
+                          dtype=dtype)
         if resume and (work / TRAIN_FILE).is_file():
             trainer.load(work / TRAIN_FILE)
         resumed_from = trainer.step
         trainer.run(train_deadline, work / TRAIN_FILE, progress)
         figures = evaluate(target, student, data, progress)
     summary = {
-        "target": str(target_dir), "options": asdict(options), "copied_layers": copied,
+        "target": str(target_dir), "options": asdict(options), "compute_dtype": str(dtype).removeprefix("torch."),
+        "copied_layers": copied,
         "parameters": parameter_count(student), "resumed_from_step": resumed_from, "steps_done": trainer.step,
         "train_seconds": round(trainer.seconds, 1), "data": data.figures, **figures,
     }
@@ -170,6 +182,16 @@ def _load_target(folder: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBas
     return model.float().eval(), tokenizer
 
 
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype for the target's answers, labels and training matmuls (see the module docstring)."""
+    import torch
+
+    if precision == "auto":
+        fast_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        return torch.bfloat16 if fast_bf16 else torch.float32
+    return torch.bfloat16 if precision == "bfloat16" else torch.float32
+
+
 # --- data ------------------------------------------------------------------------------------------------
 @dataclass
 class DistillData:
@@ -198,7 +220,8 @@ class DistillData:
 
 
 def _load_or_make_data(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work: Path,
-                       options: DraftOptions, deadline: float, progress: Progress | None) -> DistillData:
+                       options: DraftOptions, deadline: float, dtype: torch.dtype,
+                       progress: Progress | None) -> DistillData:
     from safetensors.torch import load, save
 
     path = work / DATA_FILE
@@ -208,11 +231,13 @@ def _load_or_make_data(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
         return DistillData(**tensors, held_out=options.held_out, figures=figures)
     started = time.monotonic()
     prompts = _encode_prompts(tokenizer, options)
-    sequences = target_answers(target, tokenizer, prompts, options, deadline, progress)
+    teacher = copy.deepcopy(target).to(dtype)
+    sequences = target_answers(teacher, tokenizer, prompts, options, deadline, progress)
     if len(sequences) <= options.held_out:
         raise UsageError(f"the data budget produced only {len(sequences)} answers, fewer than the {options.held_out} "
                          "held out", "give the run more --minutes")
-    data = label(target, sequences, options.top_k, progress)
+    data = label(teacher, sequences, options.top_k, progress)
+    del teacher
     data.held_out = options.held_out
     data.figures.update(generate_seconds=round(time.monotonic() - started, 1))
     tensors = {name: getattr(data, name).contiguous() for name in
@@ -267,18 +292,30 @@ def target_answers(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase,
 
 def label(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], top_k: int,
           progress: Progress | None) -> DistillData:
-    """One teacher-forced target pass per sequence: top-k log-probabilities and final hidden states."""
+    """Teacher-forced target passes (sequences of similar length batched, right-padded: causal attention
+    never lets a real position see padding) keeping top-k log-probabilities and final hidden states."""
     import torch
 
-    top_ids, top_logp, hidden = [], [], []
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
+    top_ids: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    top_logp, hidden = list(top_ids), list(top_ids)
     with stage(progress, "draft: label with the target", len(sequences)) as advance, torch.no_grad():
-        for sequence, _ in sequences:
-            states = target.model(input_ids=torch.tensor([sequence])).last_hidden_state[0]
-            values, indices = target.lm_head(states).log_softmax(-1).topk(top_k, dim=-1)
-            top_ids.append(indices.int())
-            top_logp.append(values)
-            hidden.append(states.half())
-            advance(1)
+        first = 0
+        while first < len(order):
+            last = first + 1
+            while last < len(order) and (last - first + 1) * len(sequences[order[last]][0]) <= LABEL_BATCH_TOKENS:
+                last += 1
+            batch = order[first:last]
+            width = len(sequences[batch[-1]][0])
+            ids = torch.tensor([sequences[i][0] + [0] * (width - len(sequences[i][0])) for i in batch])
+            states = target.model(input_ids=ids).last_hidden_state
+            values, indices = target.lm_head(states).float().log_softmax(-1).topk(top_k, dim=-1)
+            for row, i in enumerate(batch):
+                length = len(sequences[i][0])
+                top_ids[i], top_logp[i] = indices[row, :length].int(), values[row, :length]
+                hidden[i] = states[row, :length].half()
+            advance(len(batch))
+            first = last
     lengths = torch.tensor([0] + [len(sequence) for sequence, _ in sequences])
     return DistillData(
         ids=torch.tensor([token for sequence, _ in sequences for token in sequence]),
@@ -353,10 +390,11 @@ class Trainer:
     """Distillation steps over :class:`DistillData` with a cosine schedule, checkpoints and resume."""
 
     def __init__(self, student: LlamaForCausalLM, data: DistillData, options: DraftOptions, *,
-                 frozen_head: bool) -> None:
+                 frozen_head: bool, dtype: torch.dtype) -> None:
         import torch
 
         self.student, self.data, self.options, self.frozen_head = student, data, options, frozen_head
+        self.dtype = dtype  # matmuls only: weights, optimizer state and the loss's softmax stay float32
         if frozen_head:
             student.model.embed_tokens.weight.requires_grad_(False)
             student.lm_head.weight.requires_grad_(False)
@@ -404,7 +442,7 @@ class Trainer:
         flat = torch.cat([torch.arange(start, end) for start, end, _ in rows])
         selected = weight[mask.bool()] > 0
         weights = weight[mask.bool()][selected]
-        states = self.student.model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()][selected]
+        states = self.student.model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()][selected].float()
         teacher = flat[selected]
         logits = states @ self.student.lm_head.weight[self.vocabulary].T
         log_q = logits.log_softmax(-1).gather(-1, self.position[data.top_ids[teacher].long()])
@@ -427,7 +465,8 @@ class Trainer:
                     began = time.monotonic()
                     for group in self.optimizer.param_groups:
                         group["lr"] = learning_rate(self.step, self.options.steps, self.options.learning_rate)
-                    loss = self.loss(self.batch_for(self.step))
+                    with torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32):
+                        loss = self.loss(self.batch_for(self.step))
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
                     self.optimizer.step()
