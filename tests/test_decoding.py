@@ -1,6 +1,6 @@
 """The speculative loop (``decoding.speculate``) through ``InProcessSpeculator``: greedy output is
 token-identical to the target alone for every K, with drafts that disagree often; adaptive K, stop words,
-end_id, max_tokens, draft failures and the acceptance statistics."""
+end_id, max_tokens, draft failures, prompt lookup and the acceptance statistics."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import asyncio
 import random
 
 import pytest
+import torch
 
 from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
 from specbuild.decoding import GenerationRequest, Round, SpeculationStats, next_draft_length, speculate
 from specbuild.inprocess import Generated, InProcessSpeculator
+from specbuild.lookup import PromptLookup, point_mass_logits
 from specbuild.speculative import SamplingParams
 from specbuild.torch_engine import EngineOutput, EngineRequest, TorchEngine
 
@@ -240,3 +242,74 @@ def test_from_checkpoints_caps_k_at_the_targets_max_draft_len(tiny, alone):
     result = speculator.generate(GenerationRequest(PROMPTS[9], 12, num_draft_tokens=8))
     assert result.tokens == alone.generate(GenerationRequest(PROMPTS[9], 12)).tokens
     assert len(result.stats.drafted_per_position) == 3 and result.stats.drafts > 0  # never more than 3 drafted
+
+
+# --- prompt lookup ----------------------------------------------------------------------------------------
+LOOKUP = PromptLookup(max_ngram=3, min_ngram=1)
+REPEATING = [[3, 7, 1, 3, 7, 1, 3, 7], [5, 9, 2, 5, 9], [1, 2, 3, 4, 1, 2], *PROMPTS[:4]]
+
+
+@pytest.mark.parametrize("with_draft", [True, False], ids=["lookup+draft", "lookup-only"])
+def test_greedy_with_prompt_lookup_is_token_identical(tiny, target, alone, with_draft):
+    draft = InProcessSpeculator(target, TorchEngine(tiny.unrelated) if with_draft else None)
+    totals = SpeculationStats()
+    for prompt in REPEATING:
+        expected = alone.generate(GenerationRequest(prompt, 20)).tokens
+        for k in (1, 3):
+            result = draft.generate(GenerationRequest(prompt, 20, num_draft_tokens=k, prompt_lookup=LOOKUP))
+            assert result.tokens == expected, (prompt, k)
+            for name in ("drafts", "lookup_drafts", "lookup_drafted_tokens", "lookup_accepted_tokens"):
+                setattr(totals, name, getattr(totals, name) + getattr(result.stats, name))
+    assert 0 < totals.lookup_accepted_tokens < totals.lookup_drafted_tokens  # accepted and rejected lookups
+    assert 0 < totals.lookup_drafts <= totals.drafts
+    assert (totals.lookup_drafts < totals.drafts) == with_draft  # the draft model fills in when lookup finds nothing
+
+
+def test_a_lookup_round_calls_no_draft_model(tiny, target):
+    draft = TorchEngine(tiny.perturbed)
+    seen_draft: list[EngineRequest] = []
+    seen_target: list[EngineRequest] = []
+    stats = SpeculationStats()
+    run_loop(GenerationRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
+             engine_call(target, seen_target), engine_call(draft, seen_draft), stats)
+    assert stats.lookup_drafts > 0
+    assert len(seen_draft) == stats.drafts - stats.lookup_drafts
+    assert stats.drafted_tokens == sum(len(r.draft_tokens or []) for r in seen_target)
+
+
+def test_lookup_keeps_drafting_after_the_draft_model_fails(target, alone):
+    async def broken(request: EngineRequest) -> EngineOutput:
+        raise RuntimeError("draft model unavailable")
+
+    stats = SpeculationStats()
+    prompt = REPEATING[0]
+    rounds = run_loop(GenerationRequest(prompt, 20, num_draft_tokens=3, prompt_lookup=LOOKUP),
+                      engine_call(target), broken, stats)
+    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 20)).tokens
+    assert stats.fallbacks == 1 and stats.lookup_drafts > 0 and stats.drafts == stats.lookup_drafts
+
+
+def test_sampled_lookup_drafts_carry_point_mass_logits(target):
+    seen: list[EngineRequest] = []
+    request = GenerationRequest(REPEATING[1], 16, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
+                                prompt_lookup=LOOKUP, use_draft_logits=True)
+    stats = SpeculationStats()
+    run_loop(request, engine_call(target, seen), None, stats, vocab_size=VOCAB)
+    drafted = [r for r in seen if r.draft_tokens]
+    assert drafted and len(drafted) == stats.lookup_drafts
+    for r in drafted:
+        assert torch.equal(r.draft_logits, point_mass_logits(r.draft_tokens, VOCAB))
+    with pytest.raises(ValueError, match="vocab_size"):
+        run_loop(request, engine_call(target), None)
+
+
+def test_lookup_is_off_at_k0_and_counts_only_its_own_rounds(target):
+    stats = SpeculationStats()
+    run_loop(GenerationRequest(REPEATING[0], 8, num_draft_tokens=0, prompt_lookup=LOOKUP), engine_call(target), None,
+             stats)
+    assert stats.drafts == 0 and stats.lookup_drafts == 0
+    stats = SpeculationStats()
+    stats.record_round(drafted=3, accepted=1, by_lookup=True)
+    stats.record_round(drafted=2, accepted=2)
+    assert (stats.drafts, stats.drafted_tokens, stats.accepted_tokens) == (2, 5, 3)
+    assert (stats.lookup_drafts, stats.lookup_drafted_tokens, stats.lookup_accepted_tokens) == (1, 3, 1)

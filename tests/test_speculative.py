@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from random_llama import tiny  # noqa: F401 - the tiny model pair fixture
+from specbuild.lookup import point_mass_logits
 from specbuild.speculative import (
     GREEDY,
     SamplingParams,
@@ -125,6 +126,12 @@ def edge_case_pairs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
             probabilities(t, SamplingParams(temperature=3.0, top_k=5, top_p=0.9)) for t in (logits_p, logits_q)
         ),
         "greedy target (one-hot by argmax)": (probabilities(logits_p, GREEDY), q),
+        # prompt lookup: a deterministic proposal, q(x) = 1 (point_mass_logits through the sampling transforms)
+        "point-mass q on p's likeliest token": (p, probabilities(point_mass_logits([int(p.argmax())], 8)[0],
+                                                                 SamplingParams(temperature=0.7))),
+        "point-mass q where top-k p is 0": (
+            probabilities(logits_p, SamplingParams(top_k=3)),
+            probabilities(point_mass_logits([int(logits_p.argmin())], 8)[0], SamplingParams(top_k=3))),
     }
 
 
@@ -493,28 +500,47 @@ def exact_continuations(model_dir: Path, prompt: list[int], length: int, params:
     return paths
 
 
+END_TO_END_CASES = [pytest.param(k, logits, "draft", id=f"{k}-{'draft-logits' if logits else 'token-match'}")
+                    for k in (1, 3) for logits in (True, False)] + [
+    pytest.param(3, True, "lookup+draft", id="3-draft-logits-lookup+draft"),
+    pytest.param(2, True, "lookup", id="2-draft-logits-lookup-only"),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("use_draft_logits", [True, False], ids=["draft-logits", "token-match"])
-@pytest.mark.parametrize("k", [1, 3])
-def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits):
+@pytest.mark.parametrize(("k", "use_draft_logits", "drafter"), END_TO_END_CASES)
+def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits, drafter):
     """Sampled 4-token continuations from InProcessSpeculator: the first two tokens (jointly) and the fourth
-    (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution."""
+    (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution.
+    With prompt lookup (on a prompt that repeats itself), lookup drafts carry point-mass logits into
+    rejection sampling, mixed with draft-model rounds or alone."""
     from specbuild.decoding import GenerationRequest
     from specbuild.inprocess import InProcessSpeculator
+    from specbuild.lookup import PromptLookup
     from specbuild.torch_engine import TorchEngine
 
     params = SamplingParams(temperature=0.8, top_k=8)
     prompt, length, draws = [1, 5, 9], 4, 1500
-    speculator = InProcessSpeculator(TorchEngine(tiny.target, max_draft_len=8), TorchEngine(tiny.perturbed))
+    target = TorchEngine(tiny.target, max_draft_len=8)
+    lookup = PromptLookup(max_ngram=2, min_ngram=1) if "lookup" in drafter else None
+    if lookup:  # the target's own greedy answer repeats itself: lookup has something to find from round one
+        prompt += InProcessSpeculator(target, None).generate(GenerationRequest(prompt, 8)).tokens
+    draft = TorchEngine(tiny.perturbed) if "draft" in drafter else None
+    speculator = InProcessSpeculator(target, draft)
     outputs = []
-    accepted = 0
+    accepted = lookup_accepted = lookup_drafted = 0
     for seed in range(draws):
         result = speculator.generate(GenerationRequest(
-            prompt, length, sampling=params, seed=seed, num_draft_tokens=k, use_draft_logits=use_draft_logits))
+            prompt, length, sampling=params, seed=seed, num_draft_tokens=k, use_draft_logits=use_draft_logits,
+            prompt_lookup=lookup))
         assert len(result.tokens) == length
         outputs.append(tuple(result.tokens))
         accepted += result.stats.accepted_tokens
-    assert accepted > draws // 4  # the draft really contributes tokens
+        lookup_accepted += result.stats.lookup_accepted_tokens
+        lookup_drafted += result.stats.lookup_drafted_tokens
+    assert accepted > draws // 4  # the drafts really contribute tokens
+    if lookup:  # lookup drafts were both accepted and rejected
+        assert draws // 4 < lookup_accepted < lookup_drafted
     exact = exact_continuations(tiny.target, prompt, length, params)
     first_two, fourth = Counter(), Counter()
     for path, probability in exact.items():

@@ -7,8 +7,10 @@ or torch), and the in-process generator passes :class:`~specbuild.torch_engine.T
 the server and the in-process baseline run the very same loop.
 
 One round: the draft proposes ``k`` tokens, the target verifies them in one pass and returns the accepted
-prefix plus one token of its own. With ``k == 0`` (speculation off, or the draft unavailable) the target
-generates alone. Rounds are yielded as they finish so callers can stream them.
+prefix plus one token of its own. With prompt lookup on, the round's draft is first looked up in the
+request's own tokens (:mod:`specbuild.lookup`, no model call) and the draft model runs only when lookup
+finds nothing. With ``k == 0`` (speculation off, or no draft source) the target generates alone. Rounds
+are yielded as they finish so callers can stream them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
+from .lookup import PromptLookup, point_mass_logits
 from .speculative import GREEDY, SamplingParams, round_seed
 from .torch_engine import EngineOutput, EngineRequest
 
@@ -39,6 +42,7 @@ class GenerationRequest:
     num_draft_tokens: int = 4
     use_draft_logits: bool = True
     adaptive: bool = False
+    prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
     # Tokens the target makes per call when it runs alone: 1 streams token by token.
     target_only_chunk: int | None = None
 
@@ -56,6 +60,10 @@ class SpeculationStats:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     fallbacks: int = 0
+    # Of the totals above, what prompt lookup drafted (rounds, tokens) and what of it was accepted.
+    lookup_drafts: int = 0
+    lookup_drafted_tokens: int = 0
+    lookup_accepted_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -66,13 +74,17 @@ class SpeculationStats:
         """Tokens per target step over speculative rounds: 1 + accepted / drafts (counts the bonus token)."""
         return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
 
-    def record_round(self, drafted: int, accepted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, *, by_lookup: bool = False) -> None:
         self.rounds += 1
         if drafted == 0:
             return
         self.drafts += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
+        if by_lookup:
+            self.lookup_drafts += 1
+            self.lookup_drafted_tokens += drafted
+            self.lookup_accepted_tokens += accepted
         for counts, upto in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
             counts.extend([0] * (upto - len(counts)))
             for position in range(upto):
@@ -114,25 +126,37 @@ async def speculate(
     max_draft_len: int,
     stats: SpeculationStats | None = None,
     on_draft_failure: Callable[[Exception], None] | None = None,
+    vocab_size: int | None = None,
 ) -> AsyncIterator[Round]:
     """Run the loop for one request, yielding each round's new tokens; ``stats`` is updated in place.
 
     If a draft call fails, the request carries on with the target alone (exact, only slower), the
-    failure is counted in ``stats.fallbacks`` and reported to ``on_draft_failure``.
+    failure is counted in ``stats.fallbacks`` and reported to ``on_draft_failure``; prompt lookup, when
+    on, keeps drafting. ``vocab_size`` (the target's) is needed only for lookup drafts under draft-logits
+    acceptance, which carry point-mass logits so that rejection sampling stays exact.
     """
     stats = stats if stats is not None else SpeculationStats()
     generated: list[int] = []
     k_wanted = min(request.num_draft_tokens, max_draft_len)
     draft_usable = draft is not None and k_wanted > 0
+    lookup = request.prompt_lookup if k_wanted > 0 else None
+    want_logits = request.use_draft_logits and not request.sampling.is_greedy
+    if lookup is not None and want_logits and vocab_size is None:
+        raise ValueError("prompt lookup under draft-logits acceptance needs the target's vocab_size")
     round_index = 0
     while True:
         remaining = request.max_tokens - len(generated)
         sequence = request.prompt_ids + generated
-        k = min(k_wanted, remaining - 1) if draft_usable else 0
+        k = min(k_wanted, remaining - 1) if draft_usable or lookup is not None else 0
         drafted: list[int] = []
         draft_logits = None
-        if k > 0:
-            want_logits = request.use_draft_logits and not request.sampling.is_greedy
+        by_lookup = False
+        if k > 0 and lookup is not None:
+            drafted = lookup.propose(sequence, k)
+            by_lookup = bool(drafted)
+            if by_lookup and want_logits:
+                draft_logits = point_mass_logits(drafted, vocab_size)  # type: ignore[arg-type]
+        if k > 0 and not drafted and draft_usable:
             started = time.perf_counter()
             try:
                 proposal = await draft(EngineRequest(
@@ -158,7 +182,8 @@ async def speculate(
             new_tokens = verdict.tokens
             accepted = _accepted_prefix(drafted, new_tokens)
         else:
-            chunk = request.target_only_chunk or remaining
+            # With lookup on, the target makes one token so that the next round can look up again.
+            chunk = 1 if lookup is not None else request.target_only_chunk or remaining
             verdict = await target(EngineRequest(
                 input_ids=sequence, max_new_tokens=min(chunk, remaining), sampling=request.sampling,
                 seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
@@ -166,7 +191,7 @@ async def speculate(
             ))
             new_tokens, accepted = verdict.tokens, 0
         stats.target_seconds += time.perf_counter() - started
-        stats.record_round(len(drafted), accepted)
+        stats.record_round(len(drafted), accepted, by_lookup=by_lookup)
         round_index += 1
         if request.adaptive:
             k_wanted = next_draft_length(k_wanted, len(drafted), accepted, max_draft_len)

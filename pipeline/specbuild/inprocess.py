@@ -49,7 +49,8 @@ class InProcessSpeculator:
         tokens: list[int] = []
         finish_reason = None
         async for step in speculate(request, call_target, call_draft if self.draft else None,
-                                    max_draft_len=self.target.max_draft_len, stats=stats):
+                                    max_draft_len=self.target.max_draft_len, stats=stats,
+                                    vocab_size=self.target.vocab_size):
             tokens.extend(step.tokens)
             finish_reason = step.finish_reason
         return Generated(tokens, stats, finish_reason)
