@@ -34,12 +34,13 @@ TOY = Path(__file__).parent / "data" / "toy_triton"
 # --- fast -------------------------------------------------------------------------------------------------
 def test_request_arrays_follow_the_contract_with_a_batch_of_one():
     arrays = GenerationRequest("héllo", 8, stream=True, temperature=0.5, seed=2**63, num_draft_tokens=3,
-                               stop_words=["a", "bc"], use_draft_logits=False).arrays()
+                               stop_words=["a", "bc"], use_draft_logits=False, prompt_lookup=True).arrays()
     assert arrays["text_input"].shape == (1, 1) and arrays["text_input"][0, 0] == "héllo".encode()
     assert arrays["max_tokens"].dtype == np.int32 and arrays["max_tokens"].shape == (1, 1)
     assert arrays["random_seed"].dtype == np.uint64 and arrays["random_seed"][0, 0] == 2**63
     assert arrays["temperature"].dtype == np.float32
     assert arrays["stream"].dtype == np.bool_ and arrays["use_draft_logits"][0, 0] == np.False_
+    assert arrays["prompt_lookup"].dtype == np.bool_ and arrays["prompt_lookup"].shape == (1, 1)
     assert arrays["stop_words"].shape == (1, 2)
     assert arrays["exclude_input_in_output"][0, 0]
     assert "top_k" not in arrays and "bad_words" not in arrays  # unset: the server's default
@@ -92,6 +93,22 @@ def test_no_server_is_a_server_error_naming_the_address():
 def test_cli_generate_rejects_an_empty_prompt():
     result = CliRunner().invoke(main, ["generate", "-"], input="\n")
     assert result.exit_code == 2 and "the prompt is empty" in result.output
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], None), (["--prompt-lookup"], True),
+                                                 (["--no-prompt-lookup"], False)])
+def test_cli_generate_sends_prompt_lookup_only_when_asked(monkeypatch, flags, expected):
+    sent: list[GenerationRequest] = []
+
+    def run(self, request, on_chunk=None):
+        sent.append(request)
+        return Generation.from_chunks([], 0.1)
+
+    monkeypatch.setattr(SpecbuildClient, "run", run)  # the command's parsing is under test, not the server
+    result = CliRunner().invoke(main, ["generate", "hello", *flags])
+    assert result.exit_code == 0, result.output
+    assert sent[0].prompt_lookup is expected
+    assert ("prompt_lookup" in sent[0].arrays()) == (expected is not None)
 
 
 # --- a real server ----------------------------------------------------------------------------------------

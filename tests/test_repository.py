@@ -68,6 +68,21 @@ def test_engine_models_implement_the_tensorrtllm_interface(torch_release: Path) 
     assert tokenizer.is_file() and (torch_release / "postprocessing" / "1" / "tokenizer" / "tokenizer.json").is_file()
 
 
+def test_prompt_lookup_flows_like_adaptive_draft(torch_release: Path) -> None:
+    """The per-request input reaches the orchestrator from the public ensemble input; its default and n-gram
+    sizes are orchestrator parameters (off by default), with the target's vocabulary size for its logits."""
+    ensemble = read_config(torch_release / "ensemble")
+    for name in ("adaptive_draft", "prompt_lookup"):
+        assert [(mc.DataType.Name(t.data_type), list(t.dims), t.optional) for t in ensemble.input
+                if t.name == name] == [("TYPE_BOOL", [1], True)]
+        assert ensemble.ensemble_scheduling.step[1].input_map[name] == name
+        assert name in {t.name for t in read_config(torch_release / "orchestrator").input}
+    params = {k: v.string_value for k, v in read_config(torch_release / "orchestrator").parameters.items()}
+    assert (params["prompt_lookup"], params["lookup_max_ngram"], params["lookup_min_ngram"]) == ("false", "4", "2")
+    assert int(params["vocab_size"]) == json.loads((torch_release.parent / "engines" / "target" / "build_info.json")
+                                                   .read_text())["vocab_size"]
+
+
 @pytest.mark.parametrize("damage", ["unmapped_required", "wrong_type", "unknown_model", "misspelled_field"])
 def test_validation_names_what_is_broken(torch_release: Path, tmp_path: Path, damage: str) -> None:
     repo = shutil.copytree(torch_release, tmp_path / "repo")
@@ -96,7 +111,9 @@ def test_a_tensorrt_llm_release_renders_backend_configs(tmp_path: Path, checkpoi
     """Package a tensorrt-llm release from engine folders as TensorRT-LLM's build step leaves them
     (``build_info.json``; the engines themselves cannot be built without a GPU)."""
     spec = load_spec(None, {"runtime": "tensorrt-llm", "target.checkpoint": str(checkpoints.target),
-                            "draft.checkpoint": str(checkpoints.draft), "target.tp_size": 2}, base_dir=tmp_path)
+                            "draft.checkpoint": str(checkpoints.draft), "target.tp_size": 2,
+                            "speculation.prompt_lookup.enabled": True, "speculation.prompt_lookup.max_ngram": 3},
+                     base_dir=tmp_path)
     engines = {}
     for role, max_draft in (("target", 8), ("draft", 0)):
         folder = tmp_path / "engines" / role
@@ -122,4 +139,7 @@ def test_a_tensorrt_llm_release_renders_backend_configs(tmp_path: Path, checkpoi
     draft = {key: value.string_value for key, value in read_config(repo / "draft").parameters.items()}
     assert float(draft["kv_cache_free_gpu_mem_fraction"]) + float(params["kv_cache_free_gpu_mem_fraction"]) <= 0.9
     assert not (repo / "target" / "1" / "model.py").exists()
-    assert read_config(repo / "orchestrator").parameters["max_draft_len"].string_value == "8"
+    orchestrator = {key: value.string_value for key, value in read_config(repo / "orchestrator").parameters.items()}
+    assert orchestrator["max_draft_len"] == "8"
+    assert (orchestrator["prompt_lookup"], orchestrator["lookup_max_ngram"], orchestrator["lookup_min_ngram"],
+            orchestrator["vocab_size"]) == ("true", "3", "2", "400")

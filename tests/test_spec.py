@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,26 @@ def test_resolved_runtime_without_tensorrt_llm_is_torch(tmp_path: Path) -> None:
     assert spec.runtime == "auto"
     assert spec.resolved().runtime == "torch"
     assert isinstance(BuildSpec.model_validate(yaml.safe_load(spec.to_yaml())), BuildSpec)
+
+
+def test_prompt_lookup_settings(tmp_path: Path) -> None:
+    spec = load_spec(None, MINIMAL, base_dir=tmp_path)
+    assert not spec.speculation.prompt_lookup.enabled
+    assert (spec.speculation.prompt_lookup.max_ngram, spec.speculation.prompt_lookup.min_ngram) == (4, 2)
+    spec = load_spec(None, {**MINIMAL, "speculation.prompt_lookup.enabled": True,
+                            "speculation.prompt_lookup.max_ngram": 3}, base_dir=tmp_path)
+    assert spec.speculation.prompt_lookup.enabled and spec.speculation.prompt_lookup.max_ngram == 3
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(starter_spec().replace("    enabled: false", "    enabled: true"))
+    assert load_spec(path).speculation.prompt_lookup.enabled
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"speculation.prompt_lookup.min_ngram": 5}, "min_ngram (5) is larger than max_ngram (4)"),
+    ({"speculation.prompt_lookup.min_ngram": 0}, "speculation.prompt_lookup.min_ngram"),
+    ({"speculation.prompt_lookup.max_ngram": 99}, "speculation.prompt_lookup.max_ngram"),
+    ({"speculation.prompt_lookup.ngram": 3}, "speculation.prompt_lookup.ngram: unknown key"),
+])
+def test_bad_prompt_lookup_settings_name_the_field(overrides: dict, expected: str, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=re.escape(expected)):
+        load_spec(None, {**MINIMAL, **overrides}, base_dir=tmp_path)

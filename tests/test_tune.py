@@ -68,3 +68,11 @@ def test_write_choice_keeps_a_valid_spec_and_refuses_an_impossible_one(tmp_path:
         write_choice(path, 12, False)  # max_draft_len is 8
     assert path.read_text(encoding="utf-8") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["specbuild.yaml"]  # no temporary file left
+
+
+def test_missing_keys_are_added_when_the_section_ends_with_a_nested_block():
+    text = starter_spec("t", "d").replace("  adaptive: false          # adapt K per request from its acceptance\n", "")
+    updated = set_section_values(text, "speculation", {"adaptive": True})
+    data = yaml.safe_load(updated)
+    assert data["speculation"] == {**yaml.safe_load(text)["speculation"], "adaptive": True}
+    assert data["limits"] == yaml.safe_load(text)["limits"]

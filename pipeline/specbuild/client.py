@@ -44,6 +44,7 @@ class GenerationRequest:
     num_draft_tokens: int | None = None
     use_draft_logits: bool | None = None
     adaptive_draft: bool | None = None
+    prompt_lookup: bool | None = None
     stop_words: Sequence[str] | None = None
     bad_words: Sequence[str] | None = None
     end_id: int | None = None
@@ -180,6 +181,7 @@ class SpecbuildClient:
         num_draft_tokens: int | None = None,
         use_draft_logits: bool | None = None,
         adaptive_draft: bool | None = None,
+        prompt_lookup: bool | None = None,
         stop_words: Sequence[str] | None = None,
         bad_words: Sequence[str] | None = None,
         end_id: int | None = None,
@@ -189,7 +191,7 @@ class SpecbuildClient:
         return self.run(GenerationRequest(
             prompt, max_tokens, stream=stream, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
             num_draft_tokens=num_draft_tokens, use_draft_logits=use_draft_logits, adaptive_draft=adaptive_draft,
-            stop_words=stop_words, bad_words=bad_words, end_id=end_id,
+            prompt_lookup=prompt_lookup, stop_words=stop_words, bad_words=bad_words, end_id=end_id,
             exclude_input_in_output=exclude_input_in_output,
         ))
 

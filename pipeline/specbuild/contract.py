@@ -6,7 +6,7 @@ them. Shapes exclude the batch dimension (every model has ``max_batch_size > 0``
 
 * ``ENSEMBLE_*``: the public interface, kept name-for-name with NVIDIA's tensorrtllm_backend ensemble
   (so its clients, GenAI-Perf's tensorrtllm mode and Triton's generate endpoint work), plus
-  ``num_draft_tokens`` and ``use_draft_logits`` from its BLS model and ``adaptive_draft``.
+  ``num_draft_tokens`` and ``use_draft_logits`` from its BLS model, ``adaptive_draft`` and ``prompt_lookup``.
 * ``ENGINE_*``: the subset of the ``tensorrtllm`` backend's inputs/outputs that the orchestrator uses;
   the torch runtime's engine model implements exactly these.
 """
@@ -44,6 +44,7 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     Tensor("num_draft_tokens", "TYPE_INT32", (1,), True, "K for this request: 0 = target alone"),
     Tensor("use_draft_logits", "TYPE_BOOL", (1,), True, "rejection sampling on draft logits (else token match)"),
     Tensor("adaptive_draft", "TYPE_BOOL", (1,), True, "adapt K from this request's acceptance"),
+    Tensor("prompt_lookup", "TYPE_BOOL", (1,), True, "draft from the request's own tokens first (n-gram lookup)"),
 )
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,)),
@@ -89,6 +90,7 @@ ORCHESTRATOR_INPUTS: tuple[Tensor, ...] = (
     Tensor("num_draft_tokens", "TYPE_INT32", (1,), True),
     Tensor("use_draft_logits", "TYPE_BOOL", (1,), True),
     Tensor("adaptive_draft", "TYPE_BOOL", (1,), True),
+    Tensor("prompt_lookup", "TYPE_BOOL", (1,), True),
 )
 ORCHESTRATOR_OUTPUTS: tuple[Tensor, ...] = (
     # Tokens for postprocessing to decode, and how many leading ones were already sent as text.

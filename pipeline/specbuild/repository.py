@@ -118,6 +118,10 @@ def orchestrator_config(spec: BuildSpec, target: EngineInfo) -> mc.ModelConfig:
             "num_draft_tokens": s.num_draft_tokens,
             "use_draft_logits": s.acceptance == "draft-logits",
             "adaptive_draft": s.adaptive,
+            "prompt_lookup": s.prompt_lookup.enabled,
+            "lookup_max_ngram": s.prompt_lookup.max_ngram,
+            "lookup_min_ngram": s.prompt_lookup.min_ngram,
+            "vocab_size": target.vocab_size,  # width of lookup drafts' point-mass logits
             "max_input_len": spec.limits.max_input_len,
             "max_seq_len": spec.limits.max_seq_len,
             "target_model": contract.TARGET_MODEL,

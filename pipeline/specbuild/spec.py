@@ -39,6 +39,22 @@ class ModelSpec(_Strict):
         return self.tp_size * self.pp_size
 
 
+class PromptLookupSpec(_Strict):
+    """Prompt lookup drafting: each round, propose what followed the last earlier occurrence of the context's
+    final n-gram (no model call); the draft model drafts when lookup finds nothing."""
+
+    enabled: bool = Field(False, description="requests look up their own tokens first (each may turn it off)")
+    max_ngram: int = Field(4, ge=1, le=32, description="longest suffix n-gram looked up")
+    min_ngram: int = Field(2, ge=1, le=32, description="shortest suffix n-gram looked up")
+
+    @model_validator(mode="after")
+    def _ngram_order(self) -> PromptLookupSpec:
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram ({self.min_ngram}) is larger than max_ngram ({self.max_ngram}); "
+                             "lower min_ngram or raise max_ngram")
+        return self
+
+
 class SpeculationSpec(_Strict):
     max_draft_len: int = Field(8, ge=1, le=64, description="most draft tokens a request may ask for (engine limit)")
     num_draft_tokens: int = Field(4, ge=0, description="default draft tokens per round (0 = target alone)")
@@ -48,6 +64,7 @@ class SpeculationSpec(_Strict):
         "token-match: target samples and accepts equal tokens (exact, no draft logits)",
     )
     adaptive: bool = Field(False, description="adapt K per request: longer after full acceptance, shorter after rejections")
+    prompt_lookup: PromptLookupSpec = PromptLookupSpec()
 
     @model_validator(mode="after")
     def _k_within_engine(self) -> SpeculationSpec:
@@ -254,6 +271,10 @@ speculation:
   num_draft_tokens: 4      # default K per request (requests may ask for 0..max_draft_len)
   acceptance: draft-logits # draft-logits (rejection sampling) | token-match
   adaptive: false          # adapt K per request from its acceptance
+  prompt_lookup:           # draft from the request's own tokens first (free), the draft model when none match
+    enabled: false         # requests may turn it on or off (input prompt_lookup)
+    max_ngram: 4           # look up the context's last 4 tokens, then 3, ... down to min_ngram
+    min_ngram: 2
 limits:
   max_batch_size: 8
   max_input_len: 1024      # prompt tokens

@@ -2,6 +2,8 @@
 release's default: ``speculation.num_draft_tokens`` / ``speculation.adaptive`` in the spec file, then the
 repository re-packaged from that spec (the orchestrator's ``num_draft_tokens`` / ``adaptive_draft``
 parameters, validated configs and a new manifest; engines are unchanged, so only packaging re-runs).
+Prompt lookup is not swept: every cell runs with the spec's own ``speculation.prompt_lookup.enabled``, so
+the choice is measured as the release serves it.
 """
 
 from __future__ import annotations
@@ -72,11 +74,10 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
             edits.append((node.start_mark.index, node.end_mark.index, _scalar(value)))
         else:
             missing.append(f"{key}: {_scalar(value)}")
-    if missing:
-        indent = " " * block.value[0][0].start_mark.column
-        line_end = text.find("\n", block.value[-1][1].end_mark.index)
-        at = len(text) if line_end < 0 else line_end
-        edits.append((at, at, "".join(f"\n{indent}{line}" for line in missing)))
+    if missing:  # as the section's first lines: after its last key may come a nested block (prompt_lookup)
+        first_key = block.value[0][0].start_mark
+        at = first_key.index - first_key.column
+        edits.append((at, at, "".join(f"{' ' * first_key.column}{line}\n" for line in missing)))
     for start, end, replacement in sorted(edits, reverse=True):
         text = text[:start] + replacement + text[end:]
     return text
@@ -126,6 +127,7 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
         raise UsageError(f"K={too_long[0]} is above the engine's max_draft_len ({spec.speculation.max_draft_len})",
                          "choose K values up to max_draft_len, or rebuild with a larger one")
     plan = BenchPlan(ks=tuple(ks or candidate_ks(spec.speculation.max_draft_len)), adaptive=tuple(adaptive),
+                     lookup=(spec.speculation.prompt_lookup.enabled,),
                      concurrencies=(concurrency or (1 if goal == "latency" else min(4, spec.limits.max_batch_size)),),
                      max_tokens=max_tokens, requests=requests, max_seconds=max_seconds)
     repository = Path(spec.outputs.repository_dir)

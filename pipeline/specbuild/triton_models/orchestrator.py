@@ -7,9 +7,13 @@ carries the acceptance figures so far. Acceptance metrics are exported as Promet
 python backend's metrics API. If the draft fails or is unloaded, requests fall back to the target alone
 (exact) and ``specbuild_draft_fallbacks_total`` counts it. After a draft failure, new requests skip the
 draft for ``DRAFT_RETRY_SECONDS`` (a dead draft stub makes every call wait for its failure), then try it again.
+With prompt lookup on, each round first looks for its draft in the request's own tokens (no model call;
+the same for both runtimes, since the target takes external draft tokens), and the ``specbuild_prompt_lookup_*``
+counters count what it drafted and what of that was accepted.
 
 Parameters: ``max_draft_len``, ``num_draft_tokens`` (default K), ``use_draft_logits``, ``adaptive_draft``,
-``max_input_len``, ``max_seq_len``, ``vocab_size``, ``target_model``, ``draft_model``.
+``prompt_lookup`` (default for requests), ``lookup_max_ngram``, ``lookup_min_ngram``, ``max_input_len``,
+``max_seq_len``, ``vocab_size`` (the target's), ``target_model``, ``draft_model``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 from specbuild.contract import DRAFT_MODEL, TARGET_MODEL
 from specbuild.decoding import GenerationRequest, SpeculationStats, speculate
-from specbuild.errors import RequestError
+from specbuild.errors import RequestError, SpecError
+from specbuild.lookup import PromptLookup
 from specbuild.speculative import SamplingParams
 from specbuild.text import decode_word_list, pad_rows
 from specbuild.torch_engine import EngineOutput, EngineRequest
@@ -44,6 +49,9 @@ class Settings:
     num_draft_tokens: int
     use_draft_logits: bool
     adaptive_draft: bool
+    prompt_lookup: bool
+    lookup: PromptLookup
+    vocab_size: int | None
     max_input_len: int
     max_seq_len: int
     target_model: str
@@ -56,11 +64,25 @@ class Settings:
             num_draft_tokens=int(parameters["num_draft_tokens"]),
             use_draft_logits=parameters["use_draft_logits"] == "true",
             adaptive_draft=parameters.get("adaptive_draft", "false") == "true",
+            prompt_lookup=parameters.get("prompt_lookup", "false") == "true",
+            lookup=lookup_settings(parameters),
+            vocab_size=int(parameters["vocab_size"]) if "vocab_size" in parameters else None,
             max_input_len=int(parameters["max_input_len"]),
             max_seq_len=int(parameters["max_seq_len"]),
             target_model=parameters.get("target_model", TARGET_MODEL),
             draft_model=parameters.get("draft_model", DRAFT_MODEL),
         )
+
+
+def lookup_settings(parameters: dict[str, str]) -> PromptLookup:
+    """The n-gram sizes of prompt lookup from the model's parameters, checked (the model fails to load if bad)."""
+    try:
+        return PromptLookup(max_ngram=int(parameters.get("lookup_max_ngram", 4)),
+                            min_ngram=int(parameters.get("lookup_min_ngram", 2)))
+    except ValueError as exc:
+        raise SpecError(f"orchestrator parameters lookup_max_ngram/lookup_min_ngram: {exc}",
+                        "set speculation.prompt_lookup.max_ngram >= min_ngram >= 1 in the spec and "
+                        "re-package (specbuild package)") from None
 
 
 @dataclass
@@ -95,6 +117,11 @@ class Metrics:
             "target_seconds": family("specbuild_target_seconds_total", "Time spent in target calls"),
             "fallbacks": family("specbuild_draft_fallbacks_total",
                                 "Requests that fell back to the target alone because the draft failed"),
+            "lookup_drafts": family("specbuild_prompt_lookup_drafts_total", "Rounds drafted by prompt lookup"),
+            "lookup_draft_tokens": family("specbuild_prompt_lookup_draft_tokens_total",
+                                          "Draft tokens proposed by prompt lookup"),
+            "lookup_accepted": family("specbuild_prompt_lookup_accepted_tokens_total",
+                                      "Draft tokens proposed by prompt lookup and accepted"),
             "errors": family("specbuild_request_errors_total", "Requests rejected or failed"),
         }
         self._labels = {"model": model_name}
@@ -116,6 +143,9 @@ class Metrics:
         self.count("draft_seconds", stats.draft_seconds)
         self.count("target_seconds", stats.target_seconds)
         self.count("fallbacks", stats.fallbacks)
+        self.count("lookup_drafts", stats.lookup_drafts)
+        self.count("lookup_draft_tokens", stats.lookup_drafted_tokens)
+        self.count("lookup_accepted", stats.lookup_accepted_tokens)
         for key, counts in (("accepted_per_position", stats.accepted_per_position),
                             ("drafted_per_position", stats.drafted_per_position)):
             for position, count in enumerate(counts):
@@ -242,7 +272,7 @@ class TritonPythonModel:
         bad_words = optional_input(request, "bad_words_ids")
         fields = {name: optional_input(request, name) for name in (
             "end_id", "stream", "temperature", "top_k", "top_p", "random_seed", "exclude_input_in_output",
-            "beam_width", "num_draft_tokens", "use_draft_logits", "adaptive_draft")}
+            "beam_width", "num_draft_tokens", "use_draft_logits", "adaptive_draft", "prompt_lookup")}
         rows = []
         for row in range(input_ids.shape[0]):
             get = lambda name, default=None: row_scalar(fields[name], row, default)  # noqa: E731
@@ -275,6 +305,7 @@ class TritonPythonModel:
                     num_draft_tokens=k,
                     use_draft_logits=bool(get("use_draft_logits", s.use_draft_logits)),
                     adaptive=bool(get("adaptive_draft", s.adaptive_draft)),
+                    prompt_lookup=s.lookup if bool(get("prompt_lookup", s.prompt_lookup)) else None,
                     target_only_chunk=1 if stream else None,
                 ),
                 prompt_ids=prompt, stream=stream,
@@ -290,7 +321,8 @@ class TritonPythonModel:
             draft = None
             stats.fallbacks += 1
         async for step in speculate(row.generation, self._target, draft, max_draft_len=self.settings.max_draft_len,
-                                    stats=stats, on_draft_failure=self._draft_failed):
+                                    stats=stats, on_draft_failure=self._draft_failed,
+                                    vocab_size=self.settings.vocab_size):
             collected.extend(step.tokens)
             if on_round is not None:
                 on_round()
