@@ -110,7 +110,10 @@ def samples(accepted_per_position, **scalars):
              "draft_tokens": "specbuild_spec_decode_num_draft_tokens_total",
              "accepted": "specbuild_spec_decode_num_accepted_tokens_total",
              "draft_seconds": "specbuild_draft_seconds_total", "target_seconds": "specbuild_target_seconds_total",
-             "output_tokens": "specbuild_output_tokens_total"}
+             "output_tokens": "specbuild_output_tokens_total",
+             "lookup_drafts": "specbuild_prompt_lookup_drafts_total",
+             "lookup_draft_tokens": "specbuild_prompt_lookup_draft_tokens_total",
+             "lookup_accepted": "specbuild_prompt_lookup_accepted_tokens_total"}
     result = [(names[key], {"model": "orchestrator"}, value) for key, value in scalars.items()]
     result += [("specbuild_spec_decode_num_accepted_tokens_per_pos_total",
                 {"model": "orchestrator", "position": str(i)}, v) for i, v in enumerate(accepted_per_position)]
@@ -130,10 +133,11 @@ def test_counters_parse_prometheus_text_and_subtract():
                                    for family in text_string_to_metric_families(text) for s in family.samples)
     assert parsed.draft_seconds == 1.5
     assert parsed.accepted_per_position == (7.0, 3.0)
-    before = Counters.from_samples(samples([2, 0, 0], rounds=10, accepted=2))
-    after = Counters.from_samples(samples([5, 3, 0], rounds=25, accepted=8))
+    before = Counters.from_samples(samples([2, 0, 0], rounds=10, accepted=2, lookup_drafts=1))
+    after = Counters.from_samples(samples([5, 3, 0], rounds=25, accepted=8, lookup_drafts=4, lookup_accepted=3))
     delta = after - before
     assert delta.rounds == 15 and delta.accepted == 6
+    assert (delta.lookup_drafts, delta.lookup_accepted, delta.lookup_draft_tokens) == (3, 3, 0)
     assert delta.accepted_per_position == (3.0, 3.0)  # trailing zeros dropped
 
 
@@ -141,11 +145,12 @@ def test_counters_parse_prometheus_text_and_subtract():
 STEP = 0.05  # target seconds per token at K=0
 
 
-def synthetic_cell(k: int, tokens_per_second: float, counters: Counters | None, concurrency: int = 1) -> Cell:
+def synthetic_cell(k: int, tokens_per_second: float, counters: Counters | None, concurrency: int = 1,
+                   lookup: bool = False) -> Cell:
     """A cell of 4 requests producing 100 tokens in all over 100 / tokens_per_second seconds."""
     wall = 100 / tokens_per_second
     traces = [trace([0.1 * (j + 1) for j in range(25)], [1] * 25, total=wall / 4) for _ in range(4)]
-    return summarize(k, concurrency, False, traces, wall, counters)
+    return summarize(k, concurrency, False, traces, wall, counters, lookup=lookup)
 
 
 def test_summarize_from_counters():
@@ -162,6 +167,21 @@ def test_summarize_from_counters():
     assert cell.target_seconds_per_round == pytest.approx(0.075)
     assert cell.engine_share == pytest.approx(3.8 / 4.0)
     assert len(cell.latencies["e2e"]) == 4
+    assert cell.lookup_share is None and cell.lookup_acceptance is None  # lookup was off
+
+
+def test_summarize_reports_prompt_lookups_share_and_acceptance():
+    # 40 rounds: 10 drafted by lookup (25 tokens, 15 accepted), 20 by the draft model, 10 by neither
+    counters = Counters(rounds=40, drafts=30, draft_tokens=85, accepted=40, draft_seconds=0.6, target_seconds=3.0,
+                        lookup_drafts=10, lookup_draft_tokens=25, lookup_accepted=15)
+    cell = synthetic_cell(3, 25.0, counters, lookup=True)
+    assert cell.label == "K=3+lookup" and cell.key == (3, False, True, 1)
+    assert cell.lookup_share == pytest.approx(10 / 40)
+    assert cell.lookup_acceptance == pytest.approx(15 / 25)
+    assert cell.acceptance_rate == pytest.approx(40 / 85)  # the totals count both draft sources
+    assert cell.mean_acceptance_length == pytest.approx(1 + 40 / 30)
+    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=5.0))
+    assert compare([base, cell])[1].speedup == pytest.approx(25 / 20)  # lookup cells compare with plain K=0
 
 
 def test_summarize_without_counters_uses_per_request_outputs():
@@ -195,17 +215,20 @@ def test_compare_speedup_expectation_and_efficiency():
 
 def test_match_baseline_counts_identical_outputs():
     cells = [synthetic_cell(0, 10.0, None), synthetic_cell(2, 10.0, None)]
-    match_baseline(cells, {(0, False, 1): {0: "a", 1: "b"}, (2, False, 1): {0: "a", 1: "c", 2: "d"}})
-    assert cells[0].matches_baseline == 1.0
-    assert cells[1].matches_baseline == 0.5
+    cells.append(synthetic_cell(2, 10.0, None, lookup=True))
+    match_baseline(cells, {(0, False, False, 1): {0: "a", 1: "b"}, (2, False, False, 1): {0: "a", 1: "c", 2: "d"},
+                           (2, False, True, 1): {0: "a", 1: "b"}})
+    assert [c.matches_baseline for c in cells] == [1.0, 0.5, 1.0]
 
 
 # --- plan and addresses ----------------------------------------------------------------------------------
-def test_plan_always_includes_k0_and_skips_adaptive_at_k0():
+def test_plan_always_includes_k0_and_skips_adaptive_and_lookup_at_k0():
     plan = BenchPlan(ks=(4, 2), adaptive=(True, False), concurrencies=(2, 1))
     assert plan.ks == (0, 2, 4)
-    assert plan.cells()[:4] == [(0, False, 1), (2, False, 1), (2, True, 1), (4, False, 1)]
+    assert plan.cells()[:4] == [(0, False, False, 1), (2, False, False, 1), (2, True, False, 1), (4, False, False, 1)]
     assert len(plan.cells()) == 10
+    lookup = BenchPlan(ks=(2,), lookup=(True, False))
+    assert lookup.cells() == [(0, False, False, 1), (2, False, False, 1), (2, False, True, 1)]
     with pytest.raises(ValueError):
         BenchPlan(concurrencies=(0,))
 
@@ -229,7 +252,11 @@ def test_reports_are_written(tmp_path: Path):
     base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=5.0))
     spec = synthetic_cell(2, 26.0, Counters(rounds=50, drafts=50, draft_tokens=100, accepted=50, draft_seconds=0.5,
                                             target_seconds=3.0, accepted_per_position=(30.0, 20.0)))
-    report = BenchReport(BenchPlan(ks=(2,)), "127.0.0.1:1", 82, compare([base, spec]), True, {"cpus": 2})
+    lookup = synthetic_cell(2, 30.0, Counters(rounds=40, drafts=40, draft_tokens=80, accepted=50, draft_seconds=0.3,
+                                              target_seconds=2.5, lookup_drafts=10, lookup_draft_tokens=20,
+                                              lookup_accepted=11), lookup=True)
+    report = BenchReport(BenchPlan(ks=(2,), lookup=(False, True)), "127.0.0.1:1", 82, compare([base, spec, lookup]),
+                         True, {"cpus": 2})
     written = write_outputs(report, tmp_path / "out")
     assert sorted(p.name for p in written) == ["acceptance.png", "bench.json", "bench.md", "latency.png",
                                                "speedup.png"]
@@ -237,9 +264,15 @@ def test_reports_are_written(tmp_path: Path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["cells"][1]["label"] == "K=2" and math.isclose(data["cells"][1]["speedup"], 1.3)
+    assert data["cells"][2]["label"] == "K=2+lookup" and data["cells"][2]["lookup"] is True
+    assert data["cells"][2]["lookup_share"] == 0.25 and data["cells"][2]["lookup_acceptance"] == 0.55
+    assert data["plan"]["lookup"] == [False, True]
     text = markdown(report)
     assert "| 2 | 1 | 4 | 26.0 | 1.30x |" in text
-    assert len(tables(report.cells)) == 2
+    assert "| 2+lookup | 1 | 4 | 30.0 | 1.50x |" in text and "| 25%/0.55 |" in text
+    speed, _ = tables(report.cells)
+    lookup_column = [column for column in speed.columns if column.header == "lookup"]
+    assert len(lookup_column) == 1 and list(lookup_column[0].cells) == ["-", "-", "25%/0.55"]
 
 
 def test_wheel_ships_the_bundled_prompts(tmp_path: Path):
@@ -279,13 +312,17 @@ def test_bench_against_a_real_server(bench_release: Path, tmp_path: Path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, [
         "bench", "--repository", str(bench_release.parent / "triton_repo"), "--k", "2", "--concurrency", "1,2",
-        "--num-prompts", "3", "--requests", "3", "--max-tokens", "12", "--out", str(out), "--json"])
+        "--lookup", "off,on", "--num-prompts", "3", "--requests", "3", "--max-tokens", "12", "--out", str(out),
+        "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "bench.json").read_text())
     assert data["metrics"] is True
-    cells = {(c["k"], c["concurrency"]): c for c in data["cells"]}
-    assert set(cells) == {(0, 1), (2, 1), (0, 2), (2, 2)}
-    for (k, _), cell in cells.items():
+    cells = {(c["k"], c["lookup"], c["concurrency"]): c for c in data["cells"]}
+    assert set(cells) == {(0, False, 1), (2, False, 1), (2, True, 1), (0, False, 2), (2, False, 2), (2, True, 2)}
+    for (k, lookup, _), cell in cells.items():
+        assert (cell["lookup_share"] is not None) == lookup
+        if lookup:
+            assert 0.0 <= cell["lookup_share"] <= 1.0
         assert cell["requests"] == 3 and cell["errors"] == 0 and cell["output_tokens"] > 0
         assert cell["source"] == "metrics"
         assert cell["matches_baseline"] == 1.0  # greedy: speculation never changes the text

@@ -11,7 +11,10 @@ Definitions follow the field (see docs/benchmarks.md):
   that). MAL is what Leviathan's (1 - a^(K+1)) / (1 - a) predicts for a per-token acceptance ``a``;
   :func:`per_token_acceptance` solves it back for ``a``;
 * efficiency = measured / expected: near 1, the draft (acceptance, cost) explains the speed; far below 1,
-  time goes outside the engines (orchestration, streaming, queueing).
+  time goes outside the engines (orchestration, streaming, queueing);
+* with prompt lookup, the totals count both draft sources; lookup share = rounds drafted by lookup / all
+  rounds, lookup acceptance = its accepted / its drafted tokens. (The draft cost c then averages over both
+  sources, lookup's tokens costing nothing.)
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ COUNTER_NAMES = {
     "draft_seconds": "specbuild_draft_seconds_total",
     "target_seconds": "specbuild_target_seconds_total",
     "fallbacks": "specbuild_draft_fallbacks_total",
+    "lookup_drafts": "specbuild_prompt_lookup_drafts_total",
+    "lookup_draft_tokens": "specbuild_prompt_lookup_draft_tokens_total",
+    "lookup_accepted": "specbuild_prompt_lookup_accepted_tokens_total",
 }
 PER_POSITION = {"accepted_per_position": "specbuild_spec_decode_num_accepted_tokens_per_pos_total",
                 "drafted_per_position": "specbuild_spec_decode_num_draft_tokens_per_pos_total"}
@@ -120,6 +126,9 @@ class Counters:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     fallbacks: float = 0.0
+    lookup_drafts: float = 0.0  # these three stay 0 from servers older than prompt lookup
+    lookup_draft_tokens: float = 0.0
+    lookup_accepted: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
     drafted_per_position: tuple[float, ...] = ()  # empty from servers older than this counter
 
@@ -209,9 +218,16 @@ def expected_speedup(mean_acceptance_length: float, k: float, cost_ratio: float,
 
 
 # --- one cell of the sweep (one K, one concurrency) -------------------------------------------------------
+CellKey = tuple[int, bool, bool, int]  # (k, adaptive, lookup, concurrency)
+
+
+def cell_label(k: int, adaptive: bool = False, lookup: bool = False) -> str:
+    return f"K={k}{'+adaptive' if adaptive else ''}{'+lookup' if lookup else ''}"
+
+
 @dataclass
 class Cell:
-    """The figures of one (K, adaptive, concurrency) run; comparison fields are set by :func:`compare`."""
+    """The figures of one (K, adaptive, lookup, concurrency) run; comparison fields are set by :func:`compare`."""
 
     k: int
     concurrency: int
@@ -232,6 +248,9 @@ class Cell:
     draft_seconds_per_token: float | None = None
     target_seconds_per_round: float | None = None
     engine_share: float | None = None  # engine seconds / request seconds
+    lookup: bool = False  # prompt lookup on for this cell's requests
+    lookup_share: float | None = None  # rounds drafted by prompt lookup / all rounds
+    lookup_acceptance: float | None = None  # accepted / drafted tokens of prompt lookup's drafts
     source: str = "requests"  # where acceptance came from: "metrics" or "requests"
     matches_baseline: float | None = None  # share of prompts whose text equals K=0's (greedy)
     latencies: dict[str, list[float]] = field(default_factory=dict)  # per request, for distribution plots
@@ -246,7 +265,11 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return f"K={self.k}{'+adaptive' if self.adaptive else ''}"
+        return cell_label(self.k, self.adaptive, self.lookup)
+
+    @property
+    def key(self) -> CellKey:
+        return self.k, self.adaptive, self.lookup, self.concurrency
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, **asdict(self)}
@@ -257,12 +280,13 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[RequestTrace], wall_seconds: float,
-              counters: Counters | None = None) -> Cell:
+              counters: Counters | None = None, *, lookup: bool = False) -> Cell:
     """Figures of one cell from its request traces, and the server's counter deltas over it when known."""
     done = [t for t in traces if t.error is None]
     output_tokens = sum(t.output_tokens for t in done)
     cell = Cell(
-        k=k, concurrency=concurrency, adaptive=adaptive, requests=len(done), errors=len(traces) - len(done),
+        k=k, concurrency=concurrency, adaptive=adaptive, lookup=lookup, requests=len(done),
+        errors=len(traces) - len(done),
         output_tokens=output_tokens, wall_seconds=wall_seconds,
         tokens_per_second=output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
         ttft=percentiles(t.ttft for t in done), tpot=percentiles(t.tpot for t in done),
@@ -283,6 +307,9 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.draft_tokens)
         cell.target_seconds_per_round = counters.target_seconds / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
+        if lookup:
+            cell.lookup_share = counters.lookup_drafts / counters.rounds
+            cell.lookup_acceptance = _ratio(counters.lookup_accepted, counters.lookup_draft_tokens)
     else:  # per-request outputs only: one streamed response per round
         drafted = sum(t.drafted for t in done)
         rounds = sum(t.rounds for t in done)
@@ -294,7 +321,7 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
 def compare(cells: Sequence[Cell]) -> list[Cell]:
     """Copies of ``cells`` with speedup, step costs, expectations and efficiency against the K=0 cell of the
     same concurrency (cells without one are returned unchanged)."""
-    baselines = {c.concurrency: c for c in cells if c.k == 0 and not c.adaptive}
+    baselines = {c.concurrency: c for c in cells if c.k == 0 and not c.adaptive and not c.lookup}
     compared = []
     for cell in cells:
         base = baselines.get(cell.concurrency)
@@ -316,13 +343,13 @@ def compare(cells: Sequence[Cell]) -> list[Cell]:
     return compared
 
 
-def match_baseline(cells: Sequence[Cell], texts: Mapping[tuple[int, bool, int], Mapping[int, str]]) -> None:
+def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]]) -> None:
     """Set each cell's ``matches_baseline``: the share of its prompts whose output equals K=0's.
 
-    ``texts`` maps (k, adaptive, concurrency) to {prompt index: output text}. Meaningful for greedy runs.
+    ``texts`` maps each cell's :attr:`Cell.key` to {prompt index: output text}. Meaningful for greedy runs.
     """
     for cell in cells:
-        base = texts.get((0, False, cell.concurrency), {})
-        mine = texts.get((cell.k, cell.adaptive, cell.concurrency), {})
+        base = texts.get((0, False, False, cell.concurrency), {})
+        mine = texts.get(cell.key, {})
         shared = [i for i in mine if i in base]
         cell.matches_baseline = sum(mine[i] == base[i] for i in shared) / len(shared) if shared else None

@@ -23,6 +23,13 @@ def _ms(values: dict[str, float | None]) -> str:
     return " / ".join("-" if values.get(q) is None else f"{values[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
 
 
+def _lookup(cell: Cell) -> str:
+    """Prompt lookup's share of rounds and its own acceptance, e.g. ``25%/0.55``."""
+    if not cell.lookup or cell.lookup_share is None:
+        return "-"
+    return f"{cell.lookup_share:.0%}/{_num(cell.lookup_acceptance, 2)}"
+
+
 def _positions(cell: Cell, shown: int = 4) -> str:
     values = [f"{v:.2f}" for v in cell.acceptance_per_position[:shown]]
     return " ".join(values) + (" ..." if len(cell.acceptance_per_position) > shown else "") if values else "-"
@@ -39,6 +46,7 @@ SPEED_COLUMNS: list[Column] = [
     ("effic.", lambda c: _num(c.efficiency, 2)),
     ("accept", lambda c: _num(c.acceptance_rate, 2)),
     ("MAL", lambda c: _num(c.mean_acceptance_length, 2)),
+    ("lookup", _lookup),
     ("per position", _positions),
     ("c", lambda c: _num(c.cost_ratio, 3)),
     ("V(K)", lambda c: _num(c.verify_cost, 2)),
@@ -93,7 +101,9 @@ def markdown(report: Any) -> str:
     lines += ["MAL = 1 + accepted / drafts (tokens per target step); per position = accepted at that position "
               "per draft; c = draft seconds per token and V(K) = target seconds per round, both over the K=0 target "
               "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "
-              "share = engine seconds / request seconds.", ""]
+              "share = engine seconds / request seconds; lookup = rounds drafted by prompt lookup / all rounds, then "
+              "prompt lookup's own acceptance (its accepted / drafted tokens; acceptance and MAL count both draft "
+              "sources).", ""]
     return "\n".join(lines)
 
 
@@ -110,23 +120,26 @@ def plots(cells: Sequence[Cell], out_dir: Path) -> list[Path]:
 
     written = []
     levels = sorted({c.concurrency for c in cells})
+    # One line per concurrency and prompt lookup setting (K=0 starts both), adaptive K left out.
+    series = [(f"concurrency {level}{', lookup' if lookup else ''}",
+               sorted((c for c in cells if c.concurrency == level and not c.adaptive
+                       and (c.lookup == lookup or not c.k)), key=lambda c: c.k))
+              for level in levels for lookup in sorted({c.lookup for c in cells})]
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    for level in levels:
-        row = sorted((c for c in cells if c.concurrency == level and not c.adaptive), key=lambda c: c.k)
-        axis.plot([c.k for c in row], [c.speedup or 0 for c in row], "o-", label=f"measured, concurrency {level}")
+    for name, row in series:
+        axis.plot([c.k for c in row], [c.speedup or 0 for c in row], "o-", label=f"measured, {name}")
         expected = [c for c in row if c.expected_speedup is not None]
-        axis.plot([c.k for c in expected], [c.expected_speedup for c in expected], "x--",
-                  label=f"expected, concurrency {level}")
+        axis.plot([c.k for c in expected], [c.expected_speedup for c in expected], "x--", label=f"expected, {name}")
     axis.axhline(1.0, color="grey", linewidth=0.8)
     axis.set(xlabel="K (draft tokens per round)", ylabel="speedup vs K=0", title="Speedup against K")
     axis.legend(fontsize="small")
     written.append(_save(figure, out_dir / "speedup.png"))
 
     figure, (rate_axis, position_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for level in levels:
-        row = sorted((c for c in cells if c.concurrency == level and c.k and not c.adaptive), key=lambda c: c.k)
-        rate_axis.plot([c.k for c in row], [c.acceptance_rate or 0 for c in row], "o-", label=f"concurrency {level}")
+    for name, row in series:
+        drafted = [c for c in row if c.k]
+        rate_axis.plot([c.k for c in drafted], [c.acceptance_rate or 0 for c in drafted], "o-", label=name)
     for cell in (c for c in cells if c.k and c.acceptance_per_position and c.concurrency == levels[0]):
         positions = range(1, len(cell.acceptance_per_position) + 1)
         position_axis.plot(list(positions), cell.acceptance_per_position, "o-", label=cell.label)

@@ -1,5 +1,5 @@
-"""The request side of ``specbuild bench``: a bounded sweep of streamed requests over (K, adaptive,
-concurrency) cells against a served ensemble on this machine, with the orchestrator's Prometheus counters
+"""The request side of ``specbuild bench``: a bounded sweep of streamed requests over (K, adaptive, prompt
+lookup, concurrency) cells against a served ensemble on this machine, with the orchestrator's Prometheus counters
 read before and after each cell. The math lives in :mod:`specbuild.bench`.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .bench import Cell, Counters, RequestTrace, chunk_tokens, compare, match_baseline, summarize
+from .bench import Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare, match_baseline, summarize
 from .contract import PREPROCESSING_MODEL
 from .errors import RequestError, ServerError, UsageError
 from .prompts import Prompt
@@ -39,6 +39,7 @@ class BenchPlan(BaseModel):
     ks: tuple[int, ...] = (0, 1, 2, 4)
     concurrencies: tuple[int, ...] = (1,)
     adaptive: tuple[bool, ...] = (False,)
+    lookup: tuple[bool, ...] = (False,)
     max_tokens: int = Field(64, ge=1)
     requests: int = Field(16, ge=1, description="requests per cell")
     max_seconds: float = Field(300.0, gt=0, description="per cell: no request starts after this")
@@ -60,10 +61,11 @@ class BenchPlan(BaseModel):
             raise ValueError("concurrency levels must be 1 or more")
         return tuple(sorted(set(levels)))
 
-    def cells(self) -> list[tuple[int, bool, int]]:
-        """(k, adaptive, concurrency) in run order; adaptive K means nothing at K=0."""
-        return [(k, adaptive, c) for c in self.concurrencies for k in self.ks
-                for adaptive in (sorted(set(self.adaptive)) if k else [False])]
+    def cells(self) -> list[CellKey]:
+        """(k, adaptive, lookup, concurrency) in run order; adaptive K and prompt lookup mean nothing at K=0."""
+        return [(k, adaptive, lookup, c) for c in self.concurrencies for k in self.ks
+                for adaptive in (sorted(set(self.adaptive)) if k else [False])
+                for lookup in (sorted(set(self.lookup)) if k else [False])]
 
 
 @dataclass
@@ -142,11 +144,13 @@ def chat_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
 
 
 # --- requests --------------------------------------------------------------------------------------------
-def _request(prompt: str, plan: BenchPlan, k: int, adaptive: bool, max_tokens: int | None = None) -> Any:
+def _request(prompt: str, plan: BenchPlan, k: int, adaptive: bool = False, lookup: bool = False,
+             max_tokens: int | None = None) -> Any:
     from .client import GenerationRequest
 
     return GenerationRequest(prompt, max_tokens or plan.max_tokens, stream=True, temperature=plan.temperature,
-                             num_draft_tokens=k, adaptive_draft=adaptive if k else None)
+                             num_draft_tokens=k, adaptive_draft=adaptive if k else None,
+                             prompt_lookup=lookup if k else None)
 
 
 def trace_request(client: Any, index: int, category: str, request: Any) -> RequestTrace:
@@ -165,10 +169,11 @@ def trace_request(client: Any, index: int, category: str, request: Any) -> Reque
     )
 
 
-def run_cell(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, k: int, adaptive: bool,
-             concurrency: int, on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
+def run_cell(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, key: CellKey,
+             on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
     """``plan.requests`` requests (prompts in turn), ``concurrency`` in flight, none started after
     ``plan.max_seconds``; returns the traces and the wall time."""
+    k, adaptive, lookup, concurrency = key
     lock = threading.Lock()
     issued = 0
     traces: list[RequestTrace] = []
@@ -183,7 +188,8 @@ def run_cell(client: Any, texts: Sequence[str], categories: Sequence[str], plan:
                     return
                 index = issued % len(texts)
                 issued += 1
-            trace = trace_request(client, index, categories[index], _request(texts[index], plan, k, adaptive))
+            trace = trace_request(client, index, categories[index],
+                                  _request(texts[index], plan, k, adaptive, lookup))
             with lock:
                 traces.append(trace)
             on_done()
@@ -217,7 +223,7 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
     categories = [p.category for p in prompts]
     if plan.warmup:  # load both engines and their first-call paths before anything is timed
         for k in {0, max(plan.ks)}:
-            trace = trace_request(client, 0, "warmup", _request(texts[0], plan, k, False, WARMUP_TOKENS))
+            trace = trace_request(client, 0, "warmup", _request(texts[0], plan, k, max_tokens=WARMUP_TOKENS))
             if trace.error:
                 raise ServerError(f"the warm-up request failed: {trace.error}",
                                   "check that the server at the given address serves a specbuild ensemble")
@@ -227,19 +233,19 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task("bench", total=len(runs) * plan.requests)
-        for k, adaptive, concurrency in runs:
-            label = f"K={k}{'+adaptive' if adaptive else ''} concurrency {concurrency}"
+        for key in runs:
+            k, adaptive, lookup, concurrency = key
+            label = f"{cell_label(k, adaptive, lookup)} concurrency {concurrency}"
             progress.update(task, description=label)
             before = read_counters(metrics_url) if metrics else None
-            traces, wall = run_cell(client, texts, categories, plan, k, adaptive, concurrency,
-                                    on_done=lambda: progress.advance(task))
+            traces, wall = run_cell(client, texts, categories, plan, key, on_done=lambda: progress.advance(task))
             after = read_counters(metrics_url) if metrics else None
             if traces and all(t.error for t in traces):
                 raise ServerError(f"every request failed at {label}: {traces[0].error}",
                                   "check the server log; lower K below the engine's max_draft_len")
             counters = after - before if after is not None and before is not None else None
-            cells.append(summarize(k, concurrency, adaptive, traces, wall, counters))
-            outputs[(k, adaptive, concurrency)] = {t.prompt_index: t.text for t in traces if t.error is None}
+            cells.append(summarize(k, concurrency, adaptive, traces, wall, counters, lookup=lookup))
+            outputs[key] = {t.prompt_index: t.text for t in traces if t.error is None}
     cells = compare(cells)
     if not plan.temperature:
         match_baseline(cells, outputs)

@@ -226,12 +226,14 @@ def serve(repository: str, runtime: str, host: str | None, http_port: int | None
 @click.option("--top-p", type=float, default=None)
 @click.option("--seed", type=int, default=None, help="reproducible sampling")
 @click.option("--num-draft-tokens", type=int, default=None, help="K for this request; 0 = target alone")
+@click.option("--prompt-lookup/--no-prompt-lookup", default=None,
+              help="draft from the request's own tokens first  [default: the server's]")
 @click.option("--stop", "stop_words", multiple=True, help="stop after this text (repeatable)")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True)
 @reports_errors
 def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, temperature: float | None,
              top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
-             stop_words: tuple[str, ...], timeout: float) -> None:
+             prompt_lookup: bool | None, stop_words: tuple[str, ...], timeout: float) -> None:
     """Send PROMPT (or - for stdin) to a served ensemble; text on stdout, figures on stderr."""
     from .client import GenerationRequest, SpecbuildClient
     from .errors import UsageError
@@ -241,7 +243,7 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, t
         raise UsageError("the prompt is empty", "pass the prompt as an argument, or pipe it in with -")
     request = GenerationRequest(text, max_tokens, stream=stream, temperature=temperature, top_k=top_k,
                                 top_p=top_p, seed=seed, num_draft_tokens=num_draft_tokens,
-                                stop_words=list(stop_words) or None)
+                                prompt_lookup=prompt_lookup, stop_words=list(stop_words) or None)
     generation = SpecbuildClient(url, model, timeout=timeout).run(
         request, on_chunk=lambda chunk: click.echo(chunk.text, nl=False))
     click.echo()
@@ -349,6 +351,7 @@ def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 ADAPTIVE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+LOOKUP_CHOICES = {"off": (False,), "on": (True,), "off,on": (False, True)}
 
 
 def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -396,6 +399,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
               help="concurrency levels, comma-separated")
 @click.option("--adaptive", type=click.Choice(list(ADAPTIVE_CHOICES)), default="off", show_default=True,
               help="adaptive K per request")
+@click.option("--lookup", type=click.Choice(list(LOOKUP_CHOICES)), default="off", show_default=True,
+              help="prompt lookup drafting (the draft model when lookup finds nothing); not at K=0")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None, help="default: greedy")
 @workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench_results", show_default=True,
@@ -404,7 +409,7 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 @click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
 @reports_errors
 def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None,
-          ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, temperature: float | None,
+          ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, temperature: float | None,
           prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None, max_tokens: int,
           requests: int, max_seconds: float, out_dir: str, plots: bool, json_mode: bool) -> None:
     """Measure speculative speedup per K and concurrency (streaming): latency percentiles, tokens/s,
@@ -417,6 +422,7 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
 
     try:
         plan = BenchPlan(ks=ks, concurrencies=concurrencies, adaptive=ADAPTIVE_CHOICES[adaptive],
+                         lookup=LOOKUP_CHOICES[lookup],
                          max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, temperature=temperature)
     except ValidationError as exc:
         raise UsageError(f"invalid bench options: {exc.errors()[0]['msg']}", "see specbuild bench --help") from None
