@@ -374,6 +374,38 @@ def test_metrics_endpoint_counts_what_the_responses_report(tiny_server, tiny_cli
                                                   if g.total_draft_tokens else 0.0)
 
 
+# --- 6b. prompt lookup ---------------------------------------------------------------------------------------
+REPEATING = "for i in range(10):\n    total += i\nfor i in range(10):\n    total += i\nfor i in range(10):\n"
+LOOKUP_COUNTERS = ("specbuild_prompt_lookup_drafts_total", "specbuild_prompt_lookup_draft_tokens_total",
+                   "specbuild_prompt_lookup_accepted_tokens_total")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_output_with_prompt_lookup_equals_the_target_alone(tiny_client, target_alone, stream):
+    for prompt in (REPEATING, *PROMPTS):
+        for k in (1, 3):
+            got = tiny_client.generate(prompt, MAX_TOKENS, num_draft_tokens=k, prompt_lookup=True, stream=stream)
+            assert got.text == target_alone(prompt, MAX_TOKENS).text, f"K={k}, prompt {prompt!r}"
+
+
+def test_prompt_lookup_counters_move_on_a_prompt_that_repeats_itself(tiny_server, tiny_client, target_alone):
+    before = metrics(tiny_server)
+    off = tiny_client.generate(REPEATING, MAX_TOKENS, num_draft_tokens=3, prompt_lookup=False)
+    middle = metrics(tiny_server)
+    assert all(delta(before, middle, name) == 0 for name in LOOKUP_COUNTERS)
+    on = [tiny_client.generate(REPEATING, MAX_TOKENS, num_draft_tokens=3, prompt_lookup=True),
+          tiny_client.generate(REPEATING, MAX_TOKENS, num_draft_tokens=2, prompt_lookup=True, temperature=0.8,
+                               seed=5)]  # sampled: lookup drafts carry point-mass logits to the target model
+    after = metrics(tiny_server)
+    assert on[0].text == off.text == target_alone(REPEATING, MAX_TOKENS).text
+    drafts, tokens, accepted = (delta(middle, after, name) for name in LOOKUP_COUNTERS)
+    assert 0 < drafts <= tokens and 0 <= accepted <= tokens
+    # the totals count both draft sources, so they hold at least lookup's share
+    assert delta(middle, after, "specbuild_spec_decode_num_draft_tokens_total") == \
+        sum(g.total_draft_tokens for g in on) >= tokens
+    assert delta(middle, after, "specbuild_spec_decode_num_accepted_tokens_total") >= accepted
+
+
 # --- 7. bad requests ----------------------------------------------------------------------------------------
 def good(**changes: np.ndarray) -> dict[str, np.ndarray]:
     inputs = {"text_input": text_array("def f():"), "max_tokens": scalars(4, np.int32)}
