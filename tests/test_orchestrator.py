@@ -40,12 +40,14 @@ def rendered_parameters(tmp_path: Path, runtime: str, **speculation: object) -> 
 def test_settings_read_the_rendered_prompt_lookup_parameters(orchestrator, tmp_path, runtime):
     settings = orchestrator.Settings.from_parameters(rendered_parameters(
         tmp_path, runtime, **{"prompt_lookup.enabled": True, "prompt_lookup.max_ngram": 3,
-                              "prompt_lookup.min_ngram": 1}))
+                              "prompt_lookup.min_ngram": 1, "prompt_lookup.draft_fallback": False}))
     assert settings.prompt_lookup is True
     assert settings.lookup == PromptLookup(max_ngram=3, min_ngram=1)
+    assert settings.lookup_draft_fallback is False
     assert settings.vocab_size == 320
     default = orchestrator.Settings.from_parameters(rendered_parameters(tmp_path, runtime))
     assert default.prompt_lookup is False and default.lookup == PromptLookup()
+    assert default.lookup_draft_fallback is True
 
 
 def test_settings_of_an_older_repository_default_to_lookup_off(orchestrator):
@@ -53,6 +55,7 @@ def test_settings_of_an_older_repository_default_to_lookup_off(orchestrator):
                                                       "use_draft_logits": "true", "max_input_len": "64",
                                                       "max_seq_len": "128"})
     assert settings.prompt_lookup is False and settings.vocab_size is None
+    assert settings.lookup_draft_fallback is True
 
 
 @pytest.mark.parametrize(("max_ngram", "min_ngram"), [("2", "3"), ("4", "0")])

@@ -121,6 +121,7 @@ def orchestrator_config(spec: BuildSpec, target: EngineInfo) -> mc.ModelConfig:
             "prompt_lookup": s.prompt_lookup.enabled,
             "lookup_max_ngram": s.prompt_lookup.max_ngram,
             "lookup_min_ngram": s.prompt_lookup.min_ngram,
+            "lookup_draft_fallback": s.prompt_lookup.draft_fallback,
             "vocab_size": target.vocab_size,  # width of lookup drafts' point-mass logits
             "max_input_len": spec.limits.max_input_len,
             "max_seq_len": spec.limits.max_seq_len,

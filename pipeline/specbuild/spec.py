@@ -41,11 +41,13 @@ class ModelSpec(_Strict):
 
 class PromptLookupSpec(_Strict):
     """Prompt lookup drafting: each round, propose what followed the last earlier occurrence of the context's
-    final n-gram (no model call); the draft model drafts when lookup finds nothing."""
+    final n-gram (no model call); the draft model drafts when lookup finds nothing (``draft_fallback``)."""
 
     enabled: bool = Field(False, description="requests look up their own tokens first (each may turn it off)")
     max_ngram: int = Field(4, ge=1, le=32, description="longest suffix n-gram looked up")
     min_ngram: int = Field(2, ge=1, le=32, description="shortest suffix n-gram looked up")
+    draft_fallback: bool = Field(True, description="the draft model drafts when lookup finds nothing; false: the "
+                                 "target alone then (for a draft whose cost exceeds what it brings)")
 
     @model_validator(mode="after")
     def _ngram_order(self) -> PromptLookupSpec:
@@ -275,6 +277,7 @@ speculation:
     enabled: false         # requests may turn it on or off (input prompt_lookup)
     max_ngram: 4           # look up the context's last 4 tokens, then 3, ... down to min_ngram
     min_ngram: 2
+    draft_fallback: true   # false: no draft-model call when lookup finds nothing (a weak draft costs more than it brings)
 limits:
   max_batch_size: 8
   max_input_len: 1024      # prompt tokens

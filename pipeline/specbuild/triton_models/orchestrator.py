@@ -51,6 +51,7 @@ class Settings:
     adaptive_draft: bool
     prompt_lookup: bool
     lookup: PromptLookup
+    lookup_draft_fallback: bool  # with lookup on: call the draft model when lookup finds nothing
     vocab_size: int | None
     max_input_len: int
     max_seq_len: int
@@ -66,6 +67,7 @@ class Settings:
             adaptive_draft=parameters.get("adaptive_draft", "false") == "true",
             prompt_lookup=parameters.get("prompt_lookup", "false") == "true",
             lookup=lookup_settings(parameters),
+            lookup_draft_fallback=parameters.get("lookup_draft_fallback", "true") == "true",
             vocab_size=int(parameters["vocab_size"]) if "vocab_size" in parameters else None,
             max_input_len=int(parameters["max_input_len"]),
             max_seq_len=int(parameters["max_seq_len"]),
@@ -317,6 +319,8 @@ class TritonPythonModel:
                        on_round: Any = None) -> None:
         """Run one row to the end (or until the client cancels), appending its tokens to ``collected``."""
         draft = self._draft if row.generation.num_draft_tokens > 0 else None
+        if row.generation.prompt_lookup is not None and not self.settings.lookup_draft_fallback:
+            draft = None  # lookup only: this release's draft costs more than it brings
         if draft is not None and time.monotonic() < self._draft_down_until:
             draft = None
             stats.fallbacks += 1
