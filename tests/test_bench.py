@@ -213,6 +213,20 @@ def test_compare_speedup_expectation_and_efficiency():
     assert spec.speedup is None  # the inputs are not modified
 
 
+def test_expectation_counts_rounds_that_draft_nothing():
+    """Lookup-only: 20 of 100 rounds drafted (2 tokens, 1.5 accepted each), 80 rounds make one token alone.
+    Tokens per round 1 + 30/100; cost per round: 80 one-token steps and 20 verifications of 1.25 steps."""
+    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
+    lookup = synthetic_cell(2, 23.0, Counters(rounds=100, drafts=20, draft_tokens=40, accepted=30,
+                                              target_seconds=(80 + 20 * 1.25) * STEP, lookup_drafts=20,
+                                              lookup_draft_tokens=40, lookup_accepted=30), lookup=True)
+    cell = compare([base, lookup])[1]
+    assert cell.tokens_per_round == pytest.approx(1.3)
+    assert cell.expected_speedup == pytest.approx(1.3 / 1.05)  # MAL / V(K) over drafted rounds would say 2.5 / 1.05
+    assert cell.expected_speedup_textbook == pytest.approx(1.3)
+    assert cell.efficiency == pytest.approx((23 / 20) / (1.3 / 1.05))
+
+
 def test_match_baseline_counts_identical_outputs():
     cells = [synthetic_cell(0, 10.0, None), synthetic_cell(2, 10.0, None)]
     cells.append(synthetic_cell(2, 10.0, None, lookup=True))

@@ -8,13 +8,15 @@ Definitions follow the field (see docs/benchmarks.md):
 * speedup = output tokens/s at K against K=0 at the same concurrency;
 * expected speedup = MAL / (K*c + V(K)), with c = draft cost per token and V(K) = cost of one verification
   call, both in target steps measured at K=0 (Leviathan et al. 2023 assume V = 1; a CPU does not give
-  that). MAL is what Leviathan's (1 - a^(K+1)) / (1 - a) predicts for a per-token acceptance ``a``;
+  that). Measured, it is computed over every round, drafted or not: (1 + accepted / rounds) / ((draft +
+  target seconds) / rounds / K=0 step), which is the same when every round drafts K tokens and stays
+  right when some rounds draft nothing (prompt lookup without a match, lookup-only releases). MAL is what Leviathan's (1 - a^(K+1)) / (1 - a) predicts for a per-token acceptance ``a``;
   :func:`per_token_acceptance` solves it back for ``a``;
 * efficiency = measured / expected: near 1, the draft (acceptance, cost) explains the speed; far below 1,
   time goes outside the engines (orchestration, streaming, queueing);
 * with prompt lookup, the totals count both draft sources; lookup share = rounds drafted by lookup / all
   rounds, lookup acceptance = its accepted / its drafted tokens. (The draft cost c then averages over both
-  sources, lookup's tokens costing nothing.)
+  sources, lookup's tokens costing nothing, and V(K) over all rounds, one-token rounds included.)
 """
 
 from __future__ import annotations
@@ -247,6 +249,8 @@ class Cell:
     draft_tokens_per_round: float | None = None  # the K really used (shorter at the end, or adaptive)
     draft_seconds_per_token: float | None = None
     target_seconds_per_round: float | None = None
+    draft_seconds_per_round: float | None = None  # over all rounds, drafted or not
+    tokens_per_round: float | None = None  # 1 + accepted / rounds, over all rounds
     engine_share: float | None = None  # engine seconds / request seconds
     lookup: bool = False  # prompt lookup on for this cell's requests
     lookup_share: float | None = None  # rounds drafted by prompt lookup / all rounds
@@ -306,6 +310,8 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.draft_tokens_per_round = _ratio(counters.draft_tokens, counters.drafts)
         cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.draft_tokens)
         cell.target_seconds_per_round = counters.target_seconds / counters.rounds
+        cell.draft_seconds_per_round = counters.draft_seconds / counters.rounds
+        cell.tokens_per_round = 1.0 + counters.accepted / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
         if lookup:
             cell.lookup_share = counters.lookup_drafts / counters.rounds
@@ -336,8 +342,14 @@ def compare(cells: Sequence[Cell]) -> list[Cell]:
             cell.cost_ratio = cell.draft_seconds_per_token / step
             cell.verify_cost = cell.target_seconds_per_round / step
             cell.per_token_acceptance = per_token_acceptance(cell.mean_acceptance_length, k)
-            cell.expected_speedup = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio, cell.verify_cost)
-            cell.expected_speedup_textbook = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio)
+            if cell.tokens_per_round is not None and cell.draft_seconds_per_round is not None:
+                draft_cost = cell.draft_seconds_per_round / step  # in target steps, per round
+                cell.expected_speedup = cell.tokens_per_round / (draft_cost + cell.verify_cost)
+                cell.expected_speedup_textbook = cell.tokens_per_round / (draft_cost + 1.0)
+            else:
+                cell.expected_speedup = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio,
+                                                         cell.verify_cost)
+                cell.expected_speedup_textbook = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio)
             cell.efficiency = _ratio(cell.speedup or 0.0, cell.expected_speedup)
         compared.append(cell)
     return compared
