@@ -249,7 +249,7 @@ class Cell:
     draft_tokens_per_round: float | None = None  # the K really used (shorter at the end, or adaptive)
     draft_seconds_per_token: float | None = None
     target_seconds_per_round: float | None = None
-    draft_seconds_per_round: float | None = None  # over all rounds, drafted or not
+    drafted_per_round: float | None = None  # draft tokens over all rounds, drafted or not
     tokens_per_round: float | None = None  # 1 + accepted / rounds, over all rounds
     engine_share: float | None = None  # engine seconds / request seconds
     lookup: bool = False  # prompt lookup on for this cell's requests
@@ -310,7 +310,7 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.draft_tokens_per_round = _ratio(counters.draft_tokens, counters.drafts)
         cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.draft_tokens)
         cell.target_seconds_per_round = counters.target_seconds / counters.rounds
-        cell.draft_seconds_per_round = counters.draft_seconds / counters.rounds
+        cell.drafted_per_round = counters.draft_tokens / counters.rounds
         cell.tokens_per_round = 1.0 + counters.accepted / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
         if lookup:
@@ -342,14 +342,10 @@ def compare(cells: Sequence[Cell]) -> list[Cell]:
             cell.cost_ratio = cell.draft_seconds_per_token / step
             cell.verify_cost = cell.target_seconds_per_round / step
             cell.per_token_acceptance = per_token_acceptance(cell.mean_acceptance_length, k)
-            if cell.tokens_per_round is not None and cell.draft_seconds_per_round is not None:
-                draft_cost = cell.draft_seconds_per_round / step  # in target steps, per round
-                cell.expected_speedup = cell.tokens_per_round / (draft_cost + cell.verify_cost)
-                cell.expected_speedup_textbook = cell.tokens_per_round / (draft_cost + 1.0)
-            else:
-                cell.expected_speedup = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio,
-                                                         cell.verify_cost)
-                cell.expected_speedup_textbook = expected_speedup(cell.mean_acceptance_length, k, cell.cost_ratio)
+            # Over every round (see the module docstring): MAL and K per drafted round would overstate it.
+            tokens, drafted = cell.tokens_per_round or 1.0, cell.drafted_per_round or 0.0
+            cell.expected_speedup = expected_speedup(tokens, drafted, cell.cost_ratio, cell.verify_cost)
+            cell.expected_speedup_textbook = expected_speedup(tokens, drafted, cell.cost_ratio)
             cell.efficiency = _ratio(cell.speedup or 0.0, cell.expected_speedup)
         compared.append(cell)
     return compared
