@@ -231,7 +231,7 @@ def _load_or_make_data(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
         return DistillData(**tensors, held_out=options.held_out, figures=figures)
     started = time.monotonic()
     prompts = _encode_prompts(tokenizer, options)
-    teacher = copy.deepcopy(target).to(dtype)
+    teacher = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)  # fp32 needs no copy
     sequences = target_answers(teacher, tokenizer, prompts, options, deadline, progress)
     if len(sequences) <= options.held_out:
         raise UsageError(f"the data budget produced only {len(sequences)} answers, fewer than the {options.held_out} "
