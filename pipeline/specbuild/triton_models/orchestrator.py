@@ -13,8 +13,7 @@ counters count what it drafted and what of that was accepted.
 
 Parameters: ``max_draft_len``, ``num_draft_tokens`` (default K), ``use_draft_logits``, ``adaptive_draft``,
 ``prompt_lookup`` (default for requests), ``lookup_max_ngram``, ``lookup_min_ngram``, ``lookup_draft_fallback``,
-``max_input_len``,
-``max_seq_len``, ``vocab_size`` (the target's), ``target_model``, ``draft_model``.
+``max_input_len``, ``max_seq_len``, ``vocab_size`` (the target's), ``target_model``, ``draft_model``.
 """
 
 from __future__ import annotations
