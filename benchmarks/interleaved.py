@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from specbuild.bench_runner import chat_prompts
-from specbuild.client import GenerationRequest, SpecbuildClient
-from specbuild.prompts import load_prompts
-from specbuild.server import TritonServer
+from specbuild.bench.runner import chat_prompts
+from specbuild.serve.client import GenerationRequest, SpecbuildClient
+from specbuild.bench.prompts import load_prompts
+from specbuild.serve.server import TritonServer
 
 
 def parse_setting(text: str) -> tuple[int, bool]:

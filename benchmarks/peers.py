@@ -4,7 +4,7 @@ Runs, prompt by prompt and in turn (each warmed up first):
 
 1. the target alone: Hugging Face ``generate``;
 2. Hugging Face assisted generation (``assistant_model=``, K fixed: constant schedule, no confidence cut);
-3. specbuild's in-process speculator (:class:`specbuild.inprocess.InProcessSpeculator`);
+3. specbuild's in-process speculator (:class:`specbuild.speculation.inprocess.InProcessSpeculator`);
 4. the specbuild server (Triton, the release's ensemble), at K and at K=0;
 
 and prints each one's output tokens/s, its ratio to the target alone, and whether its outputs equal the
@@ -96,8 +96,8 @@ def hf_runs(target_dir: Path, draft_dir: Path, prompt_ids: list[list[int]], k: i
 
 def inprocess_run(target_dir: Path, draft_dir: Path, prompt_ids: list[list[int]], k: int, max_tokens: int,
                   eos: int) -> PeerRun:
-    from specbuild.decoding import GenerationRequest
-    from specbuild.inprocess import InProcessSpeculator
+    from specbuild.speculation.loop import GenerationRequest
+    from specbuild.speculation.inprocess import InProcessSpeculator
 
     speculator = InProcessSpeculator.from_checkpoints(target_dir, draft_dir, max_draft_len=max(k, 1))
 
@@ -110,7 +110,7 @@ def inprocess_run(target_dir: Path, draft_dir: Path, prompt_ids: list[list[int]]
 
 
 def server_runs(server: Any, texts: list[str], k: int, max_tokens: int) -> list[PeerRun]:
-    from specbuild.client import SpecbuildClient
+    from specbuild.serve.client import SpecbuildClient
 
     client = SpecbuildClient(server.grpc_url)
 
@@ -126,7 +126,7 @@ def server_runs(server: Any, texts: list[str], k: int, max_tokens: int) -> list[
 
 def compile_pair(target: Path, draft: Path, workdir: Path, max_draft_len: int) -> Path:
     """The pair's release with the torch runtime (steps already done are skipped)."""
-    from specbuild import pipeline
+    from specbuild import compiler
     from specbuild.spec import load_spec
 
     spec = load_spec(None, {
@@ -134,7 +134,7 @@ def compile_pair(target: Path, draft: Path, workdir: Path, max_draft_len: int) -
         "speculation.max_draft_len": max_draft_len, "outputs.build_dir": str(workdir / "build"),
         "outputs.engines_dir": str(workdir / "engines"), "outputs.repository_dir": str(workdir / "triton_repo"),
     })
-    return pipeline.run(spec, console=console).repository
+    return compiler.run(spec, console=console).repository
 
 
 def table(runs: list[PeerRun]) -> Table:
@@ -166,8 +166,8 @@ def main(target: Path, draft: Path, repository: Path | None, workdir: Path, k: i
     """Target alone, HF assisted generation, specbuild in process and the specbuild server, side by side."""
     from transformers import AutoTokenizer
 
-    from specbuild.bench_runner import chat_prompts
-    from specbuild.prompts import load_prompts
+    from specbuild.bench.runner import chat_prompts
+    from specbuild.bench.prompts import load_prompts
 
     prompts = load_prompts(limit=num_prompts)
     texts = chat_prompts(target, prompts)
@@ -179,7 +179,7 @@ def main(target: Path, draft: Path, repository: Path | None, workdir: Path, k: i
         runs = hf_runs(target, draft, prompt_ids, k, max_tokens, eos)
         runs.append(inprocess_run(target, draft, prompt_ids, k, max_tokens, eos))
         if not no_server:
-            from specbuild.server import TritonServer
+            from specbuild.serve.server import TritonServer
 
             release = repository or compile_pair(target, draft, workdir, max(k, 8))
             server = stack.enter_context(TritonServer(release, startup_timeout=300))

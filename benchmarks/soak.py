@@ -28,11 +28,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.bench import percentiles
-from specbuild.bench_runner import read_counters
-from specbuild.client import GenerationRequest, SpecbuildClient
+from specbuild.bench.metrics import percentiles
+from specbuild.bench.runner import read_counters
+from specbuild.serve.client import GenerationRequest, SpecbuildClient
 from specbuild.errors import RequestError, ServerError
-from specbuild.server import TritonServer
+from specbuild.serve.server import TritonServer
 
 MIB = 2**20
 # Growth allowed from the first memory sample to the last: allocator arenas and the engines' bounded prefix

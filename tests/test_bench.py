@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.bench import (Cell, Counters, RequestTrace, chunk_tokens, compare, expected_speedup,
+from specbuild.bench.metrics import (Cell, Counters, RequestTrace, chunk_tokens, compare, expected_speedup,
                              leviathan_tokens_per_step, match_baseline, per_token_acceptance, percentiles, summarize)
-from specbuild.bench_runner import BenchPlan, require_loopback
+from specbuild.bench.runner import BenchPlan, require_loopback
 from specbuild.errors import UsageError
-from specbuild.prompts import CATEGORIES, interleave, load_prompts, parse_jsonl
+from specbuild.bench.prompts import CATEGORIES, interleave, load_prompts, parse_jsonl
 
 
 # --- prompts ---------------------------------------------------------------------------------------------
@@ -260,8 +260,8 @@ def test_other_addresses_are_refused(url):
 
 # --- reports ---------------------------------------------------------------------------------------------
 def test_reports_are_written(tmp_path: Path):
-    from specbuild.bench_report import markdown, tables, write_outputs
-    from specbuild.bench_runner import BenchReport
+    from specbuild.bench.report import markdown, tables, write_outputs
+    from specbuild.bench.runner import BenchReport
 
     base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=5.0))
     spec = synthetic_cell(2, 26.0, Counters(rounds=50, drafts=50, draft_tokens=100, accepted=50, draft_seconds=0.5,
@@ -295,14 +295,14 @@ def test_wheel_ships_the_bundled_prompts(tmp_path: Path):
     hatchling = pytest.importorskip("hatchling.builders.wheel")
     root = Path(__file__).resolve().parents[1]
     wheel = next(iter(hatchling.WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])))
-    assert "specbuild/prompts/bundled.jsonl" in zipfile.ZipFile(wheel).namelist()
+    assert "specbuild/bench/bundled_prompts.jsonl" in zipfile.ZipFile(wheel).namelist()
 
 
 # --- end to end (slow): a real Triton server on the tiny pair ----------------------------------------------
 @pytest.fixture(scope="module")
 def bench_release(tiny_pair, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny pair compiled with the torch runtime; returns its spec file (the repository is in its folder)."""
-    from specbuild import pipeline
+    from specbuild import compiler
     from specbuild.spec import load_spec
 
     root = tmp_path_factory.mktemp("tiny_release")
@@ -312,7 +312,7 @@ def bench_release(tiny_pair, tmp_path_factory: pytest.TempPathFactory) -> Path:
                             "outputs.repository_dir": "triton_repo"}, base_dir=root)
     spec_file = root / "specbuild.yaml"
     spec_file.write_text(spec.to_yaml(), encoding="utf-8")
-    pipeline.run(spec)
+    compiler.run(spec)
     return spec_file
 
 
@@ -397,7 +397,7 @@ def test_bench_command_refuses_bad_options_without_a_traceback(args, message):
 
 
 def test_acceptance_per_position_divides_by_drafts_at_that_position():
-    from specbuild.bench import acceptance_per_position
+    from specbuild.bench.metrics import acceptance_per_position
 
     # Adaptive K: 10 rounds drafted position 0, only 4 reached position 2.
     counters = Counters(drafts=10, accepted_per_position=(8.0, 5.0, 2.0), drafted_per_position=(10.0, 8.0, 4.0))

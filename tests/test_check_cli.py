@@ -9,7 +9,7 @@ import pytest
 from checkpoint_factory import Checkpoints, checkpoints, copy_checkpoint, edit_json  # noqa: F401
 from click.testing import CliRunner, Result
 
-from specbuild.check import check, render_check
+from specbuild.check.report import check, render_check
 from specbuild.cli import main
 
 

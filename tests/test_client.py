@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.client import (
+from specbuild.serve.client import (
     Chunk,
     Generation,
     GenerationRequest,
@@ -26,7 +26,7 @@ from specbuild.client import (
     parse_sse,
 )
 from specbuild.errors import RequestError, ServerError
-from specbuild.server import TritonServer, free_port
+from specbuild.serve.server import TritonServer, free_port
 
 TOY = Path(__file__).parent / "data" / "toy_triton"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from checkpoint_factory import MAX_POSITIONS, PADDED_VOCAB, VOCAB, Checkpoints, checkpoints  # noqa: F401
 
-from specbuild.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, PairParams, check_pair
+from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
+from specbuild.check.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, PairParams, check_pair
 from specbuild.spec import BuildSpec, ModelSpec
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
-from specbuild.decoding import GenerationRequest, Round, SpeculationStats, next_draft_length, speculate
-from specbuild.inprocess import Generated, InProcessSpeculator
-from specbuild.lookup import PromptLookup, point_mass_logits
-from specbuild.speculative import SamplingParams
-from specbuild.torch_engine import EngineOutput, EngineRequest, TorchEngine
+from specbuild.speculation.loop import GenerationRequest, Round, SpeculationStats, next_draft_length, speculate
+from specbuild.speculation.inprocess import Generated, InProcessSpeculator
+from specbuild.speculation.lookup import PromptLookup, point_mass_logits
+from specbuild.speculation.rules import SamplingParams
+from specbuild.speculation.torch_engine import EngineOutput, EngineRequest, TorchEngine
 
 MAX_DRAFT_LEN = 8
 PROMPTS = [[random.Random(seed).randrange(VOCAB) for _ in range(1 + seed % 9)] for seed in range(12)]

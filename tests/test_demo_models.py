@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specbuild import demo_models  # noqa: E402
+from specbuild.drafts import demo_models
 from specbuild.errors import CheckpointError  # noqa: E402
-from specbuild.model_pairs import acceptance_by_k, draft_matches, greedy_continuations  # noqa: E402
+from specbuild.drafts.model_pairs import acceptance_by_k, draft_matches, greedy_continuations  # noqa: E402
 
 
 def test_missing_wheel_is_a_checkpoint_error_with_the_install_command(monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild.launch import launch_plan
+from specbuild.serve.launch import launch_plan
 from specbuild.spec import DEFAULT_TRITON_IMAGE, BuildSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""specbuild draft: a distilled draft for a target (specbuild.draft, specbuild.draft_prompts, the CLI command).
+"""specbuild draft: a distilled draft for a target (specbuild.drafts.distill, specbuild.drafts.prompts, the CLI command).
 
 The command runs on the tiny pair with a handful of prompts and steps: fast, and real (no mocks).
 """
@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.draft import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, DraftOptions, compute_dtype, label,
+from specbuild.drafts.distill import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, DraftOptions, compute_dtype, label,
                              learning_rate, spread_layers, state_dir, student_from_target)
-from specbuild.draft_prompts import distillation_prompts
+from specbuild.drafts.prompts import distillation_prompts
 from specbuild.errors import UsageError
 
 SMALL = ["--prompts", "6", "--held-out", "2", "--max-new-tokens", "8", "--minutes", "5"]
@@ -156,7 +156,7 @@ def test_learning_rate_warms_up_then_decays():
 
 
 def test_distillation_prompts_are_seeded_distinct_and_exclude_the_benchmark():
-    from specbuild.prompts import load_prompts
+    from specbuild.bench.prompts import load_prompts
 
     benchmark = frozenset(prompt.prompt for prompt in load_prompts())
     prompts = distillation_prompts(500, seed=3, exclude=benchmark)
@@ -169,7 +169,7 @@ def test_distillation_prompts_are_seeded_distinct_and_exclude_the_benchmark():
 
 
 def test_in_process_comparison_is_exact_at_every_k(tiny_pair):
-    from specbuild.draft_eval import compare_in_process
+    from specbuild.drafts.evaluate import compare_in_process
 
     report = compare_in_process(tiny_pair.target_dir, tiny_pair.draft_dir, (2, 1), prompts=2, max_tokens=8)
     assert [row["k"] for row in report["rows"]] == [0, 1, 2]

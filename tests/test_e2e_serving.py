@@ -2,7 +2,7 @@
 
 One server (the session's ``tiny_server``) answers every test but the draft-fallback one, which starts its
 own with explicit model control so that it can unload the draft. References come from the same engine
-weights run in process (:class:`~specbuild.inprocess.InProcessSpeculator`, target alone), so "exact" means
+weights run in process (:class:`~specbuild.speculation.inprocess.InProcessSpeculator`, target alone), so "exact" means
 token-identical to the target alone, whatever K, streaming, batching or concurrency.
 """
 
@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from served_tiny import grpc_inputs
-from specbuild.client import GenerationRequest, SpecbuildClient, parse_sse
-from specbuild.contract import ENSEMBLE_MODEL, ORCHESTRATOR_MODEL
-from specbuild.decoding import GenerationRequest as TokenRequest
-from specbuild.server import TritonServer
-from specbuild.speculative import SamplingParams, probabilities
+from specbuild.serve.client import GenerationRequest, SpecbuildClient, parse_sse
+from specbuild.package.contract import ENSEMBLE_MODEL, ORCHESTRATOR_MODEL
+from specbuild.speculation.loop import GenerationRequest as TokenRequest
+from specbuild.serve.server import TritonServer
+from specbuild.speculation.rules import SamplingParams, probabilities
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -53,7 +53,7 @@ def tokenizer(tiny_release):
 def target_alone(tiny_release, tokenizer) -> Callable[..., Reference]:
     """The target alone, in process: ``target_alone(prompt, max_tokens, bad_words=(), seed=None)``. Greedy;
     with a seed, sampled at temperature 1 one token per round, as the server runs a streamed K=0 request."""
-    from specbuild.inprocess import InProcessSpeculator
+    from specbuild.speculation.inprocess import InProcessSpeculator
 
     speculator = InProcessSpeculator.from_checkpoints(tiny_release.engines / "target", None)
 

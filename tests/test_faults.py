@@ -29,10 +29,10 @@ from served_tiny import (  # noqa: F401  (fixtures)
 )
 
 from specbuild.cli import main
-from specbuild.client import Generation, GenerationRequest, SpecbuildClient
+from specbuild.serve.client import Generation, GenerationRequest, SpecbuildClient
 from specbuild.errors import StageError
-from specbuild.manifest import verify
-from specbuild.server import free_port
+from specbuild.package.manifest import verify
+from specbuild.serve.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -124,11 +124,11 @@ def _after_writing(path_name: str, fault: Callable[..., None]) -> Callable[..., 
 
 FAULTS = {
     # step: (what to patch, replacement)
-    "check": ("specbuild.check.check", _interrupt),
-    "convert": ("specbuild.runtimes.torch_runtime.copy_tokenizer", _disk_full),
+    "check": ("specbuild.check.report.check", _interrupt),
+    "convert": ("specbuild.build.runtimes.torch.copy_tokenizer", _disk_full),
     "build": ("pathlib.Path.write_text", _after_writing("build_info.json", _disk_full)),
-    "package": ("specbuild.repository.validate_repository", _interrupt),
-    "manifest": ("specbuild.manifest.atomic_write_text", _disk_full),
+    "package": ("specbuild.package.repository.validate_repository", _interrupt),
+    "manifest": ("specbuild.package.manifest.atomic_write_text", _disk_full),
 }
 OUTPUTS = {"check": "build/check", "convert": "build/torch", "build": "engines", "package": "triton_repo"}
 STEPS = list(FAULTS)
@@ -166,7 +166,7 @@ def test_sigint_during_build_exits_130_without_traceback_and_a_rerun_resumes(che
             *(f"--set=outputs.{key}={tmp_path / folder}" for key, folder in
               (("build_dir", "build"), ("engines_dir", "engines"), ("repository_dir", "triton_repo"))),
             "--set=limits.max_input_len=64", "--set=limits.max_seq_len=192"]
-    script = (f"import pathlib, sys, time\nimport specbuild.runtimes.torch_runtime as runtime\n"
+    script = (f"import pathlib, sys, time\nimport specbuild.build.runtimes.torch as runtime\n"
               f"runtime.build = lambda *a, **k: (pathlib.Path({str(marker)!r}).touch(), time.sleep(300))\n"
               f"from specbuild.cli import main\nsys.argv = ['specbuild', *{args!r}]\nmain()\n")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -193,7 +193,7 @@ def test_sigint_during_build_exits_130_without_traceback_and_a_rerun_resumes(che
 def test_interrupted_rebuild_keeps_the_previous_release_whole(checkpoints, tmp_path, monkeypatch):
     first = compile_release(checkpoints, tmp_path)
     with monkeypatch.context() as patch:
-        patch.setattr("specbuild.repository.validate_repository", _interrupt)
+        patch.setattr("specbuild.package.repository.validate_repository", _interrupt)
         with pytest.raises(KeyboardInterrupt):
             compile_release(checkpoints, tmp_path, **{"speculation.num_draft_tokens": 2})  # package must re-run
     assert verify(first.repository).ok and _scratch_left(tmp_path) == []

@@ -10,10 +10,10 @@ import yaml
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.contract import ENSEMBLE_MODEL
+from specbuild.package.contract import ENSEMBLE_MODEL
 from specbuild.errors import SpecError, UsageError
-from specbuild.k8s import DeployOptions, k8s_name, manifests, to_yaml, write_manifests
-from specbuild.launch import launch_plan
+from specbuild.serve.k8s import DeployOptions, k8s_name, manifests, to_yaml, write_manifests
+from specbuild.serve.launch import launch_plan
 from specbuild.spec import BuildSpec
 
 K8S_VERSION = "1.33"  # pinned: the schemas shipped with kubernetes-validate

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from specbuild.errors import SpecError, UsageError
-from specbuild.launch import (
+from specbuild.serve.launch import (
     TRITONSERVER,
     check_engine_parameters,
     device_assignment,

@@ -1,4 +1,4 @@
-"""Prompt lookup (``specbuild.lookup``): worked examples, properties against a brute-force reference, and
+"""Prompt lookup (``specbuild.speculation.lookup``): worked examples, properties against a brute-force reference, and
 the point-mass draft logits that keep rejection sampling exact."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specbuild.lookup import PromptLookup, point_mass_logits, propose
-from specbuild.speculative import SamplingParams, probabilities
+from specbuild.speculation.lookup import PromptLookup, point_mass_logits, propose
+from specbuild.speculation.rules import SamplingParams, probabilities
 
 DETERMINISTIC = settings(derandomize=True, deadline=None, max_examples=300)
 

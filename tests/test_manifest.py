@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from specbuild.cli import main
 from specbuild.errors import UsageError, VerificationError
-from specbuild.manifest import MANIFEST_FORMAT, checkpoint_identity, toolchain, verify, write_manifest
+from specbuild.package.manifest import MANIFEST_FORMAT, checkpoint_identity, toolchain, verify, write_manifest
 from specbuild.spec import load_spec
-from specbuild.stages import StageResult
+from specbuild.build.stages import StageResult
 
 TOOLCHAIN = {"python": "3.11", "packages": {"specbuild": "0.1.0"}, "gpus": []}
 
@@ -179,7 +179,7 @@ def test_cli_verify_without_manifest_exits_2(tmp_path: Path) -> None:
 
 def test_compile_flow_rewrites_manifest_without_rerunning_package(tmp_path: Path) -> None:
     """The flow compile uses: stages with manifest.json excluded from the package output, then the manifest."""
-    from specbuild.stages import Stage, StageRunner
+    from specbuild.build.stages import Stage, StageRunner
 
     def build(out: Path) -> None:
         (out / "target").mkdir()

@@ -7,9 +7,9 @@ import math
 import pytest
 from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401
 
-from specbuild.checkpoints import CheckpointInfo, TokenizerInfo, WeightsInfo, read_checkpoint
+from specbuild.check.checkpoints import CheckpointInfo, TokenizerInfo, WeightsInfo, read_checkpoint
 from specbuild.errors import IncompatibleError
-from specbuild.memory_plan import GIB, engine_dtype, plan_memory
+from specbuild.check.memory_plan import GIB, engine_dtype, plan_memory
 from specbuild.spec import BuildSpec
 
 LLAMA_VOCAB = 128256

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specbuild.errors import UsageError
-from specbuild.model_pairs import (CHECKPOINT_FILES, STAMP_FILE, acceptance_by_k, acceptance_rate, cached_pair,
+from specbuild.drafts.model_pairs import (CHECKPOINT_FILES, STAMP_FILE, acceptance_by_k, acceptance_rate, cached_pair,
                                    expected_speedup, load_pair)
 
 

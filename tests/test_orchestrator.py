@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from specbuild.errors import SpecError
-from specbuild.lookup import PromptLookup
-from specbuild.repository import EngineInfo, orchestrator_config
+from specbuild.speculation.lookup import PromptLookup
+from specbuild.package.repository import EngineInfo, orchestrator_config
 from specbuild.spec import load_spec
 
 
@@ -21,8 +21,8 @@ def orchestrator(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     utils = types.ModuleType("triton_python_backend_utils")
     utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", utils)
-    monkeypatch.delitem(sys.modules, "specbuild.triton_models.orchestrator", raising=False)
-    import specbuild.triton_models.orchestrator as module
+    monkeypatch.delitem(sys.modules, "specbuild.serve.triton_models.orchestrator", raising=False)
+    import specbuild.serve.triton_models.orchestrator as module
 
     return module
 

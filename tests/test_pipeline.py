@@ -9,10 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401 - session fixture
-from specbuild import manifest, pipeline
+from specbuild.package import manifest
+from specbuild import compiler
 from specbuild.cli import main
 from specbuild.errors import StageError
-from specbuild.runtimes import torch_runtime
+from specbuild.build.runtimes import torch as torch_runtime
 from specbuild.spec import BuildSpec, load_spec
 
 
@@ -32,12 +33,12 @@ def spec(tmp_path: Path, checkpoints: Checkpoints) -> BuildSpec:  # noqa: F811
     return make_spec(tmp_path, checkpoints.target, checkpoints.draft)
 
 
-def statuses(result: pipeline.CompileResult) -> dict[str, str]:
+def statuses(result: compiler.CompileResult) -> dict[str, str]:
     return {step.name: step.status for step in result.steps}
 
 
 def test_compile_writes_a_verified_release(spec: BuildSpec, tmp_path: Path) -> None:
-    result = pipeline.run(spec, json_mode=True)
+    result = compiler.run(spec, json_mode=True)
     assert set(statuses(result).values()) == {"ok"}
     assert result.manifest == tmp_path / "triton_repo" / "manifest.json"
     assert manifest.verify(result.repository).ok
@@ -52,13 +53,13 @@ def test_compile_writes_a_verified_release(spec: BuildSpec, tmp_path: Path) -> N
 
 
 def test_unchanged_inputs_skip_and_a_changed_k_only_repackages(spec: BuildSpec, tmp_path: Path) -> None:
-    pipeline.run(spec, json_mode=True)
-    again = pipeline.run(spec, json_mode=True)
+    compiler.run(spec, json_mode=True)
+    again = compiler.run(spec, json_mode=True)
     assert set(statuses(again).values()) == {"skipped"}
     assert again.check["kv_fractions"]  # a skipped check still hands its findings to later steps
     changed = make_spec(tmp_path, Path(spec.target.checkpoint), Path(spec.draft.checkpoint),
                         **{"speculation.num_draft_tokens": 2})
-    result = pipeline.run(changed, json_mode=True)
+    result = compiler.run(changed, json_mode=True)
     assert statuses(result) == {"check": "skipped", "convert": "skipped", "build": "skipped", "package": "ok"}
     assert 'key: "num_draft_tokens"\n  value {\n    string_value: "2"' in \
         (tmp_path / "triton_repo" / "orchestrator" / "config.pbtxt").read_text()
@@ -68,7 +69,7 @@ def test_unchanged_inputs_skip_and_a_changed_k_only_repackages(spec: BuildSpec, 
 def test_an_incompatible_pair_stops_at_check(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
     spec = make_spec(tmp_path, checkpoints.target, checkpoints.other_tokenizer)
     with pytest.raises(StageError) as error:
-        pipeline.run(spec, json_mode=True)
+        compiler.run(spec, json_mode=True)
     assert error.value.stage == "check" and error.value.exit_code == 10
     assert "tokenizer" in str(error.value)
     assert not (tmp_path / "engines").exists() and not (tmp_path / "triton_repo").exists()
@@ -85,11 +86,11 @@ def test_an_interrupted_build_leaves_no_partial_output(spec: BuildSpec, tmp_path
 
     monkeypatch.setattr(torch_runtime, "build", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run(spec, json_mode=True)
+        compiler.run(spec, json_mode=True)
     assert not (tmp_path / "engines").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".engines")]
     monkeypatch.setattr(torch_runtime, "build", real_build)
-    result = pipeline.run(spec, json_mode=True)
+    result = compiler.run(spec, json_mode=True)
     assert statuses(result)["convert"] == "skipped" and statuses(result)["build"] == "ok"
     assert manifest.verify(result.repository).ok
 
@@ -97,7 +98,7 @@ def test_an_interrupted_build_leaves_no_partial_output(spec: BuildSpec, tmp_path
 def test_pickle_only_checkpoints_are_refused(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
     spec = make_spec(tmp_path, checkpoints.target, checkpoints.pickle_only)
     with pytest.raises(StageError, match="allow_pickle|allow-pickle"):
-        pipeline.run(spec, json_mode=True)
+        compiler.run(spec, json_mode=True)
 
 
 def test_tensorrt_llm_dry_run_prints_the_plan_per_rank(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811

@@ -12,8 +12,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401 - session fixture
-from specbuild import contract, pipeline
-from specbuild.repository import EngineInfo, read_config, render_repository, validate_repository
+from specbuild.package import contract
+from specbuild import compiler
+from specbuild.package.repository import EngineInfo, read_config, render_repository, validate_repository
 from specbuild.spec import load_spec
 from test_pipeline import make_spec
 
@@ -21,7 +22,7 @@ from test_pipeline import make_spec
 @pytest.fixture(scope="module")
 def torch_release(tmp_path_factory: pytest.TempPathFactory, checkpoints: Checkpoints) -> Path:  # noqa: F811
     root = tmp_path_factory.mktemp("torch_release")
-    return pipeline.run(make_spec(root, checkpoints.target, checkpoints.draft), json_mode=True).repository
+    return compiler.run(make_spec(root, checkpoints.target, checkpoints.draft), json_mode=True).repository
 
 
 def test_every_config_parses_and_cross_checks(torch_release: Path) -> None:
@@ -125,7 +126,7 @@ def test_a_tensorrt_llm_release_renders_backend_configs(tmp_path: Path, checkpoi
         engines[role] = EngineInfo.read(folder, role)
     repo = tmp_path / "triton_repo"
     repo.mkdir()
-    factory = pipeline.tensorrt_llm_engine_configs(spec, {"target": 0.7, "draft": 0.2},
+    factory = compiler.tensorrt_llm_engine_configs(spec, {"target": 0.7, "draft": 0.2},
                                                    {"target": 16448, "draft": 16384})
     render_repository(spec, engines["target"], engines["draft"], checkpoints.target, repo, engine_config=factory)
     assert validate_repository(repo) == []

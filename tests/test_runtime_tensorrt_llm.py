@@ -13,9 +13,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from specbuild import contract
+from specbuild.package import contract
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
-from specbuild.runtimes import tensorrt_llm as trt
+from specbuild.build.runtimes import tensorrt_llm as trt
 from specbuild.spec import BuildSpec
 
 HAS_TENSORRT_LLM = importlib.util.find_spec("tensorrt_llm") is not None

@@ -18,12 +18,12 @@ import pytest
 from click.testing import CliRunner
 from served_tiny import checkpoints, compile_release  # noqa: F401
 
-from specbuild.checkpoints import read_checkpoint
+from specbuild.check.checkpoints import read_checkpoint
 from specbuild.cli import main
-from specbuild.client import SpecbuildClient
+from specbuild.serve.client import SpecbuildClient
 from specbuild.errors import CheckpointError, StageError, UsageError
-from specbuild.manifest import verify
-from specbuild.server import TritonServer
+from specbuild.package.manifest import verify
+from specbuild.serve.server import TritonServer
 
 SECRETS = {"HF_TOKEN": "hf_specbuildSECRETtoken1234", "AWS_SECRET_ACCESS_KEY": "awsSECRETkey5678",
            "TRITON_API_KEY": "tritonSECRETkey9012"}
@@ -120,8 +120,8 @@ def engine_model(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """The torch engine model's module, importable outside Triton: only the backend's utils are stood in for
     (the function under test does not use them)."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    monkeypatch.delitem(sys.modules, "specbuild.triton_models.torch_engine_model", raising=False)
-    import specbuild.triton_models.torch_engine_model as module
+    monkeypatch.delitem(sys.modules, "specbuild.serve.triton_models.torch_engine_model", raising=False)
+    import specbuild.serve.triton_models.torch_engine_model as module
 
     return module
 

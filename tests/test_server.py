@@ -20,9 +20,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from specbuild.cli import main
-from specbuild.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
+from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from specbuild.errors import ServerError, UsageError
-from specbuild.server import SHM_DIR, TritonServer, find_triton, free_port, log_errors
+from specbuild.serve.server import SHM_DIR, TritonServer, find_triton, free_port, log_errors
 
 TOY = Path(__file__).parent / "data" / "toy_triton"
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from random_llama import tiny  # noqa: F401 - the tiny model pair fixture
-from specbuild.lookup import point_mass_logits
-from specbuild.speculative import (
+from specbuild.speculation.lookup import point_mass_logits
+from specbuild.speculation.rules import (
     GREEDY,
     SamplingParams,
     acceptance_probability,
@@ -514,10 +514,10 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution.
     With prompt lookup (on a prompt that repeats itself), lookup drafts carry point-mass logits into
     rejection sampling, mixed with draft-model rounds or alone."""
-    from specbuild.decoding import GenerationRequest
-    from specbuild.inprocess import InProcessSpeculator
-    from specbuild.lookup import PromptLookup
-    from specbuild.torch_engine import TorchEngine
+    from specbuild.speculation.loop import GenerationRequest
+    from specbuild.speculation.inprocess import InProcessSpeculator
+    from specbuild.speculation.lookup import PromptLookup
+    from specbuild.speculation.torch_engine import TorchEngine
 
     params = SamplingParams(temperature=0.8, top_k=8)
     prompt, length, draws = [1, 5, 9], 4, 1500

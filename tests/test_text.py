@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from checkpoint_factory import TEXT_MAIN, train_tokenizer
 from specbuild.errors import RequestError
-from specbuild.text import REPLACEMENT_CHARACTER, decode_utf8, decode_word_list, encode_word_list, incremental_text
+from specbuild.serve.text import REPLACEMENT_CHARACTER, decode_utf8, decode_word_list, encode_word_list, incremental_text
 
 
 @pytest.fixture(scope="module")

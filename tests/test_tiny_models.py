@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specbuild import tiny_models  # noqa: E402
-from specbuild.model_pairs import STAMP_FILE, measure_acceptance  # noqa: E402
+from specbuild.drafts import tiny_models
+from specbuild.drafts.model_pairs import STAMP_FILE, measure_acceptance  # noqa: E402
 
 
 def _load(folder):

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
-from specbuild.decoding import GenerationRequest
+from specbuild.speculation.loop import GenerationRequest
 from specbuild.errors import RequestError
-from specbuild.inprocess import InProcessSpeculator
-from specbuild.speculative import SamplingParams
-from specbuild.torch_engine import EngineRequest, PrefixCache, TorchEngine, mask_bad_words
+from specbuild.speculation.inprocess import InProcessSpeculator
+from specbuild.speculation.rules import SamplingParams
+from specbuild.speculation.torch_engine import EngineRequest, PrefixCache, TorchEngine, mask_bad_words
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=12)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild.bench import Cell, percentiles
+from specbuild.bench.metrics import Cell, percentiles
 from specbuild.errors import SpecError, UsageError
 from specbuild.spec import load_spec, starter_spec
-from specbuild.tune import candidate_ks, pick, set_section_values, write_choice
+from specbuild.bench.tune import candidate_ks, pick, set_section_values, write_choice
 
 
 def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
-from .errors import SpecbuildError
-from .spec import DEFAULT_SPEC_FILE, load_spec, parse_override, starter_spec
+from specbuild.errors import SpecbuildError
+from specbuild.spec import DEFAULT_SPEC_FILE, load_spec, parse_override, starter_spec
 
 console = Console(stderr=True)
 
@@ -100,7 +100,7 @@ def main() -> None:
 @reports_errors
 def init(path: str, target: str, draft: str, runtime: str, force: bool) -> None:
     """Write a commented starter build spec to PATH."""
-    from .spec import SpecError
+    from specbuild.spec import SpecError
 
     destination = Path(path)
     if destination.exists() and not force:
@@ -118,8 +118,8 @@ def verify(directory: str, json_mode: bool) -> None:
 
     Exit 0: every file matches; 1: changed, missing or extra files (listed); 2: no manifest found.
     """
-    from .errors import VerificationError
-    from .manifest import report_table, verify as verify_release
+    from specbuild.errors import VerificationError
+    from specbuild.package.manifest import report_table, verify as verify_release
 
     report = verify_release(directory)
     if json_mode:
@@ -151,8 +151,8 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
 
     Exit 0: compatible; 1: incompatible (each reason with its fix) or an unreadable checkpoint; 2: usage error.
     """
-    from .check import check, render_check
-    from .errors import IncompatibleError
+    from specbuild.check.report import check, render_check
+    from specbuild.errors import IncompatibleError
 
     spec = load_spec(spec_file, {"target.checkpoint": target, "draft.checkpoint": draft})
     report = check(target, draft, spec, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
@@ -191,8 +191,8 @@ def serve(repository: str, runtime: str, host: str | None, http_port: int | None
     """Serve REPOSITORY (default: triton_repo) with Triton until Ctrl-C."""
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
     if runtime == "tensorrt-llm":
-        from .launch import format_launch, launch_plan
-        from .server import run_foreground
+        from specbuild.serve.launch import format_launch, launch_plan
+        from specbuild.serve.server import run_foreground
 
         triton = [f"triton.{key}={value}" for key, value in {"host": host, **ports}.items() if value is not None]
         spec = spec_from_options(spec_file, None, None, runtime, None, None, None, None, (*assignments, *triton))
@@ -202,7 +202,7 @@ def serve(repository: str, runtime: str, host: str | None, http_port: int | None
             return
         sys.exit(run_foreground(launch_plan(spec, repository, engines).docker_argv))
 
-    from .server import TritonServer
+    from specbuild.serve.server import TritonServer
 
     defaults = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
     server = TritonServer(repository, host=host or "127.0.0.1", startup_timeout=timeout, log_file=log_file,
@@ -235,8 +235,8 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, t
              top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
              prompt_lookup: bool | None, stop_words: tuple[str, ...], timeout: float) -> None:
     """Send PROMPT (or - for stdin) to a served ensemble; text on stdout, figures on stderr."""
-    from .client import GenerationRequest, SpecbuildClient
-    from .errors import UsageError
+    from specbuild.serve.client import GenerationRequest, SpecbuildClient
+    from specbuild.errors import UsageError
 
     text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
     if not text:
@@ -271,7 +271,7 @@ def deploy(out_dir: str, replicas: int, max_replicas: int | None, namespace: str
            release_image: str | None, kserve: bool, mode: str, fast_logits: bool, placement: str,
            **spec_args: Any) -> None:
     """Write Kubernetes manifests serving a compiled release (tensorrt-llm runtime)."""
-    from .k8s import DeployOptions, manifests, write_manifests
+    from specbuild.serve.k8s import DeployOptions, manifests, write_manifests
 
     spec = spec_from_options(**spec_args)
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
@@ -283,17 +283,17 @@ def deploy(out_dir: str, replicas: int, max_replicas: int | None, namespace: str
 
 def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:
     """Shared body of compile/convert/build/package: the spec from file + flags, then the pipeline."""
-    from . import pipeline
+    from specbuild import compiler
 
     spec = spec_from_options(**options)
     if dry_run:
-        described = pipeline.plan(spec)
+        described = compiler.plan(spec)
         if json_mode:
             print_json({key: value for key, value in described.items() if key != "text"})
         else:
             click.echo(described["text"])
         return
-    result = pipeline.run(spec, upto, force=force, json_mode=json_mode, console=console)
+    result = compiler.run(spec, upto, force=force, json_mode=json_mode, console=console)
     if json_mode:
         print_json(result.to_dict())
     elif result.manifest:
@@ -332,7 +332,7 @@ main.command("package")(pipeline_command(
 @reports_errors
 def demo(workdir: str, question: str | None, max_tokens: int, num_draft_tokens: int | None, tiny: bool) -> None:
     """Make the demo pair, compile it (torch runtime), serve it on Triton and stream one answer."""
-    from .demo import DEFAULT_PROMPT, run_demo
+    from specbuild.demo import DEFAULT_PROMPT, run_demo
 
     result = run_demo(workdir, question=question or DEFAULT_PROMPT, max_tokens=max_tokens,
                       num_draft_tokens=num_draft_tokens, tiny=tiny, console=console)
@@ -374,7 +374,7 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) -> None:
-    from .bench_report import tables, write_outputs
+    from specbuild.bench.report import tables, write_outputs
 
     if json_mode:
         print_json(report.to_dict())
@@ -416,9 +416,9 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
     acceptance, and the speedup the analytic model expects from the measured acceptance and step costs."""
     from pydantic import ValidationError
 
-    from .bench_runner import BenchPlan, bench_server, repository_tokenizer, run_bench
-    from .errors import UsageError
-    from .prompts import load_prompts
+    from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
+    from specbuild.errors import UsageError
+    from specbuild.bench.prompts import load_prompts
 
     try:
         plan = BenchPlan(ks=ks, concurrencies=concurrencies, adaptive=ADAPTIVE_CHOICES[adaptive],
@@ -453,8 +453,8 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
          url: str | None, prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None,
          max_tokens: int, requests: int, max_seconds: float, out_dir: str | None, dry_run: bool) -> None:
     """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default."""
-    from .prompts import load_prompts
-    from .tune import tune as run_tune
+    from specbuild.bench.prompts import load_prompts
+    from specbuild.bench.tune import tune as run_tune
 
     prompts = load_prompts(prompts_file, categories=categories or None, limit=num_prompts)
     result = run_tune(spec_file, goal, prompts, ks=ks, adaptive=ADAPTIVE_CHOICES[adaptive],  # type: ignore[arg-type]
@@ -480,9 +480,9 @@ def demo_models(out: str, tiny: bool, json_mode: bool) -> None:
     from rich.progress import Progress
 
     if tiny:
-        from .tiny_models import build_tiny_pair as build
+        from specbuild.drafts.tiny_models import build_tiny_pair as build
     else:
-        from .demo_models import build_demo_pair as build
+        from specbuild.drafts.demo_models import build_demo_pair as build
     with Progress(console=console, transient=True) as progress:
         pair = build(out, progress=progress)
     if json_mode:
@@ -517,7 +517,7 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
     from rich.progress import Progress
 
-    from .draft import DraftOptions, make_draft
+    from specbuild.drafts.distill import DraftOptions, make_draft
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
                            held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision)

@@ -37,22 +37,22 @@ class DemoResult:
 
 def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
              num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
-    from . import pipeline
-    from .bench_runner import chat_prompts
-    from .prompts import Prompt
-    from .client import GenerationRequest, SpecbuildClient
-    from .server import TritonServer
-    from .spec import load_spec
+    from specbuild import compiler
+    from specbuild.bench.runner import chat_prompts
+    from specbuild.bench.prompts import Prompt
+    from specbuild.serve.client import GenerationRequest, SpecbuildClient
+    from specbuild.serve.server import TritonServer
+    from specbuild.spec import load_spec
 
     console = console or Console(stderr=True)
     workdir = Path(workdir).resolve()
     console.rule("[bold]1/4 demo models")
     if tiny:
-        from .tiny_models import build_tiny_pair
+        from specbuild.drafts.tiny_models import build_tiny_pair
 
         pair = build_tiny_pair(workdir / "models" / "tiny")
     else:
-        from .demo_models import build_demo_pair
+        from specbuild.drafts.demo_models import build_demo_pair
 
         pair = build_demo_pair(workdir / "models" / "demo")
     console.rule("[bold]2/4 compile (torch runtime)")
@@ -63,7 +63,7 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
         "outputs.repository_dir": str(workdir / "triton_repo"),
         **({} if tiny else LOOKUP_ONLY),
     }, base_dir=workdir)
-    result = pipeline.run(spec, console=console)
+    result = compiler.run(spec, console=console)
     console.rule("[bold]3/4 serve (Triton, loopback)")
     with TritonServer(result.repository) as server:
         console.print(f"server ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import SpecError
+from specbuild.errors import SpecError
 
 Runtime = Literal["torch", "tensorrt-llm", "auto"]
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]

@@ -1,0 +1,1 @@
+"""Measuring a served release: ``bench`` (interleaved cells, metrics, reports), ``tune`` and the prompt sets."""

@@ -1,0 +1,363 @@
+"""The math of ``specbuild bench``: traces in, figures out. No I/O here (see :mod:`specbuild.bench.runner`
+for the request loops and :mod:`specbuild.bench.report` for tables and plots).
+
+Definitions follow the field (see docs/benchmarks.md):
+
+* acceptance rate = accepted draft tokens / drafted tokens;
+* mean acceptance length (MAL) = tokens per target step = 1 + accepted / drafts (counts the bonus token);
+* speedup = output tokens/s at K against K=0 at the same concurrency;
+* expected speedup = MAL / (K*c + V(K)), with c = draft cost per token and V(K) = cost of one verification
+  call, both in target steps measured at K=0 (Leviathan et al. 2023 assume V = 1; a CPU does not give
+  that). Measured, it is computed over every round, drafted or not: (1 + accepted / rounds) / ((draft +
+  target seconds) / rounds / K=0 step), which is the same when every round drafts K tokens and stays
+  right when some rounds draft nothing (prompt lookup without a match, lookup-only releases). MAL is what Leviathan's (1 - a^(K+1)) / (1 - a) predicts for a per-token acceptance ``a``;
+  :func:`per_token_acceptance` solves it back for ``a``;
+* efficiency = measured / expected: near 1, the draft (acceptance, cost) explains the speed; far below 1,
+  time goes outside the engines (orchestration, streaming, queueing);
+* with prompt lookup, the totals count both draft sources; lookup share = rounds drafted by lookup / all
+  rounds, lookup acceptance = its accepted / its drafted tokens. (The draft cost c then averages over both
+  sources, lookup's tokens costing nothing, and V(K) over all rounds, one-token rounds included.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+QUANTILES = (50, 95, 99)
+
+# Prometheus sample names exported by the orchestrator (triton_models/orchestrator.py).
+COUNTER_NAMES = {
+    "requests": "specbuild_requests_total",
+    "output_tokens": "specbuild_output_tokens_total",
+    "rounds": "specbuild_spec_decode_rounds_total",
+    "drafts": "specbuild_spec_decode_num_drafts_total",
+    "draft_tokens": "specbuild_spec_decode_num_draft_tokens_total",
+    "accepted": "specbuild_spec_decode_num_accepted_tokens_total",
+    "draft_seconds": "specbuild_draft_seconds_total",
+    "target_seconds": "specbuild_target_seconds_total",
+    "fallbacks": "specbuild_draft_fallbacks_total",
+    "lookup_drafts": "specbuild_prompt_lookup_drafts_total",
+    "lookup_draft_tokens": "specbuild_prompt_lookup_draft_tokens_total",
+    "lookup_accepted": "specbuild_prompt_lookup_accepted_tokens_total",
+}
+PER_POSITION = {"accepted_per_position": "specbuild_spec_decode_num_accepted_tokens_per_pos_total",
+                "drafted_per_position": "specbuild_spec_decode_num_draft_tokens_per_pos_total"}
+
+
+# --- per request -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RequestTrace:
+    """One streamed request: when each response arrived (seconds from sending) and its new tokens."""
+
+    prompt_index: int
+    category: str
+    chunk_times: tuple[float, ...]
+    chunk_tokens: tuple[int, ...]
+    total_time: float
+    drafted: int = 0
+    accepted: int = 0
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def _token_chunks(self) -> list[tuple[float, int]]:
+        return [(t, n) for t, n in zip(self.chunk_times, self.chunk_tokens) if n > 0]
+
+    @property
+    def ttft(self) -> float | None:
+        chunks = self._token_chunks
+        return chunks[0][0] if chunks else None
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (last token time - TTFT) / (tokens - 1)."""
+        chunks = self._token_chunks
+        if self.output_tokens < 2:
+            return None
+        return (chunks[-1][0] - chunks[0][0]) / (self.output_tokens - 1)
+
+    def inter_token_latencies(self) -> list[float]:
+        """Gaps between tokens: a response carrying n tokens after a gap g counts as n gaps of g/n
+        (the first response's extra tokens arrived together with the first token: gaps of 0)."""
+        chunks = self._token_chunks
+        gaps = [0.0] * (chunks[0][1] - 1) if chunks else []
+        for (before, _), (after, tokens) in zip(chunks, chunks[1:]):
+            gaps.extend([(after - before) / tokens] * tokens)
+        return gaps
+
+    @property
+    def rounds(self) -> int:
+        """Responses that carried tokens: one per speculative round when streaming."""
+        return len(self._token_chunks)
+
+
+def chunk_tokens(cumulative: Sequence[int | None]) -> list[int]:
+    """New tokens per response from the running ``output_token_count`` (``None``: no count, so none new)."""
+    new, last = [], 0
+    for count in cumulative:
+        current = last if count is None else count
+        new.append(max(0, current - last))
+        last = max(last, current)
+    return new
+
+
+def percentiles(values: Iterable[float | None], quantiles: Sequence[int] = QUANTILES) -> dict[str, float | None]:
+    """``{"p50": ..., "p95": ..., "p99": ...}`` of the values that are not None (None when there are none)."""
+    data = np.array([v for v in values if v is not None], dtype=float)
+    return {f"p{q}": (float(np.percentile(data, q)) if data.size else None) for q in quantiles}
+
+
+# --- server counters -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Counters:
+    """The orchestrator's Prometheus counters (summed over models), or their change over a run."""
+
+    requests: float = 0.0
+    output_tokens: float = 0.0
+    rounds: float = 0.0
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    fallbacks: float = 0.0
+    lookup_drafts: float = 0.0  # these three stay 0 from servers older than prompt lookup
+    lookup_draft_tokens: float = 0.0
+    lookup_accepted: float = 0.0
+    accepted_per_position: tuple[float, ...] = ()
+    drafted_per_position: tuple[float, ...] = ()  # empty from servers older than this counter
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[tuple[str, Mapping[str, str], float]]) -> Counters:
+        """From (sample name, labels, value) triples as a Prometheus text parser yields them."""
+        by_name = {name: key for key, name in COUNTER_NAMES.items()}
+        by_position_name = {name: key for key, name in PER_POSITION.items()}
+        totals: dict[str, float] = {}
+        positions: dict[str, dict[int, float]] = {key: {} for key in PER_POSITION}
+        for name, labels, value in samples:
+            if name in by_name:
+                totals[by_name[name]] = totals.get(by_name[name], 0.0) + value
+            elif name in by_position_name and "position" in labels:
+                counts = positions[by_position_name[name]]
+                counts[int(labels["position"])] = counts.get(int(labels["position"]), 0.0) + value
+        vectors = {key: tuple(counts.get(i, 0.0) for i in range(max(counts) + 1)) if counts else ()
+                   for key, counts in positions.items()}
+        return cls(**totals, **vectors)
+
+    def __sub__(self, before: Counters) -> Counters:
+        scalars = {key: getattr(self, key) - getattr(before, key) for key in COUNTER_NAMES}
+        vectors = {key: _subtract(getattr(self, key), getattr(before, key)) for key in PER_POSITION}
+        return Counters(**scalars, **vectors)
+
+
+def _subtract(after: tuple[float, ...], before: tuple[float, ...]) -> tuple[float, ...]:
+    """Element-wise ``after - before`` of per-position counts, trailing zeros dropped."""
+    width = max(len(after), len(before))
+    padded_after = list(after) + [0.0] * (width - len(after))
+    padded_before = list(before) + [0.0] * (width - len(before))
+    delta = tuple(a - b for a, b in zip(padded_after, padded_before))
+    while delta and delta[-1] == 0:
+        delta = delta[:-1]
+    return delta
+
+
+def acceptance_per_position(counters: Counters) -> list[float]:
+    """Accepted / drafted at each draft position; from servers without the drafted-per-position counter,
+    accepted / drafts (exact only when every round drafts the same K)."""
+    if counters.drafted_per_position:
+        return [_ratio(a, d) for a, d in zip(counters.accepted_per_position, counters.drafted_per_position)]
+    return [a / counters.drafts for a in counters.accepted_per_position] if counters.drafts else []
+
+
+# --- the analytic model ----------------------------------------------------------------------------------
+def leviathan_tokens_per_step(a: float, k: float) -> float:
+    """Expected tokens per target step with per-token acceptance ``a`` and ``k`` draft tokens.
+
+    >>> leviathan_tokens_per_step(0.5, 2)
+    1.75
+    """
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def per_token_acceptance(mean_acceptance_length: float, k: float, tolerance: float = 1e-9) -> float:
+    """The per-token acceptance ``a`` for which Leviathan's formula gives the measured MAL at ``k``.
+
+    The formula rises monotonically from 1 (a=0) to k+1 (a=1), so bisection finds the one solution.
+
+    >>> round(per_token_acceptance(1.75, 2), 6)
+    0.5
+    """
+    if k <= 0 or mean_acceptance_length <= 1.0:
+        return 0.0
+    if mean_acceptance_length >= k + 1:
+        return 1.0
+    low, high = 0.0, 1.0
+    while high - low > tolerance:
+        middle = (low + high) / 2
+        if leviathan_tokens_per_step(middle, k) < mean_acceptance_length:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def expected_speedup(mean_acceptance_length: float, k: float, cost_ratio: float, verify_cost: float = 1.0) -> float:
+    """Tokens per target step over the cost of one round, in target steps: MAL / (k*c + V(k)).
+
+    >>> expected_speedup(1.75, 2, 0.1)  # the textbook case, V = 1
+    1.4583333333333335
+    """
+    return mean_acceptance_length / (k * cost_ratio + verify_cost)
+
+
+# --- one cell of the sweep (one K, one concurrency) -------------------------------------------------------
+CellKey = tuple[int, bool, bool, int]  # (k, adaptive, lookup, concurrency)
+
+
+def cell_label(k: int, adaptive: bool = False, lookup: bool = False) -> str:
+    return f"K={k}{'+adaptive' if adaptive else ''}{'+lookup' if lookup else ''}"
+
+
+@dataclass
+class Cell:
+    """The figures of one (K, adaptive, lookup, concurrency) run; comparison fields are set by :func:`compare`."""
+
+    k: int
+    concurrency: int
+    adaptive: bool
+    requests: int
+    errors: int
+    output_tokens: int
+    wall_seconds: float
+    tokens_per_second: float
+    ttft: dict[str, float | None]
+    tpot: dict[str, float | None]
+    itl: dict[str, float | None]
+    e2e: dict[str, float | None]
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    acceptance_per_position: list[float] = field(default_factory=list)
+    draft_tokens_per_round: float | None = None  # the K really used (shorter at the end, or adaptive)
+    draft_seconds_per_token: float | None = None
+    target_seconds_per_round: float | None = None
+    drafted_per_round: float | None = None  # draft tokens over all rounds, drafted or not
+    tokens_per_round: float | None = None  # 1 + accepted / rounds, over all rounds
+    engine_share: float | None = None  # engine seconds / request seconds
+    lookup: bool = False  # prompt lookup on for this cell's requests
+    lookup_share: float | None = None  # rounds drafted by prompt lookup / all rounds
+    lookup_acceptance: float | None = None  # accepted / drafted tokens of prompt lookup's drafts
+    source: str = "requests"  # where acceptance came from: "metrics" or "requests"
+    matches_baseline: float | None = None  # share of prompts whose text equals K=0's (greedy)
+    latencies: dict[str, list[float]] = field(default_factory=dict)  # per request, for distribution plots
+    # set by compare():
+    speedup: float | None = None
+    cost_ratio: float | None = None
+    verify_cost: float | None = None
+    per_token_acceptance: float | None = None
+    expected_speedup: float | None = None
+    expected_speedup_textbook: float | None = None
+    efficiency: float | None = None
+
+    @property
+    def label(self) -> str:
+        return cell_label(self.k, self.adaptive, self.lookup)
+
+    @property
+    def key(self) -> CellKey:
+        return self.k, self.adaptive, self.lookup, self.concurrency
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **asdict(self)}
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[RequestTrace], wall_seconds: float,
+              counters: Counters | None = None, *, lookup: bool = False) -> Cell:
+    """Figures of one cell from its request traces, and the server's counter deltas over it when known."""
+    done = [t for t in traces if t.error is None]
+    output_tokens = sum(t.output_tokens for t in done)
+    cell = Cell(
+        k=k, concurrency=concurrency, adaptive=adaptive, lookup=lookup, requests=len(done),
+        errors=len(traces) - len(done),
+        output_tokens=output_tokens, wall_seconds=wall_seconds,
+        tokens_per_second=output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
+        ttft=percentiles(t.ttft for t in done), tpot=percentiles(t.tpot for t in done),
+        itl=percentiles(gap for t in done for gap in t.inter_token_latencies()),
+        e2e=percentiles(t.total_time for t in done),
+        acceptance_rate=None, mean_acceptance_length=None,
+        latencies={"ttft": [t.ttft for t in done if t.ttft is not None],
+                   "tpot": [t.tpot for t in done if t.tpot is not None],
+                   "e2e": [t.total_time for t in done]},
+    )
+    request_seconds = sum(t.total_time for t in done)
+    if counters is not None and counters.rounds > 0:
+        cell.source = "metrics"
+        cell.acceptance_rate = _ratio(counters.accepted, counters.draft_tokens)
+        cell.mean_acceptance_length = 1.0 + counters.accepted / counters.drafts if counters.drafts else 1.0
+        cell.acceptance_per_position = acceptance_per_position(counters)
+        cell.draft_tokens_per_round = _ratio(counters.draft_tokens, counters.drafts)
+        cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.draft_tokens)
+        cell.target_seconds_per_round = counters.target_seconds / counters.rounds
+        cell.drafted_per_round = counters.draft_tokens / counters.rounds
+        cell.tokens_per_round = 1.0 + counters.accepted / counters.rounds
+        cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
+        if lookup:
+            cell.lookup_share = counters.lookup_drafts / counters.rounds
+            cell.lookup_acceptance = _ratio(counters.lookup_accepted, counters.lookup_draft_tokens)
+    else:  # per-request outputs only: one streamed response per round
+        drafted = sum(t.drafted for t in done)
+        rounds = sum(t.rounds for t in done)
+        cell.acceptance_rate = _ratio(sum(t.accepted for t in done), drafted)
+        cell.mean_acceptance_length = _ratio(output_tokens, rounds)
+    return cell
+
+
+def compare(cells: Sequence[Cell]) -> list[Cell]:
+    """Copies of ``cells`` with speedup, step costs, expectations and efficiency against the K=0 cell of the
+    same concurrency (cells without one are returned unchanged)."""
+    baselines = {c.concurrency: c for c in cells if c.k == 0 and not c.adaptive and not c.lookup}
+    compared = []
+    for cell in cells:
+        base = baselines.get(cell.concurrency)
+        if base is None:
+            compared.append(cell)
+            continue
+        cell = replace(cell, speedup=_ratio(cell.tokens_per_second, base.tokens_per_second))
+        step = base.target_seconds_per_round
+        k = cell.draft_tokens_per_round
+        if step and k and cell.draft_seconds_per_token is not None \
+                and cell.target_seconds_per_round is not None and cell.mean_acceptance_length is not None:
+            cell.cost_ratio = cell.draft_seconds_per_token / step
+            cell.verify_cost = cell.target_seconds_per_round / step
+            cell.per_token_acceptance = per_token_acceptance(cell.mean_acceptance_length, k)
+            # Over every round (see the module docstring): MAL and K per drafted round would overstate it.
+            tokens, drafted = cell.tokens_per_round or 1.0, cell.drafted_per_round or 0.0
+            cell.expected_speedup = expected_speedup(tokens, drafted, cell.cost_ratio, cell.verify_cost)
+            cell.expected_speedup_textbook = expected_speedup(tokens, drafted, cell.cost_ratio)
+            cell.efficiency = _ratio(cell.speedup or 0.0, cell.expected_speedup)
+        compared.append(cell)
+    return compared
+
+
+def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]]) -> None:
+    """Set each cell's ``matches_baseline``: the share of its prompts whose output equals K=0's.
+
+    ``texts`` maps each cell's :attr:`Cell.key` to {prompt index: output text}. Meaningful for greedy runs.
+    """
+    for cell in cells:
+        base = texts.get((0, False, False, cell.concurrency), {})
+        mine = texts.get(cell.key, {})
+        shared = [i for i in mine if i in base]
+        cell.matches_baseline = sum(mine[i] == base[i] for i in shared) / len(shared) if shared else None

@@ -1,0 +1,181 @@
+"""The outputs of ``specbuild bench``: terminal tables, JSON, Markdown and PNG plots of a
+:class:`~specbuild.bench.runner.BenchReport`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rich.table import Table
+
+from specbuild.bench.metrics import Cell
+from specbuild.errors import UsageError
+
+Column = tuple[str, Callable[[Cell], str]]
+
+
+def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _ms(values: dict[str, float | None]) -> str:
+    return " / ".join("-" if values.get(q) is None else f"{values[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
+
+
+def _lookup(cell: Cell) -> str:
+    """Prompt lookup's share of rounds and its own acceptance, e.g. ``25%/0.55``."""
+    if not cell.lookup or cell.lookup_share is None:
+        return "-"
+    return f"{cell.lookup_share:.0%}/{_num(cell.lookup_acceptance, 2)}"
+
+
+def _positions(cell: Cell, shown: int = 4) -> str:
+    values = [f"{v:.2f}" for v in cell.acceptance_per_position[:shown]]
+    return " ".join(values) + (" ..." if len(cell.acceptance_per_position) > shown else "") if values else "-"
+
+
+SPEED_COLUMNS: list[Column] = [
+    ("K", lambda c: c.label.removeprefix("K=")),
+    ("conc.", lambda c: str(c.concurrency)),
+    ("requests", lambda c: f"{c.requests}" + (f" ({c.errors} failed)" if c.errors else "")),
+    ("tok/s", lambda c: _num(c.tokens_per_second, 1)),
+    ("speedup", lambda c: _num(c.speedup, 2, "x")),
+    ("expected", lambda c: _num(c.expected_speedup, 2, "x")),
+    ("textbook V=1", lambda c: _num(c.expected_speedup_textbook, 2, "x")),
+    ("effic.", lambda c: _num(c.efficiency, 2)),
+    ("accept", lambda c: _num(c.acceptance_rate, 2)),
+    ("MAL", lambda c: _num(c.mean_acceptance_length, 2)),
+    ("lookup", _lookup),
+    ("per position", _positions),
+    ("c", lambda c: _num(c.cost_ratio, 3)),
+    ("V(K)", lambda c: _num(c.verify_cost, 2)),
+    ("engine share", lambda c: _num(c.engine_share, 2)),
+    ("=K0 text", lambda c: "-" if c.matches_baseline is None else f"{c.matches_baseline:.0%}"),
+]
+LATENCY_COLUMNS: list[Column] = [
+    ("K", lambda c: c.label.removeprefix("K=")),
+    ("conc.", lambda c: str(c.concurrency)),
+    ("TTFT ms p50/p95/p99", lambda c: _ms(c.ttft)),
+    ("TPOT ms p50/p95/p99", lambda c: _ms(c.tpot)),
+    ("ITL ms p50/p95/p99", lambda c: _ms(c.itl)),
+    ("E2E ms p50/p95/p99", lambda c: _ms(c.e2e)),
+]
+
+
+# Left out of the terminal table to keep it narrow (they are in the Markdown and JSON reports).
+MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share"}
+
+
+def tables(cells: Sequence[Cell]) -> list[Table]:
+    """Two rich tables: speed and acceptance, then latency."""
+    result = []
+    speed = [column for column in SPEED_COLUMNS if column[0] not in MARKDOWN_ONLY]
+    for title, columns in (("speed and acceptance", speed), ("latency (streamed)", LATENCY_COLUMNS)):
+        table = Table(title=title, title_justify="left")
+        for name, _ in columns:
+            table.add_column(name, justify="right" if name not in ("per position",) else "left")
+        for cell in cells:
+            table.add_row(*(render(cell) for _, render in columns))
+        result.append(table)
+    return result
+
+
+def markdown(report: Any) -> str:
+    """The report as Markdown: conditions, then the two tables."""
+    plan, env = report.plan, report.environment
+    lines = [
+        "# specbuild bench", "",
+        f"- server: `{report.url}`, counters from the metrics endpoint: {'yes' if report.metrics else 'no'}",
+        f"- {report.prompts} prompts, {plan.requests} requests per cell (at most {plan.max_seconds:g} s), "
+        f"max_tokens {plan.max_tokens}, {'greedy' if not plan.temperature else f'temperature {plan.temperature}'}, "
+        "streaming",
+        f"- machine: {env.get('machine')}, {env.get('cpus')} CPUs, load average {env.get('load_average')}, "
+        f"{env.get('date')}", "",
+    ]
+    for title, columns in (("Speed and acceptance", SPEED_COLUMNS), ("Latency", LATENCY_COLUMNS)):
+        lines += [f"## {title}", "", "| " + " | ".join(name for name, _ in columns) + " |",
+                  "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(render(cell) for _, render in columns) + " |" for cell in report.cells]
+        lines.append("")
+    lines += ["MAL = 1 + accepted / drafts (tokens per target step); per position = accepted at that position "
+              "per draft; c = draft seconds per token and V(K) = target seconds per round, both over the K=0 target "
+              "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "
+              "share = engine seconds / request seconds; lookup = rounds drafted by prompt lookup / all rounds, then "
+              "prompt lookup's own acceptance (its accepted / drafted tokens; acceptance and MAL count both draft "
+              "sources).", ""]
+    return "\n".join(lines)
+
+
+def plots(cells: Sequence[Cell], out_dir: Path) -> list[Path]:
+    """speedup.png (measured and expected against K), acceptance.png (rate and per position against K),
+    latency.png (TTFT, TPOT and end-to-end distributions per cell)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("matplotlib is not installed, so no plots can be drawn",
+                         "pip install 'specbuild[bench]', or pass --no-plots") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    levels = sorted({c.concurrency for c in cells})
+    # One line per concurrency and prompt lookup setting (K=0 starts both), adaptive K left out.
+    series = [(f"concurrency {level}{', lookup' if lookup else ''}",
+               sorted((c for c in cells if c.concurrency == level and not c.adaptive
+                       and (c.lookup == lookup or not c.k)), key=lambda c: c.k))
+              for level in levels for lookup in sorted({c.lookup for c in cells})]
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for name, row in series:
+        axis.plot([c.k for c in row], [c.speedup or 0 for c in row], "o-", label=f"measured, {name}")
+        expected = [c for c in row if c.expected_speedup is not None]
+        axis.plot([c.k for c in expected], [c.expected_speedup for c in expected], "x--", label=f"expected, {name}")
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.set(xlabel="K (draft tokens per round)", ylabel="speedup vs K=0", title="Speedup against K")
+    axis.legend(fontsize="small")
+    written.append(_save(figure, out_dir / "speedup.png"))
+
+    figure, (rate_axis, position_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, row in series:
+        drafted = [c for c in row if c.k]
+        rate_axis.plot([c.k for c in drafted], [c.acceptance_rate or 0 for c in drafted], "o-", label=name)
+    for cell in (c for c in cells if c.k and c.acceptance_per_position and c.concurrency == levels[0]):
+        positions = range(1, len(cell.acceptance_per_position) + 1)
+        position_axis.plot(list(positions), cell.acceptance_per_position, "o-", label=cell.label)
+    rate_axis.set(xlabel="K", ylabel="accepted / drafted", title="Acceptance rate", ylim=(0, 1))
+    position_axis.set(xlabel="draft position", ylabel="accepted per draft", ylim=(0, 1),
+                      title=f"Acceptance per position (concurrency {levels[0]})")
+    for axis in (rate_axis, position_axis):
+        axis.legend(fontsize="small")
+    written.append(_save(figure, out_dir / "acceptance.png"))
+
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4))
+    labels = [f"{c.label}\nc={c.concurrency}" for c in cells]
+    for axis, (key, title) in zip(axes, (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end"))):
+        data = [[v * 1000 for v in c.latencies.get(key, [])] or [float("nan")] for c in cells]
+        axis.boxplot(data, whis=(5, 95))
+        axis.set_xticks(range(1, len(cells) + 1), labels, fontsize="x-small")
+        axis.set(ylabel="ms", title=f"{title} (whiskers P5-P95)")
+    written.append(_save(figure, out_dir / "latency.png"))
+    return written
+
+
+def _save(figure: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def write_outputs(report: Any, out_dir: str | Path, *, with_plots: bool = True) -> list[Path]:
+    """bench.json, bench.md and (``with_plots``) the PNG plots, in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "bench.json"
+    json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    markdown_path = out / "bench.md"
+    markdown_path.write_text(markdown(report), encoding="utf-8")
+    return [json_path, markdown_path] + (plots(report.cells, out) if with_plots else [])

@@ -1,0 +1,271 @@
+"""The request side of ``specbuild bench``: a bounded sweep of streamed requests over (K, adaptive, prompt
+lookup, concurrency) cells against a served ensemble on this machine, with the orchestrator's Prometheus counters
+read before and after each cell. The math lives in :mod:`specbuild.bench.metrics`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import os
+import platform
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specbuild.bench.metrics import Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare, match_baseline, summarize
+from specbuild.package.contract import PREPROCESSING_MODEL
+from specbuild.errors import RequestError, ServerError, UsageError
+from specbuild.bench.prompts import Prompt
+
+WARMUP_TOKENS = 8
+
+
+class BenchPlan(BaseModel):
+    """What to sweep and the bounds of every cell (count and time)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ks: tuple[int, ...] = (0, 1, 2, 4)
+    concurrencies: tuple[int, ...] = (1,)
+    adaptive: tuple[bool, ...] = (False,)
+    lookup: tuple[bool, ...] = (False,)
+    max_tokens: int = Field(64, ge=1)
+    requests: int = Field(16, ge=1, description="requests per cell")
+    max_seconds: float = Field(300.0, gt=0, description="per cell: no request starts after this")
+    timeout: float = Field(600.0, gt=0, description="per request")
+    temperature: float | None = Field(None, ge=0, description="None or 0: greedy")
+    warmup: bool = True
+
+    @field_validator("ks")
+    @classmethod
+    def _with_zero(cls, ks: tuple[int, ...]) -> tuple[int, ...]:
+        if any(k < 0 for k in ks):
+            raise ValueError("K must be 0 or more")
+        return tuple(sorted({0, *ks}))  # K=0 is the baseline every speedup is measured against
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _positive(cls, levels: tuple[int, ...]) -> tuple[int, ...]:
+        if not levels or any(c < 1 for c in levels):
+            raise ValueError("concurrency levels must be 1 or more")
+        return tuple(sorted(set(levels)))
+
+    def cells(self) -> list[CellKey]:
+        """(k, adaptive, lookup, concurrency) in run order; adaptive K and prompt lookup mean nothing at K=0."""
+        return [(k, adaptive, lookup, c) for c in self.concurrencies for k in self.ks
+                for adaptive in (sorted(set(self.adaptive)) if k else [False])
+                for lookup in (sorted(set(self.lookup)) if k else [False])]
+
+
+@dataclass
+class BenchReport:
+    plan: BenchPlan
+    url: str
+    prompts: int
+    cells: list[Cell]
+    metrics: bool  # whether the server's counters were read
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "specbuild.bench/v1", "url": self.url, "prompts": self.prompts, "metrics": self.metrics,
+                "plan": self.plan.model_dump(mode="json"), "environment": self.environment,
+                "cells": [cell.to_dict() for cell in self.cells]}
+
+
+# --- addresses -------------------------------------------------------------------------------------------
+def host_of(url: str) -> str:
+    parsed = urllib.parse.urlsplit(url if "://" in url else f"//{url}")
+    return parsed.hostname or ""
+
+
+def require_loopback(url: str) -> None:
+    """Benchmarks send many requests: refuse any address that is not this machine."""
+    host = host_of(url)
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        local = bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except (socket.gaierror, ValueError):
+        local = False
+    if not local:
+        raise UsageError(f"{url} is not a loopback address: specbuild bench only loads servers on this machine",
+                         "run the benchmark on the server's machine against 127.0.0.1")
+
+
+def default_metrics_url(grpc_url: str) -> str:
+    host = host_of(grpc_url)
+    return f"http://{f'[{host}]' if ':' in host else host}:8002/metrics"
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def read_counters(metrics_url: str) -> Counters | None:
+    """The orchestrator's counters from the metrics endpoint; None if it cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with _DIRECT.open(metrics_url, timeout=5) as response:
+            text = response.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    samples = ((s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples)
+    return Counters.from_samples(samples)
+
+
+# --- prompts ---------------------------------------------------------------------------------------------
+def repository_tokenizer(repository: str | Path) -> Path | None:
+    """The tokenizer shipped in a repository's preprocessing model, if there is one."""
+    path = Path(repository) / PREPROCESSING_MODEL / "1" / "tokenizer"
+    return path if path.is_dir() else None
+
+
+def chat_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) -> list[str]:
+    """Prompt texts wrapped in the tokenizer's chat template when it has one (else as written)."""
+    if tokenizer_dir is None:
+        return [p.prompt for p in prompts]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=False)
+    if not getattr(tokenizer, "chat_template", None):
+        return [p.prompt for p in prompts]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], tokenize=False,
+                                          add_generation_prompt=True) for p in prompts]
+
+
+# --- requests --------------------------------------------------------------------------------------------
+def _request(prompt: str, plan: BenchPlan, k: int, adaptive: bool = False, lookup: bool = False,
+             max_tokens: int | None = None) -> Any:
+    from specbuild.serve.client import GenerationRequest
+
+    return GenerationRequest(prompt, max_tokens or plan.max_tokens, stream=True, temperature=plan.temperature,
+                             num_draft_tokens=k, adaptive_draft=adaptive if k else None,
+                             prompt_lookup=lookup if k else None)
+
+
+def trace_request(client: Any, index: int, category: str, request: Any) -> RequestTrace:
+    """Send one streamed request and record its timeline (errors are recorded, not raised)."""
+    started = time.perf_counter()
+    try:
+        generation = client.run(request)
+    except (RequestError, ServerError) as exc:
+        return RequestTrace(index, category, (), (), time.perf_counter() - started, error=exc.message)
+    chunks = generation.chunks
+    return RequestTrace(
+        prompt_index=index, category=category, chunk_times=tuple(c.elapsed for c in chunks),
+        chunk_tokens=tuple(chunk_tokens([c.output_token_count for c in chunks])), total_time=generation.total_time,
+        drafted=generation.total_draft_tokens or 0, accepted=generation.total_accepted_draft_tokens or 0,
+        text=generation.text,
+    )
+
+
+def run_cell(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, key: CellKey,
+             on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
+    """``plan.requests`` requests (prompts in turn), ``concurrency`` in flight, none started after
+    ``plan.max_seconds``; returns the traces and the wall time."""
+    k, adaptive, lookup, concurrency = key
+    lock = threading.Lock()
+    issued = 0
+    traces: list[RequestTrace] = []
+    started = time.perf_counter()
+    deadline = started + plan.max_seconds
+
+    def worker() -> None:
+        nonlocal issued
+        while True:
+            with lock:
+                if issued >= plan.requests or time.perf_counter() > deadline:
+                    return
+                index = issued % len(texts)
+                issued += 1
+            trace = trace_request(client, index, categories[index],
+                                  _request(texts[index], plan, k, adaptive, lookup))
+            with lock:
+                traces.append(trace)
+            on_done()
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for future in [pool.submit(worker) for _ in range(concurrency)]:
+            future.result()
+    return traces, time.perf_counter() - started
+
+
+def environment() -> dict[str, Any]:
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_url: str | None = None,
+              tokenizer_dir: str | Path | None = None, console: Any = None) -> BenchReport:
+    """Sweep ``plan`` against the ensemble at ``url`` (gRPC, loopback) and compute every cell's figures."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specbuild.serve.client import SpecbuildClient
+
+    if not prompts:
+        raise UsageError("no prompts to send", "pass a JSONL file with prompts, or use the bundled set")
+    metrics_url = metrics_url or default_metrics_url(url)
+    for address in (url, metrics_url):
+        require_loopback(address)
+    client = SpecbuildClient(url, timeout=plan.timeout)
+    texts = chat_prompts(tokenizer_dir, prompts)
+    categories = [p.category for p in prompts]
+    if plan.warmup:  # load both engines and their first-call paths before anything is timed
+        for k in {0, max(plan.ks)}:
+            trace = trace_request(client, 0, "warmup", _request(texts[0], plan, k, max_tokens=WARMUP_TOKENS))
+            if trace.error:
+                raise ServerError(f"the warm-up request failed: {trace.error}",
+                                  "check that the server at the given address serves a specbuild ensemble")
+    metrics = read_counters(metrics_url) is not None
+    cells, outputs = [], {}
+    runs = plan.cells()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=len(runs) * plan.requests)
+        for key in runs:
+            k, adaptive, lookup, concurrency = key
+            label = f"{cell_label(k, adaptive, lookup)} concurrency {concurrency}"
+            progress.update(task, description=label)
+            before = read_counters(metrics_url) if metrics else None
+            traces, wall = run_cell(client, texts, categories, plan, key, on_done=lambda: progress.advance(task))
+            after = read_counters(metrics_url) if metrics else None
+            if traces and all(t.error for t in traces):
+                raise ServerError(f"every request failed at {label}: {traces[0].error}",
+                                  "check the server log; lower K below the engine's max_draft_len")
+            counters = after - before if after is not None and before is not None else None
+            cells.append(summarize(k, concurrency, adaptive, traces, wall, counters, lookup=lookup))
+            outputs[key] = {t.prompt_index: t.text for t in traces if t.error is None}
+    cells = compare(cells)
+    if not plan.temperature:
+        match_baseline(cells, outputs)
+    return BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells, metrics=metrics,
+                       environment=environment())
+
+
+@contextlib.contextmanager
+def bench_server(url: str | None, repository: str | Path | None,
+                 startup_timeout: float = 300.0) -> Iterator[tuple[str, str | None]]:
+    """The (gRPC url, metrics url) to benchmark: a server started on ``repository`` (stopped afterwards), or
+    the running one at ``url``."""
+    if (url is None) == (repository is None):
+        raise UsageError("give either --url (a running server) or --repository (one to start), not both or neither",
+                         "e.g. --repository triton_repo, or --url 127.0.0.1:8001")
+    if url is not None:
+        yield url, None
+        return
+    from specbuild.serve.server import TritonServer
+
+    with TritonServer(repository, startup_timeout=startup_timeout) as server:  # loopback, free ports
+        yield server.grpc_url, server.metrics_url
+

@@ -1,0 +1,142 @@
+"""``specbuild tune``: sweep K (and adaptive K) on a workload, pick the best for a goal, and make it the
+release's default: ``speculation.num_draft_tokens`` / ``speculation.adaptive`` in the spec file, then the
+repository re-packaged from that spec (the orchestrator's ``num_draft_tokens`` / ``adaptive_draft``
+parameters, validated configs and a new manifest; engines are unchanged, so only packaging re-runs).
+Prompt lookup is not swept: every cell runs with the spec's own ``speculation.prompt_lookup.enabled``, so
+the choice is measured as the release serves it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+
+from specbuild.bench.metrics import Cell
+from specbuild.errors import SpecError, UsageError
+
+Goal = Literal["latency", "throughput"]
+CANDIDATE_KS = (0, 1, 2, 3, 4, 6, 8)
+
+
+def candidate_ks(max_draft_len: int) -> tuple[int, ...]:
+    """The K values worth trying up to the engine's limit."""
+    return tuple(k for k in CANDIDATE_KS if k <= max_draft_len)
+
+
+def score(cell: Cell, goal: Goal) -> float | None:
+    """Higher is better: output tokens/s for throughput, minus the median end-to-end latency for latency."""
+    if goal == "throughput":
+        return cell.tokens_per_second
+    median = cell.e2e.get("p50")
+    return None if median is None else -median
+
+
+def pick(cells: Sequence[Cell], goal: Goal) -> Cell:
+    """The best cell for ``goal`` among those where every request succeeded and (greedy runs) the output
+    equals K=0's, so a faster but wrong setting can never win."""
+    eligible = [c for c in cells if c.requests and not c.errors and c.matches_baseline in (None, 1.0)
+                and score(c, goal) is not None]
+    if not eligible:
+        raise UsageError("no setting finished its requests cleanly, so none can be chosen",
+                         "read the bench table above and the server log")
+    return max(eligible, key=lambda c: (score(c, goal), -c.k))  # ties: the smaller K
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
+    """``text`` (a YAML mapping) with ``section.key`` set for each of ``values``, editing only those scalars
+    so that the user's comments and layout stay; missing keys and sections are added."""
+    root = yaml.compose(text) if text.strip() else None
+    if root is not None and not isinstance(root, yaml.MappingNode):
+        raise SpecError("the spec file does not hold a mapping at the top level", "see `specbuild init`")
+    entries = dict((key.value, value) for key, value in root.value) if root is not None else {}
+    block = entries.get(section)
+    if block is None:
+        lines = [f"{section}:"] + [f"  {key}: {_scalar(value)}" for key, value in values.items()]
+        return text + ("" if not text or text.endswith("\n") else "\n") + "\n".join(lines) + "\n"
+    if not isinstance(block, yaml.MappingNode) or block.flow_style or not block.value:
+        raise SpecError(f"{section!r} in the spec file is not a block mapping of keys",
+                        f"write {section} as indented 'key: value' lines")
+    items = {key.value: value for key, value in block.value}
+    edits: list[tuple[int, int, str]] = []
+    missing = []
+    for key, value in values.items():
+        node = items.get(key)
+        if isinstance(node, yaml.ScalarNode):
+            edits.append((node.start_mark.index, node.end_mark.index, _scalar(value)))
+        else:
+            missing.append(f"{key}: {_scalar(value)}")
+    if missing:  # as the section's first lines: after its last key may come a nested block (prompt_lookup)
+        first_key = block.value[0][0].start_mark
+        at = first_key.index - first_key.column
+        edits.append((at, at, "".join(f"{' ' * first_key.column}{line}\n" for line in missing)))
+    for start, end, replacement in sorted(edits, reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return text
+
+
+def write_choice(spec_path: str | Path, num_draft_tokens: int, adaptive: bool) -> None:
+    """Set the choice in the spec file (atomically), then check that the file still validates."""
+    from specbuild.spec import load_spec
+
+    path = Path(spec_path)
+    original = path.read_text(encoding="utf-8")
+    updated = set_section_values(original, "speculation",
+                                 {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive})
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(updated)
+    try:
+        load_spec(temporary)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    os.replace(temporary, path)
+
+
+@dataclass
+class TuneResult:
+    report: Any  # bench_runner.BenchReport
+    choice: Cell
+    spec_path: Path
+    compiled: Any  # compiler.CompileResult, None when --dry-run
+
+
+def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Sequence[int] | None = None,
+         adaptive: Sequence[bool] = (False, True), concurrency: int | None = None, max_tokens: int = 64,
+         requests: int = 8, max_seconds: float = 300.0, url: str | None = None, write: bool = True,
+         console: Any = None) -> TuneResult:
+    """Benchmark the release of ``spec_path`` (on a server started on its repository, or the one at
+    ``url``), choose the best setting for ``goal``, and (``write``) make it the spec's and repository's
+    default."""
+    from specbuild import compiler
+    from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
+    from specbuild.spec import load_spec
+
+    spec = load_spec(spec_path)
+    too_long = [k for k in ks or () if k > spec.speculation.max_draft_len]
+    if too_long:
+        raise UsageError(f"K={too_long[0]} is above the engine's max_draft_len ({spec.speculation.max_draft_len})",
+                         "choose K values up to max_draft_len, or rebuild with a larger one")
+    plan = BenchPlan(ks=tuple(ks or candidate_ks(spec.speculation.max_draft_len)), adaptive=tuple(adaptive),
+                     lookup=(spec.speculation.prompt_lookup.enabled,),
+                     concurrencies=(concurrency or (1 if goal == "latency" else min(4, spec.limits.max_batch_size)),),
+                     max_tokens=max_tokens, requests=requests, max_seconds=max_seconds)
+    repository = Path(spec.outputs.repository_dir)
+    with bench_server(url, None if url else repository) as (grpc_url, metrics_url):
+        report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url,
+                           tokenizer_dir=repository_tokenizer(repository), console=console)
+    choice = pick(report.cells, goal)
+    compiled = None
+    if write:
+        write_choice(spec_path, choice.k, choice.adaptive)
+        compiled = compiler.run(load_spec(spec_path), console=console)
+    return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled)

@@ -1,0 +1,1 @@
+"""Building engines: the incremental stage runner, atomic outputs, content hashing and the runtimes."""

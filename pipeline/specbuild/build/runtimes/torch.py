@@ -1,0 +1,112 @@
+"""The embedded ``torch`` runtime: convert and build for engine models that run HF checkpoints with PyTorch.
+
+* convert: HF checkpoint -> a normalized checkpoint (safetensors in the engine dtype, config, tokenizer),
+  loaded with safetensors only unless the spec allows pickles, never with remote code unless allowed.
+* build: the normalized checkpoint -> an engine folder: the weights plus ``build_info.json`` holding the
+  same build fields a TensorRT-LLM engine records (limits, ``max_draft_len``, speculative mode), so
+  packaging does not care which runtime built it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from specbuild.errors import CheckpointError
+from specbuild.build.runtimes import BUILD_INFO
+from specbuild.spec import BuildSpec
+
+Role = Literal["target", "draft"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+
+
+def resolve_dtype(spec: BuildSpec, role: Role) -> str:
+    """``auto`` is float32 here: the torch runtime mostly runs on CPUs, where half precision is not faster."""
+    dtype = getattr(spec, role).dtype
+    return "float32" if dtype == "auto" else dtype
+
+
+def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
+    """Load the HF checkpoint of ``role`` and save it normalized (safetensors, engine dtype) to ``output_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from specbuild.speculation.torch_engine import DTYPES
+
+    hf_logging.disable_progress_bar()
+    source = Path(getattr(spec, role).checkpoint)
+    has_safetensors = any(source.glob("*.safetensors"))
+    if not has_safetensors and not spec.security.allow_pickle:
+        raise CheckpointError(f"{source} has no .safetensors weights (pickle files are not loaded by default)",
+                              "convert it to safetensors, or pass --set security.allow_pickle=true if you trust it")
+    try:
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            str(source), dtype=DTYPES[resolve_dtype(spec, role)], use_safetensors=has_safetensors,
+            trust_remote_code=spec.security.trust_remote_code, low_cpu_mem_usage=True, output_loading_info=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot load {role} checkpoint {source}: {exc}",
+                              "check that the folder is a complete HF causal-LM checkpoint") from None
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:  # transformers would fill them with random values: an engine that compiles and talks nonsense
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CheckpointError(f"{source / 'config.json'} declares weights that the {role} checkpoint does not hold: "
+                              f"{shown}", "use the config.json saved with these weights (layer count and sizes "
+                              "must match the safetensors files)")
+    with torch.no_grad():
+        model.save_pretrained(str(output_dir), safe_serialization=True)
+    copy_tokenizer(source, output_dir)
+
+
+def copy_tokenizer(source: Path, destination: Path) -> list[str]:
+    """Copy the tokenizer files that exist in ``source``; return their names."""
+    destination.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, destination / name)
+            copied.append(name)
+    return copied
+
+
+def build_config(spec: BuildSpec, role: Role) -> dict:
+    """The engine's build fields, named as TensorRT-LLM's ``BuildConfig`` names them."""
+    is_target = role == "target"
+    return {
+        "max_batch_size": spec.limits.max_batch_size,
+        "max_input_len": spec.limits.max_input_len,
+        "max_seq_len": spec.limits.max_seq_len + (spec.speculation.max_draft_len if is_target else 0),
+        "max_draft_len": spec.speculation.max_draft_len if is_target else 0,
+        "speculative_decoding_mode": "draft_tokens_external" if is_target else None,
+        "gather_generation_logits": (not is_target) and spec.speculation.acceptance == "draft-logits",
+        "kv_cache_type": "paged",
+    }
+
+
+def build(spec: BuildSpec, role: Role, checkpoint_dir: Path, output_dir: Path) -> None:
+    """Make the engine folder: the converted weights (hard-linked when possible) and ``build_info.json``."""
+    import torch
+    import transformers
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for item in sorted(checkpoint_dir.iterdir()):
+        if item.is_file():
+            try:
+                os.link(item, output_dir / item.name)
+            except OSError:
+                shutil.copy2(item, output_dir / item.name)
+    config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
+    info = {
+        "runtime": "torch",
+        "role": role,
+        "dtype": resolve_dtype(spec, role),
+        "vocab_size": config.get("vocab_size"),
+        "architecture": (config.get("architectures") or ["?"])[0],
+        "build_config": build_config(spec, role),
+        "toolchain": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    (output_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

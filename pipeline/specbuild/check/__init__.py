@@ -1,0 +1,1 @@
+"""Checking a target/draft pair: checkpoint reading, compatibility, the memory plan and the report."""

@@ -1,0 +1,229 @@
+"""Can this draft speculate for this target? :func:`check_pair` answers with reasons and fixes.
+
+A *reason* makes the pair incompatible (the build would fail or the output would be wrong); a *warning*
+is something the user should know (a slow pairing, a padded vocabulary) that does not stop the build.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from specbuild.check.checkpoints import CheckpointInfo
+from specbuild.spec import Acceptance, BuildSpec
+
+# HF architectures TensorRT-LLM 1.2.x converts from a HF checkpoint (its MODEL_MAP), grouped by family;
+# only decoder-only text models that can serve as draft or target are listed.
+TRTLLM_FAMILIES: dict[str, tuple[str, ...]] = {
+    "Llama": ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "ExaoneForCausalLM",
+              "InternLMForCausalLM", "InternLM2ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
+              "SkyworkForCausalLM", "ArcticForCausalLM"),
+    "Qwen": ("QWenLMHeadModel", "QWenForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM"),
+    "Gemma": ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
+    "Phi": ("PhiForCausalLM", "Phi3ForCausalLM", "Phi3SmallForCausalLM", "PhiMoEForCausalLM"),
+    "GPT": ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "Starcoder2ForCausalLM", "NemotronForCausalLM"),
+    "GPT-NeoX": ("GPTNeoXForCausalLM",),
+    "GPT-J": ("GPTJForCausalLM",),
+    "Falcon": ("FalconForCausalLM", "RWForCausalLM"),
+    "OPT": ("OPTForCausalLM",),
+    "Bloom": ("BloomForCausalLM",),
+    "MPT": ("MptForCausalLM", "MPTForCausalLM"),
+    "Baichuan": ("BaichuanForCausalLM", "BaiChuanForCausalLM"),
+    "ChatGLM": ("ChatGLMForCausalLM", "ChatGLMForConditionalGeneration"),
+    "Cohere": ("CohereForCausalLM",),
+    "DeepSeek": ("DeepseekForCausalLM", "DeepseekV2ForCausalLM"),
+}
+ARCHITECTURE_FAMILY = {arch: family for family, archs in TRTLLM_FAMILIES.items() for arch in archs}
+
+# The draft should be about 10-100x smaller than the target (by parameters) to pay for itself.
+SIZE_RATIO_RANGE = (10.0, 100.0)
+
+
+class Finding(BaseModel):
+    """One reason (with its fix) or warning; ``code`` is stable for scripts, ``message`` is for people."""
+
+    code: str
+    message: str
+    fix: str | None = None
+
+
+class PairParams(BaseModel):
+    """The parts of a build spec the pair check needs (so the check runs without a full spec)."""
+
+    acceptance: Acceptance = "draft-logits"
+    max_seq_len: int = 2048
+    runtime: Literal["torch", "tensorrt-llm"] = "torch"
+    target_dtype: str = "auto"
+    draft_dtype: str = "auto"
+
+    @classmethod
+    def from_spec(cls, spec: BuildSpec) -> PairParams:
+        return cls(acceptance=spec.speculation.acceptance, max_seq_len=spec.limits.max_seq_len,
+                   runtime=spec.resolved_runtime(), target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype)
+
+
+class CompatibilityReport(BaseModel):
+    reasons: list[Finding] = Field(default_factory=list)
+    warnings: list[Finding] = Field(default_factory=list)
+    size_ratio: float | None = None  # target parameters / draft parameters
+    target_family: str | None = None
+    draft_family: str | None = None
+
+    @property
+    def compatible(self) -> bool:
+        return not self.reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compatible": self.compatible, **self.model_dump(mode="json")}
+
+
+def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
+               spec_or_params: BuildSpec | PairParams | None = None) -> CompatibilityReport:
+    """Every reason the pair cannot be built or served, with its fix, and what the user should know."""
+    params = spec_or_params if isinstance(spec_or_params, PairParams) else (
+        PairParams.from_spec(spec_or_params) if spec_or_params is not None else PairParams())
+    report = CompatibilityReport(
+        target_family=ARCHITECTURE_FAMILY.get(target.architecture),
+        draft_family=ARCHITECTURE_FAMILY.get(draft.architecture),
+        size_ratio=target.num_parameters / draft.num_parameters if draft.num_parameters else None,
+    )
+    for check in (_tokenizers, _special_ids, _vocab_widths, _architectures, _dtypes, _sizes, _positions, _rope):
+        check(target, draft, params, report)
+    return report
+
+
+def _tokenizers(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                report: CompatibilityReport) -> None:
+    t, d = target.tokenizer, draft.tokenizer
+    if t.hash == d.hash:
+        return
+    if t.vocab_size != d.vocab_size:
+        message = f"target vocab size {t.vocab_size} does not match draft vocab size {d.vocab_size}"
+    else:
+        message = (f"target and draft tokenizers differ (same vocab size {t.vocab_size}, but different tokens, merges "
+                   f"or special tokens: hash {t.hash[:12]} vs {d.hash[:12]})")
+    report.reasons.append(Finding(
+        code="tokenizer", message=message + ": draft token ids would mean different text to the target",
+        fix="use a draft that shares the target's tokenizer (e.g. a smaller model of the same family, or one "
+            "trained with the target's tokenizer.json)"))
+
+
+def _special_ids(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                 report: CompatibilityReport) -> None:
+    for role in ("bos", "eos", "pad"):
+        t_id = getattr(target.tokenizer, f"{role}_token_id")
+        d_id = getattr(draft.tokenizer, f"{role}_token_id")
+        if t_id == d_id:
+            continue
+        message = f"target {role} token id {t_id} does not match draft {role} token id {d_id}"
+        if role == "pad":  # padding is never generated or verified; the repository uses the target's
+            report.warnings.append(Finding(code="pad-id", message=message + " (harmless: the target's pad id is used)"))
+        else:
+            report.reasons.append(Finding(
+                code=f"{role}-id", message=message,
+                fix=f"set the draft's {role}_token in tokenizer_config.json and {role}_token_id in config.json to "
+                    "the target's"))
+
+
+def _vocab_widths(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                  report: CompatibilityReport) -> None:
+    for role, info in (("target", target), ("draft", draft)):
+        rows = info.embedding_rows
+        if rows is not None and info.tokenizer.max_token_id >= rows:
+            report.reasons.append(Finding(
+                code=f"{role}-embedding",
+                message=f"{role} tokenizer has ids up to {info.tokenizer.max_token_id} but its embedding only "
+                        f"{rows} rows",
+                fix=f"resize the {role}'s embeddings (model.resize_token_embeddings) or use its original tokenizer"))
+        if rows is not None and rows != info.vocab_size:
+            report.warnings.append(Finding(
+                code=f"{role}-vocab-size",
+                message=f"{role} config.json vocab_size {info.vocab_size} differs from its embedding rows {rows}"))
+    if target.logits_width == draft.logits_width:
+        return
+    widths = f"target logits width {target.logits_width} does not match draft logits width {draft.logits_width}"
+    if params.acceptance == "draft-logits":
+        report.reasons.append(Finding(
+            code="logits-width",
+            message=f"{widths}: draft-logits acceptance compares target and draft probabilities token by token "
+                    "and needs equal widths",
+            fix="use acceptance token-match (--acceptance token-match), or a draft with the target's padded "
+                "vocab size"))
+    else:
+        report.warnings.append(Finding(
+            code="logits-width",
+            message=f"{widths}: embeddings padded differently (tokenizer size {target.tokenizer.vocab_size}); "
+                    "fine for token-match, which compares token ids only, since both tokenizers agree; "
+                    "draft-logits acceptance would need equal widths"))
+
+
+def _architectures(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                   report: CompatibilityReport) -> None:
+    families = ", ".join(TRTLLM_FAMILIES)
+    for role, info in (("target", target), ("draft", draft)):
+        if info.architecture in ARCHITECTURE_FAMILY:
+            continue
+        message = (f"{role} architecture {info.architecture} is not converted by TensorRT-LLM 1.2.x "
+                   f"(supported families: {families})")
+        if params.runtime == "tensorrt-llm":
+            report.reasons.append(Finding(
+                code=f"{role}-architecture", message=message,
+                fix="use the torch runtime (--runtime torch) or a model of a supported family"))
+        else:
+            report.warnings.append(Finding(code=f"{role}-architecture",
+                                           message=message + "; the torch runtime can still serve it"))
+
+
+def _dtypes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+            report: CompatibilityReport) -> None:
+    if params.runtime == "tensorrt-llm":
+        for role, dtype in (("target", params.target_dtype), ("draft", params.draft_dtype)):
+            if dtype == "float32":
+                report.reasons.append(Finding(
+                    code=f"{role}-dtype",
+                    message=f"{role} dtype float32 is not built by this project's TensorRT-LLM path",
+                    fix=f"set {role}.dtype to bfloat16 or float16 (or auto)"))
+    stored = {info.torch_dtype for info in (target, draft)}
+    if len(stored) > 1:
+        report.warnings.append(Finding(
+            code="checkpoint-dtypes",
+            message=f"checkpoints are stored in different dtypes (target {target.torch_dtype}, draft "
+                    f"{draft.torch_dtype}); both are cast to the engine dtype"))
+
+
+def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+           report: CompatibilityReport) -> None:
+    ratio = report.size_ratio
+    low, high = SIZE_RATIO_RANGE
+    if ratio is None or low <= ratio <= high:
+        return
+    advice = ("the draft is too large to save time: a draft step should cost a small fraction of a target step"
+              if ratio < low else "the draft is so small that its guesses may rarely be accepted")
+    report.warnings.append(Finding(
+        code="size-ratio",
+        message=f"target has {target.num_parameters:,} parameters, {ratio:.1f}x the draft's {draft.num_parameters:,} "
+                f"(about {low:.0f}-{high:.0f}x is typical): {advice}"))
+
+
+def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+               report: CompatibilityReport) -> None:
+    limits = [m for m in (target.max_position_embeddings, draft.max_position_embeddings) if m is not None]
+    for role, info in (("target", target), ("draft", draft)):
+        limit = info.max_position_embeddings
+        if limit is not None and params.max_seq_len > limit:
+            report.reasons.append(Finding(
+                code=f"{role}-max-positions",
+                message=f"limits.max_seq_len {params.max_seq_len} is more than the {role} supports "
+                        f"(max_position_embeddings {limit})",
+                fix=f"lower limits.max_seq_len to {min(limits)} or less"))
+
+
+def _rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+          report: CompatibilityReport) -> None:
+    if (target.rope_theta, target.rope_scaling) != (draft.rope_theta, draft.rope_scaling):
+        report.warnings.append(Finding(
+            code="rope",
+            message=f"rope settings differ (target theta {target.rope_theta}, scaling {target.rope_scaling}; draft "
+                    f"theta {draft.rope_theta}, scaling {draft.rope_scaling}); each model keeps its own, but "
+                    "acceptance may drop at lengths the draft was not trained for"))

@@ -1,0 +1,185 @@
+"""``specbuild check``: read both checkpoints, check the pair, plan the memory, report.
+
+:func:`check` is the API (a release pipeline calls it and reads :class:`CheckReport`); :func:`render_check`
+draws the report as rich tables for people.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
+from specbuild.check.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, Finding, check_pair
+from specbuild.errors import UsageError
+from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
+from specbuild.spec import BuildSpec, ModelSpec
+
+
+class CheckReport(BaseModel):
+    target: CheckpointInfo
+    draft: CheckpointInfo
+    compatibility: CompatibilityReport
+    memory: MemoryPlan
+    acceptance: str
+    runtime: str
+
+    @property
+    def same_tokenizer(self) -> bool:
+        return self.target.tokenizer.hash == self.draft.tokenizer.hash
+
+    @property
+    def reasons(self) -> list[Finding]:
+        """Pair incompatibilities, plus the memory plan's refusal when the layout cannot fit the GPU."""
+        if not self.memory.problem:
+            return list(self.compatibility.reasons)
+        return [*self.compatibility.reasons, Finding(code="memory", message=self.memory.problem, fix=self.memory.fix)]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return self.compatibility.warnings
+
+    @property
+    def compatible(self) -> bool:
+        return not self.reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compatible": self.compatible,
+            "reasons": [r.model_dump() for r in self.reasons],
+            "warnings": [w.model_dump() for w in self.warnings],
+            "acceptance": self.acceptance,
+            "runtime": self.runtime,
+            "tokenizer": {
+                "identical": self.same_tokenizer,
+                "target": self.target.tokenizer.model_dump(mode="json"),
+                "draft": self.draft.tokenizer.model_dump(mode="json"),
+            },
+            "size_ratio": self.compatibility.size_ratio,
+            "target": self.target.summary(),
+            "draft": self.draft.summary(),
+            "memory_plan": self.memory.to_dict(),
+        }
+
+
+def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | None = None, *,
+          allow_pickle: bool = False, trust_remote_code: bool = False,
+          gpu_memory_gib: float | None = None) -> CheckReport:
+    """Check that the draft at ``draft_path`` can speculate for the target at ``target_path``.
+
+    ``spec`` supplies dtypes, parallelism, limits and acceptance (defaults when None); its security
+    settings are honoured as well as the flags. Unreadable or unsafe checkpoints raise
+    :class:`~specbuild.errors.CheckpointError`; an incompatible pair is a report with ``reasons``.
+    """
+    for role, path in (("target", target_path), ("draft", draft_path)):
+        if not Path(path).is_dir():
+            raise UsageError(f"{role} checkpoint folder {str(path)!r} does not exist",
+                             f"pass the {role}'s Hugging Face checkpoint folder "
+                             "(config.json, tokenizer files, *.safetensors)")
+    spec = spec or BuildSpec(target=ModelSpec(checkpoint=str(target_path)), draft=ModelSpec(checkpoint=str(draft_path)))
+    options = {"allow_pickle": allow_pickle or spec.security.allow_pickle,
+               "trust_remote_code": trust_remote_code or spec.security.trust_remote_code}
+    target = read_checkpoint(target_path, **options)
+    draft = read_checkpoint(draft_path, **options)
+    return CheckReport(
+        target=target, draft=draft, compatibility=check_pair(target, draft, spec),
+        memory=plan_memory(spec, target, draft, gpu_memory_gib, refuse=False),
+        acceptance=spec.speculation.acceptance, runtime=spec.resolved_runtime(),
+    )
+
+
+# --- rendering -----------------------------------------------------------------------------------------
+def _bytes(value: int) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value} B"
+
+
+def _count(value: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return str(value)
+
+
+def _checkpoint_rows(info: CheckpointInfo) -> list[str]:
+    tok = info.tokenizer
+    family = ARCHITECTURE_FAMILY.get(info.architecture)
+    return [
+        info.path,
+        f"{info.architecture} ({family or 'not a TensorRT-LLM 1.2 family'})",
+        f"{info.torch_dtype} ({info.weights.format})",
+        _count(info.num_parameters),
+        f"{info.num_layers} x {info.hidden_size}",
+        f"{info.num_attention_heads} / {info.num_kv_heads} x {info.head_dim}",
+        str(info.vocab_size),
+        str(info.embedding_rows),
+        str(info.logits_width),
+        str(tok.vocab_size),
+        tok.hash[:16],
+        f"{tok.bos_token_id} / {tok.eos_token_id} / {tok.pad_token_id}",
+        str(info.max_position_embeddings),
+        f"theta {info.rope_theta}" + (f", {info.rope_scaling}" if info.rope_scaling else ""),
+    ]
+
+
+CHECKPOINT_FIELDS = ("path", "architecture", "stored dtype", "parameters", "layers x hidden", "heads / kv heads x dim",
+                     "config vocab_size", "embedding rows", "logits width", "tokenizer size", "tokenizer hash",
+                     "bos / eos / pad ids", "max positions", "rope")
+
+
+def _checkpoint_table(report: CheckReport) -> Table:
+    table = Table(title="checkpoints")
+    for column in ("", "target", "draft"):
+        table.add_column(column, overflow="fold")
+    for field, t, d in zip(CHECKPOINT_FIELDS, _checkpoint_rows(report.target), _checkpoint_rows(report.draft)):
+        style = "red" if field in ("tokenizer hash", "bos / eos / pad ids") and t != d else None
+        table.add_row(field, escape(t), escape(d), style=style)
+    return table
+
+
+MEMORY_FIELDS = ("engine dtype", "tp x pp", "weights", "KV cache per token", "KV tokens", "KV cache",
+                 "activations + runtime", "kv_cache_free_gpu_mem_fraction")
+
+
+def _memory_rows(model: ModelMemory, fraction: float) -> list[str]:
+    return [model.dtype, f"{model.tp_size} x {model.pp_size}", _bytes(model.weights_bytes_per_gpu),
+            _bytes(model.kv_bytes_per_token_per_gpu), f"{model.kv_tokens:,}", _bytes(model.kv_bytes_per_gpu),
+            _bytes(model.activation_bytes_per_gpu + model.overhead_bytes_per_gpu), f"{fraction:g}"]
+
+
+def _memory_table(plan: MemoryPlan) -> Table:
+    fits = {None: "no GPU size given", True: "fits", False: "does NOT fit"}[plan.fits]
+    gpu = f" of {plan.gpu_memory_gib:g} GiB" if plan.gpu_memory_gib else ""
+    table = Table(title="memory plan (per GPU)",
+                  caption=f"{plan.gpus} GPU(s); needed {_bytes(plan.needed_bytes_per_gpu)} per GPU; smallest GPU at "
+                          f"KV budget {plan.kv_budget_fraction:g}: {_bytes(plan.min_gpu_bytes)}{gpu}: {fits}")
+    for column in ("", "target", "draft"):
+        table.add_column(column)
+    for row in zip(MEMORY_FIELDS, _memory_rows(plan.target, plan.target_kv_fraction),
+                   _memory_rows(plan.draft, plan.draft_kv_fraction)):
+        table.add_row(*row)
+    return table
+
+
+def render_check(report: CheckReport, console: Console) -> None:
+    """The report for people: checkpoints side by side, the memory plan, reasons with fixes, warnings."""
+    console.print(_checkpoint_table(report))
+    console.print(_memory_table(report.memory))
+    for reason in report.reasons:
+        console.print(f"[bold red]incompatible[/] ({reason.code}): {escape(reason.message)}", highlight=False)
+        if reason.fix:
+            console.print(f"  [bold]fix:[/] {escape(reason.fix)}", highlight=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning[/] ({warning.code}): {escape(warning.message)}", highlight=False)
+    size_ratio = report.compatibility.size_ratio
+    ratio = f", target/draft size ratio {size_ratio:.1f}x" if size_ratio else ""
+    verdict = ("[bold green]compatible[/]" if report.compatible
+               else f"[bold red]incompatible[/] ({len(report.reasons)} reasons)")
+    console.print(f"{verdict}: acceptance {report.acceptance}, runtime {report.runtime}{ratio}", highlight=False)

@@ -1,0 +1,554 @@
+"""``specbuild draft``: make a small, fast draft for a target by knowledge distillation.
+
+Recipe (chosen by measured cost on a 2-core CPU; see docs/benchmarks.md):
+
+1. **Data the target produces itself.** The target answers locally composed prompts
+   (:mod:`specbuild.drafts.prompts`, never the benchmark set) greedily: that is exactly the text a greedy
+   draft must predict while its tokens are being accepted. One teacher-forced pass over each answer keeps
+   the target's top-k next-token log-probabilities and its final (normed) hidden state at every position.
+2. **A draft initialised from the target.** A standard Llama causal LM with the target's tokenizer and
+   vocabulary ids. At the target's hidden size it copies the embeddings, final norm and output head (all
+   frozen) and ``layers`` decoder layers spread over the target's depth (first and last for 2): the draft
+   learns to produce hidden states the target's own head reads. At a smaller hidden size the embeddings
+   (and the tied head) start from the target's principal components and the layers from scratch.
+3. **Distillation.** Cross-entropy against the target's top-k distribution (forward KL on the mass that
+   matters), plus, at the target's hidden size, a regression on its final hidden state. The softmax is
+   taken over the tokens that ever appear in the target's top-k (a reduced output vocabulary for training
+   only: the saved head keeps every vocabulary id). Prompt positions count with a small weight, answer
+   positions fully.
+
+On CPUs with bfloat16 matrix units (Intel AMX, AVX512-BF16) the target's answers, their labels and the
+training matmuls run in bfloat16 (``precision="auto"``): 4-6x the float32 throughput on such a CPU, so the
+same budget buys that much more data. The saved draft and the acceptance summary stay float32.
+
+Everything runs under a hard wall-clock budget with periodic checkpoints in ``<OUT>.state/`` (outside the
+checkpoint folder, so ``specbuild compile`` never sees it) and ``resume``. Seeds fix the prompts, the
+batch order and the initialisation. The summary reports held-out greedy acceptance at K=1..4 (answers to
+prompts never trained on), measured step costs and the expected speedup with the measured verification
+cost V(K).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbuild.build.atomic import atomic_output_dir, atomic_write_bytes
+from specbuild.errors import CheckpointError, UsageError
+from specbuild.drafts.model_pairs import acceptance_by_k, draft_matches, folder_bytes, parameter_count, save_checkpoint, stage, torch_threads
+
+if TYPE_CHECKING:
+    import torch
+    from rich.progress import Progress
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+SUMMARY_FILE = "specbuild-draft.json"
+DATA_FILE, TRAIN_FILE = "data.safetensors", "train.pt"
+PROMPT_WEIGHT = 0.2  # prompt positions teach the draft too, but only answer positions are ever drafted
+HIDDEN_WEIGHT = 1.0
+WARMUP_SHARE, FINAL_LR_SHARE = 0.05, 0.1
+MAX_K = 4
+COST_CONTEXT, COST_REPEATS = 200, 12
+EVAL_RESERVE_SECONDS = 60
+PRECISIONS = ("auto", "float32", "bfloat16")
+LABEL_BATCH_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    """How to make the draft. ``steps`` sets the schedule's length; ``minutes`` stops the run earlier."""
+
+    layers: int = 2
+    hidden: int | None = None  # None: the target's hidden size (layers copied from the target)
+    minutes: float = 30.0
+    steps: int = 1500
+    prompts: int = 1200
+    held_out: int = 48  # prompts kept out of training, for the acceptance summary
+    max_new_tokens: int = 96
+    data_share: float = 0.4  # at most this share of the budget goes to the target's answers
+    generate_batch: int = 32
+    batch_tokens: int = 2048
+    learning_rate: float = 1e-3
+    top_k: int = 32
+    seed: int = 0
+    checkpoint_every: int = 100
+    threads: int = 2
+    precision: str = "auto"  # "auto": bfloat16 where the CPU has bfloat16 matrix units, else float32
+
+    def validate(self) -> None:
+        checks = [(self.layers >= 1, "--layers must be at least 1"), (self.minutes > 0, "--minutes must be > 0"),
+                  (self.steps >= 1, "--steps must be at least 1"), (self.prompts > self.held_out >= 1,
+                  "prompts must outnumber the held-out prompts (at least 1)"),
+                  (0 < self.data_share < 1, "data_share must be between 0 and 1"),
+                  (self.hidden is None or self.hidden >= 1, "--hidden must be positive"),
+                  (self.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}")]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message, "see `specbuild draft --help`")
+
+    def architecture(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the run it continues (``steps`` may grow to train on)."""
+        return {key: getattr(self, key) for key in ("layers", "hidden", "prompts", "held_out", "max_new_tokens",
+                                                    "top_k", "seed", "batch_tokens", "learning_rate")}
+
+
+def state_dir(out_dir: str | Path) -> Path:
+    """Where checkpoints and data live: ``<OUT>.state`` next to the output checkpoint."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".state")
+
+
+def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOptions = DraftOptions(), *,
+               resume: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+    """Distil a draft for the checkpoint in ``target_dir`` into ``out_dir``; return the summary it saves.
+
+    ``resume`` continues from ``<out_dir>.state`` (data and the last checkpoint); without it an existing
+    state folder is refused rather than overwritten.
+    """
+    import torch
+
+    options.validate()
+    started, budget = time.monotonic(), options.minutes * 60
+    data_deadline = started + budget * options.data_share
+    train_deadline = started + budget - min(EVAL_RESERVE_SECONDS, 0.1 * budget)  # leave time for the summary
+    out, work = Path(out_dir), state_dir(out_dir)
+    _check_paths(Path(target_dir), out, work, resume, options)
+    with torch_threads(options.threads):
+        torch.manual_seed(options.seed)
+        target, tokenizer = _load_target(Path(target_dir))
+        dtype = compute_dtype(options.precision)
+        data = _load_or_make_data(target, tokenizer, work, options, data_deadline, dtype, progress)
+        student, copied = student_from_target(target, options.layers, options.hidden)
+        trainer = Trainer(student, data, options, frozen_head=options.hidden in (None, target.config.hidden_size),
+                          dtype=dtype)
+        if resume and (work / TRAIN_FILE).is_file():
+            trainer.load(work / TRAIN_FILE)
+        resumed_from = trainer.step
+        trainer.run(train_deadline, work / TRAIN_FILE, progress)
+        figures = evaluate(target, student, data, progress)
+    summary = {
+        "target": str(target_dir), "options": asdict(options), "compute_dtype": str(dtype).removeprefix("torch."),
+        "copied_layers": copied,
+        "parameters": parameter_count(student), "resumed_from_step": resumed_from, "steps_done": trainer.step,
+        "train_seconds": round(trainer.seconds, 1), "data": data.figures, **figures,
+    }
+    with atomic_output_dir(out) as scratch:
+        save_checkpoint(student, tokenizer, scratch)
+        summary["bytes"] = folder_bytes(scratch)
+        (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _check_paths(target: Path, out: Path, work: Path, resume: bool, options: DraftOptions) -> None:
+    if not (target / "config.json").is_file():
+        raise CheckpointError(f"{target} is not a Hugging Face checkpoint folder (no config.json)",
+                              "pass the target's checkpoint folder")
+    if out.resolve() == target.resolve() or target.resolve() in out.resolve().parents:
+        raise UsageError(f"output {out} would overwrite or nest inside the target", "choose a folder outside it")
+    if out.exists() and any(out.iterdir()) and not (out / SUMMARY_FILE).is_file():
+        raise UsageError(f"{out} exists and is not a specbuild draft", "choose an empty or new folder")
+    recorded = work / "options.json"
+    if work.exists() and not resume:
+        raise UsageError(f"{work} holds an earlier run", "pass --resume to continue it, or remove the folder")
+    if resume and recorded.is_file():
+        previous = json.loads(recorded.read_text(encoding="utf-8"))
+        if previous != options.architecture():
+            changed = sorted(key for key in previous if previous.get(key) != options.architecture().get(key))
+            raise UsageError(f"--resume with different settings than the saved run: {', '.join(changed)}",
+                             f"repeat the earlier settings, or remove {work} to start over")
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(recorded, json.dumps(options.architecture(), indent=2).encode("utf-8"))
+
+
+def _load_target(folder: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot load the target {folder}: {exc}",
+                              "pass a safetensors Hugging Face checkpoint with its tokenizer") from exc
+    if model.config.model_type != "llama":
+        raise CheckpointError(f"specbuild draft makes Llama drafts, and copies layers from the target, but the target "
+                              f"is {model.config.model_type!r}", "use a Llama-architecture target")
+    return model.float().eval(), tokenizer
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype for the target's answers, labels and training matmuls (see the module docstring)."""
+    import torch
+
+    if precision == "auto":
+        fast_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        return torch.bfloat16 if fast_bf16 else torch.float32
+    return torch.bfloat16 if precision == "bfloat16" else torch.float32
+
+
+# --- data ------------------------------------------------------------------------------------------------
+@dataclass
+class DistillData:
+    """Every sequence (prompt + the target's greedy answer) as one flat stream, with the target's labels.
+
+    ``offsets[i]:offsets[i+1]`` is sequence i; ``top_ids``/``top_logp`` hold the target's top-k next-token
+    ids and log-probabilities at each position, ``hidden`` its final normed hidden state (fp16).
+    """
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    prompt_lens: torch.Tensor
+    top_ids: torch.Tensor
+    top_logp: torch.Tensor
+    hidden: torch.Tensor
+    held_out: int
+    figures: dict[str, Any]
+
+    def rows(self, indices: range) -> list[tuple[int, int, int]]:
+        """(start, end, prompt length) of the given sequences."""
+        return [(int(self.offsets[i]), int(self.offsets[i + 1]), int(self.prompt_lens[i])) for i in indices]
+
+    @property
+    def count(self) -> int:
+        return len(self.prompt_lens)
+
+
+def _load_or_make_data(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work: Path,
+                       options: DraftOptions, deadline: float, dtype: torch.dtype,
+                       progress: Progress | None) -> DistillData:
+    from safetensors.torch import load, save
+
+    path = work / DATA_FILE
+    if path.is_file():
+        tensors = load(path.read_bytes())
+        figures = json.loads((work / "data.json").read_text(encoding="utf-8"))
+        return DistillData(**tensors, held_out=options.held_out, figures=figures)
+    started = time.monotonic()
+    prompts = _encode_prompts(tokenizer, options)
+    teacher = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)  # fp32 needs no copy
+    sequences = target_answers(teacher, tokenizer, prompts, options, deadline, progress)
+    if len(sequences) <= options.held_out:
+        raise UsageError(f"the data budget produced only {len(sequences)} answers, fewer than the {options.held_out} "
+                         "held out", "give the run more --minutes")
+    data = label(teacher, sequences, options.top_k, progress)
+    del teacher
+    data.held_out = options.held_out
+    data.figures.update(generate_seconds=round(time.monotonic() - started, 1))
+    tensors = {name: getattr(data, name).contiguous() for name in
+               ("ids", "offsets", "prompt_lens", "top_ids", "top_logp", "hidden")}
+    atomic_write_bytes(path, save(tensors))
+    atomic_write_bytes(work / "data.json", json.dumps(data.figures).encode("utf-8"))
+    return data
+
+
+def _encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
+    """The distillation prompts, held-out ones first, in the target's chat template when it has one."""
+    from specbuild.drafts.prompts import distillation_prompts
+    from specbuild.bench.prompts import load_prompts
+
+    benchmark = frozenset(prompt.prompt for prompt in load_prompts())
+    texts = distillation_prompts(options.prompts, options.seed, exclude=benchmark)
+    if not getattr(tokenizer, "chat_template", None):
+        return [tokenizer(text)["input_ids"] for text in texts]
+    rendered = (tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True) for text in texts)
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
+
+
+def target_answers(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
+                   options: DraftOptions, deadline: float, progress: Progress | None) -> list[tuple[list[int], int]]:
+    """The target's greedy answers, batched (left-padded), until the prompts or the data budget run out.
+
+    Returns (prompt + answer, prompt length) per prompt, each answer cut after its first end-of-sequence.
+    """
+    import torch
+
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
+    sequences: list[tuple[list[int], int]] = []
+    with stage(progress, "draft: target answers prompts", len(prompts)) as advance, torch.no_grad():
+        for first in range(0, len(prompts), options.generate_batch):
+            if time.monotonic() > deadline and len(sequences) > options.held_out:
+                break
+            batch = prompts[first:first + options.generate_batch]
+            width = max(map(len, batch))
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            out = target.generate(ids, attention_mask=mask, max_new_tokens=options.max_new_tokens, do_sample=False,
+                                  pad_token_id=pad, temperature=None, top_p=None, top_k=None)
+            for prompt, row in zip(batch, out[:, width:].tolist()):
+                answer = next((row[:i + 1] for i, token in enumerate(row) if token in eos_ids), row)
+                sequences.append((prompt + answer, len(prompt)))
+            advance(len(batch))
+    return sequences
+
+
+def label(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], top_k: int,
+          progress: Progress | None) -> DistillData:
+    """Teacher-forced target passes (sequences of similar length batched, right-padded: causal attention
+    never lets a real position see padding) keeping top-k log-probabilities and final hidden states."""
+    import torch
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
+    top_ids: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    top_logp, hidden = list(top_ids), list(top_ids)
+    with stage(progress, "draft: label with the target", len(sequences)) as advance, torch.no_grad():
+        first = 0
+        while first < len(order):
+            last = first + 1
+            while last < len(order) and (last - first + 1) * len(sequences[order[last]][0]) <= LABEL_BATCH_TOKENS:
+                last += 1
+            batch = order[first:last]
+            width = len(sequences[batch[-1]][0])
+            ids = torch.tensor([sequences[i][0] + [0] * (width - len(sequences[i][0])) for i in batch])
+            states = target.model(input_ids=ids).last_hidden_state
+            values, indices = target.lm_head(states).float().log_softmax(-1).topk(top_k, dim=-1)
+            for row, i in enumerate(batch):
+                length = len(sequences[i][0])
+                top_ids[i], top_logp[i] = indices[row, :length].int(), values[row, :length]
+                hidden[i] = states[row, :length].half()
+            advance(len(batch))
+            first = last
+    lengths = torch.tensor([0] + [len(sequence) for sequence, _ in sequences])
+    return DistillData(
+        ids=torch.tensor([token for sequence, _ in sequences for token in sequence]),
+        offsets=lengths.cumsum(0), prompt_lens=torch.tensor([length for _, length in sequences]),
+        top_ids=torch.cat(top_ids), top_logp=torch.cat(top_logp), hidden=torch.cat(hidden), held_out=0,
+        figures={"sequences": len(sequences), "tokens": int(lengths.sum()),
+                 "answer_tokens": sum(len(s) - p for s, p in sequences)})
+
+
+# --- the draft -------------------------------------------------------------------------------------------
+def spread_layers(count: int, depth: int) -> list[int]:
+    """``count`` layer indices spread over ``depth`` layers, first and last included (first only for 1)."""
+    if count > depth:
+        raise UsageError(f"--layers {count} exceeds the target's {depth} layers", f"use at most {depth}")
+    if count == 1:
+        return [0]
+    return [round(i * (depth - 1) / (count - 1)) for i in range(count)]
+
+
+def student_from_target(target: LlamaForCausalLM, layers: int,
+                        hidden: int | None = None) -> tuple[LlamaForCausalLM, list[int]]:
+    """A Llama draft with the target's vocabulary, initialised from the target (see the module docstring),
+    and the target layers it copied."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    source = target.config
+    settings = {key: value for key, value in source.to_dict().items()
+                if key not in ("_name_or_path", "architectures", "layer_types", "transformers_version")}
+    settings["num_hidden_layers"] = layers
+    copy_layers = hidden is None or hidden == source.hidden_size
+    chosen = spread_layers(layers, source.num_hidden_layers) if copy_layers else []
+    if not copy_layers:
+        head_dim = getattr(source, "head_dim", None) or source.hidden_size // source.num_attention_heads
+        if hidden % head_dim:
+            raise UsageError(f"--hidden {hidden} is not a multiple of the target's head size {head_dim}",
+                             f"use a multiple of {head_dim}, or omit --hidden to copy the target's layers")
+        heads = hidden // head_dim
+        settings.update(hidden_size=hidden, num_attention_heads=heads, head_dim=head_dim,
+                        num_key_value_heads=math.gcd(heads, source.num_key_value_heads),
+                        intermediate_size=round(hidden * source.intermediate_size / source.hidden_size),
+                        tie_word_embeddings=True)
+    if getattr(source, "layer_types", None) and copy_layers:
+        settings["layer_types"] = [source.layer_types[i] for i in chosen]
+    student = LlamaForCausalLM(LlamaConfig(**settings))
+    with torch.no_grad():
+        if copy_layers:
+            student.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+            student.lm_head.weight.copy_(target.lm_head.weight)
+            student.model.norm.weight.copy_(target.model.norm.weight)
+            for mine, theirs in zip(student.model.layers, chosen):
+                mine.load_state_dict(target.model.layers[theirs].state_dict())
+        else:  # the embeddings' top principal directions keep as much of the target's geometry as fits
+            embeddings = target.model.embed_tokens.weight
+            basis = torch.linalg.svd(embeddings - embeddings.mean(0), full_matrices=False).Vh[:hidden].T
+            student.model.embed_tokens.weight.copy_(embeddings @ basis)
+    student.generation_config = target.generation_config
+    return student, chosen
+
+
+# --- training --------------------------------------------------------------------------------------------
+def learning_rate(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of ``steps``, then cosine decay to 10% of ``peak``."""
+    warmup = max(1, round(steps * WARMUP_SHARE))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return peak * (FINAL_LR_SHARE + (1 - FINAL_LR_SHARE) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Trainer:
+    """Distillation steps over :class:`DistillData` with a cosine schedule, checkpoints and resume."""
+
+    def __init__(self, student: LlamaForCausalLM, data: DistillData, options: DraftOptions, *,
+                 frozen_head: bool, dtype: torch.dtype) -> None:
+        import torch
+
+        self.student, self.data, self.options, self.frozen_head = student, data, options, frozen_head
+        self.dtype = dtype  # matmuls only: weights, optimizer state and the loss's softmax stay float32
+        if frozen_head:
+            student.model.embed_tokens.weight.requires_grad_(False)
+            student.lm_head.weight.requires_grad_(False)
+        self.parameters = [p for p in student.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=options.learning_rate, betas=(0.9, 0.95),
+                                           weight_decay=0.0)
+        self.batches = self._batches(range(data.held_out, data.count))
+        # Training softmax runs over the tokens the target ever ranks in its top-k (the saved head is whole).
+        self.vocabulary = data.top_ids[int(data.offsets[data.held_out]):].unique().long()
+        self.position = torch.full((student.config.vocab_size,), -1, dtype=torch.long)
+        self.position[self.vocabulary] = torch.arange(len(self.vocabulary))
+        self.step, self.seconds, self.last_loss = 0, 0.0, float("nan")
+
+    def _batches(self, indices: range) -> list[list[tuple[int, int, int]]]:
+        """Sequences sorted by length, grouped up to ``batch_tokens`` padded tokens per batch."""
+        rows = sorted(self.data.rows(indices), key=lambda row: row[1] - row[0])
+        batches: list[list[tuple[int, int, int]]] = [[]]
+        for row in rows:
+            if batches[-1] and (len(batches[-1]) + 1) * (row[1] - row[0]) > self.options.batch_tokens:
+                batches.append([])
+            batches[-1].append(row)
+        return batches
+
+    def batch_for(self, step: int) -> list[tuple[int, int, int]]:
+        """The batch of ``step``: a seeded permutation per epoch, so a resumed run sees the same order."""
+        import torch
+
+        epoch, index = divmod(step, len(self.batches))
+        order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.options.seed * 7919 + epoch))
+        return self.batches[int(order[index])]
+
+    def loss(self, rows: list[tuple[int, int, int]]) -> torch.Tensor:
+        import torch
+
+        data, width = self.data, max(end - start for start, end, _ in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        weight = torch.zeros(len(rows), width)
+        for row, (start, end, prompt_len) in enumerate(rows):
+            length = end - start
+            ids[row, :length] = data.ids[start:end]
+            mask[row, :length] = 1
+            weight[row, :length - 1] = PROMPT_WEIGHT  # position t is labelled with the target's view of t+1
+            weight[row, prompt_len - 1:length - 1] = 1.0
+        flat = torch.cat([torch.arange(start, end) for start, end, _ in rows])
+        selected = weight[mask.bool()] > 0
+        weights = weight[mask.bool()][selected]
+        states = self.student.model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()][selected].float()
+        teacher = flat[selected]
+        logits = states @ self.student.lm_head.weight[self.vocabulary].T
+        log_q = logits.log_softmax(-1).gather(-1, self.position[data.top_ids[teacher].long()])
+        per_token = -(data.top_logp[teacher].exp() * log_q).sum(-1)
+        if self.frozen_head:
+            target_states = data.hidden[teacher].float()
+            per_token = per_token + HIDDEN_WEIGHT * ((states - target_states) ** 2).mean(-1) / target_states.pow(2).mean()
+        return (per_token * weights).sum() / weights.sum()
+
+    def run(self, deadline: float, checkpoint: Path, progress: Progress | None) -> None:
+        """Train until ``options.steps`` or the deadline, saving every ``checkpoint_every`` steps and on exit."""
+        import torch
+
+        self.student.train()
+        start_step = self.step
+        with stage(progress, "draft: distil", self.options.steps) as advance:
+            advance(start_step)
+            try:
+                while self.step < self.options.steps and time.monotonic() < deadline:
+                    began = time.monotonic()
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = learning_rate(self.step, self.options.steps, self.options.learning_rate)
+                    with torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32):
+                        loss = self.loss(self.batch_for(self.step))
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.step += 1
+                    self.seconds += time.monotonic() - began
+                    self.last_loss = float(loss.detach())
+                    advance(1)
+                    if self.step % self.options.checkpoint_every == 0:
+                        self.save(checkpoint)
+                        if progress is not None:
+                            progress.console.print(f"step {self.step}: loss {self.last_loss:.3f}", highlight=False)
+            finally:  # an interrupted run keeps its progress for --resume
+                if self.step > start_step:
+                    self.save(checkpoint)
+        self.student.eval()
+
+    def save(self, path: Path) -> None:
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save({"student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "step": self.step, "seconds": self.seconds}, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
+
+    def load(self, path: Path) -> None:
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and numbers only, never code
+        self.student.load_state_dict(state["student"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.seconds = int(state["step"]), float(state["seconds"])
+
+
+# --- evaluation ------------------------------------------------------------------------------------------
+def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillData,
+             progress: Progress | None) -> dict[str, Any]:
+    """Held-out greedy acceptance at K=1..4, step costs, V(K) and the expected speedup per K."""
+    import torch
+
+    matches = []
+    with stage(progress, "draft: held-out acceptance", data.held_out) as advance, torch.no_grad():
+        for start, end, prompt_len in data.rows(range(data.held_out)):
+            sequence = data.ids[start:end]
+            matches.append(draft_matches(student(input_ids=sequence[None]).logits[0], sequence, prompt_len))
+            advance(1)
+    acceptance = acceptance_by_k(matches, MAX_K)
+    target_ms = {n: step_ms(target, n) for n in range(1, MAX_K + 2)}
+    draft_ms = step_ms(student, 1)
+    cost = draft_ms / target_ms[1]
+    verify = {k: target_ms[k + 1] / target_ms[1] for k in range(1, MAX_K + 1)}
+    expected = {str(k): round((1 + k * acceptance[str(k)]) / (k * cost + verify[k]), 3) for k in verify}
+    best = max(expected, key=lambda k: expected[k])
+    return {"held_out_acceptance": acceptance, "target_step_ms": round(target_ms[1], 2),
+            "draft_step_ms": round(draft_ms, 2), "cost_ratio": round(cost, 3),
+            "verify_cost": {str(k): round(v, 3) for k, v in verify.items()}, "expected_speedup": expected,
+            "best_k": int(best)}
+
+
+def step_ms(model: LlamaForCausalLM, new_tokens: int, context: int = COST_CONTEXT,
+            repeats: int = COST_REPEATS) -> float:
+    """Median milliseconds to feed ``new_tokens`` after ``context`` cached tokens (one decode/verify step)."""
+    import torch
+    from transformers import DynamicCache
+
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, model.config.vocab_size, (1, context), generator=generator)
+    step = torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=generator)
+    times = []
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(input_ids=prefix, use_cache=True, **{_cache_argument(model): cache})
+        for _ in range(repeats + 2):
+            began = time.perf_counter()
+            model(input_ids=step, use_cache=True, **{_cache_argument(model): cache})
+            times.append(time.perf_counter() - began)
+            cache.crop(-new_tokens)
+    return sorted(times[2:])[len(times[2:]) // 2] * 1000
+
+
+def _cache_argument(model: LlamaForCausalLM) -> str:
+    """transformers 5.x renamed the forward's cache argument; 4.57 only knows ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+

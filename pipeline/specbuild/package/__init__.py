@@ -1,0 +1,1 @@
+"""Packaging a release: the tensor contract, the Triton repository renderer and the manifest."""

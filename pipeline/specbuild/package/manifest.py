@@ -1,0 +1,253 @@
+"""``manifest.json``: what a release holds and how it was made, and :func:`verify` to prove it still does.
+
+Where it lives: ``<repository_dir>/manifest.json`` (Triton only treats folders of a model repository as
+models, so the file is inert there and ships with the repository). It covers both the repository and the
+engines: file paths are relative to the two trees' common folder (``root``, stored relative to the
+manifest's own folder, e.g. ``".."`` for the default ``engines/`` + ``triton_repo/`` side by side), so a
+release moved or copied as a whole still verifies. The manifest itself is not in its file list.
+
+It never records environment variables, tokens or credentials: only the resolved spec, the inputs'
+identities the caller passes, package versions and GPU names.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from rich.table import Table
+
+from specbuild.build.atomic import atomic_write_text, clean_stale
+from specbuild.errors import UsageError, VerificationError
+from specbuild.build.hashing import digest_json, hash_tree
+from specbuild.build.stages import StageResult
+
+MANIFEST_FORMAT = "specbuild.manifest/v1"
+MANIFEST_NAME = "manifest.json"
+
+_TOOLCHAIN_PACKAGES = ("specbuild", "torch", "transformers", "tokenizers", "safetensors", "numpy", "tritonclient",
+                       "nvidia-pytriton", "tensorrt_llm", "tensorrt")
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _gpus() -> list[dict[str, str]]:
+    """Name, driver and SM of each visible NVIDIA GPU (from nvidia-smi; empty without one)."""
+    try:
+        output = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in output.strip().splitlines():
+        name, driver, compute_cap = (part.strip() for part in line.split(",", 2))
+        gpus.append({"name": name, "driver": driver, "sm": compute_cap.replace(".", "")})
+    return gpus
+
+
+def toolchain() -> dict[str, Any]:
+    """Versions of the tools that made a release, read from package metadata (nothing is imported)."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": {name: _package_version(name) for name in _TOOLCHAIN_PACKAGES},
+        "gpus": _gpus(),
+    }
+
+
+def checkpoint_identity(path: str | Path) -> dict[str, Any]:
+    """An input's identity for the manifest: its resolved path and the sha256 of each of its files.
+
+    Symlinks are followed (Hugging Face cache snapshots link to blobs). Hashing reads the weights, so
+    compute it in the ``check`` stage and carry it in that stage's returned data, which a skip hands back.
+    """
+    folder = Path(path).resolve()
+    files = hash_tree(folder, symlinks="follow")
+    return {"path": str(folder), "digest": digest_json(files), "files": files}
+
+
+def _trees(repository_dir: Path, engines_dir: Path) -> tuple[Path, dict[str, str]]:
+    """The common root of both trees and each tree's path relative to it."""
+    trees = {"engines": engines_dir.resolve(), "repository": repository_dir.resolve()}
+    for role, path in trees.items():
+        if not path.is_dir():
+            raise UsageError(f"the {role} folder {path} does not exist", "build and package the release first")
+    root = Path(os.path.commonpath(list(trees.values())))
+    return root, {role: path.relative_to(root).as_posix() for role, path in trees.items()}
+
+
+BYTECODE_DIR = "__pycache__"
+
+
+def _hash_release(root: Path, trees: Mapping[str, str], manifest: Path) -> dict[str, str]:
+    """``{path relative to root: sha256}`` of every file in the trees, the manifest itself and Python
+    bytecode caches (which the server's model processes write next to their ``model.py``) excluded."""
+    manifest_relative = manifest.resolve().relative_to(root).as_posix()
+    files: dict[str, str] = {}
+    for tree in trees.values():
+        tree_dir = root / tree
+        if not tree_dir.is_dir():
+            continue
+        prefix = "" if tree == "." else f"{tree}/"
+        exclude = {manifest_relative[len(prefix):]} if manifest_relative.startswith(prefix) else set()
+        for relative, digest in hash_tree(tree_dir, symlinks="record", exclude=exclude).items():
+            if BYTECODE_DIR in relative.split("/"):
+                continue  # written by a running server's python models, never part of the release
+            files[prefix + relative] = digest
+    return dict(sorted(files.items()))
+
+
+def profile_id(files: Mapping[str, str]) -> str:
+    """A short id of the release's content: equal files (by relative path and hash) give an equal id."""
+    return digest_json(dict(sorted(files.items())))[:16]
+
+
+def write_manifest(
+    repository_dir: str | Path,
+    engines_dir: str | Path,
+    *,
+    spec: Any,
+    inputs: Mapping[str, Any],
+    steps: Sequence[StageResult | Mapping[str, Any]],
+    compatibility: Mapping[str, Any] | None = None,
+    toolchain_info: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Hash the release and write ``<repository_dir>/manifest.json`` atomically; returns its path.
+
+    ``spec``: the resolved BuildSpec (or its dict). ``inputs``: the checkpoints' identities (paths, config,
+    tokenizer and weight hashes). ``steps``: the :class:`StageResult` list of the run (or dicts).
+    ``toolchain_info`` defaults to :func:`toolchain`.
+    """
+    repository_dir = Path(repository_dir)
+    manifest_path = repository_dir.resolve() / MANIFEST_NAME
+    root, trees = _trees(repository_dir, Path(engines_dir))
+    clean_stale(manifest_path)
+    files = _hash_release(root, trees, manifest_path)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "profile_id": profile_id(files),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "root": os.path.relpath(root, manifest_path.parent),
+        "trees": trees,
+        "files": files,
+        "spec": spec.model_dump(mode="json") if hasattr(spec, "model_dump") else dict(spec),
+        "inputs": dict(inputs),
+        "toolchain": dict(toolchain_info) if toolchain_info is not None else toolchain(),
+        "steps": [_step(step) for step in steps],
+        "compatibility": dict(compatibility or {}),
+        "extra": dict(extra or {}),
+    }
+    return atomic_write_text(manifest_path, json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+def _step(step: StageResult | Mapping[str, Any]) -> dict[str, Any]:
+    data = step.to_json() if isinstance(step, StageResult) else dict(step)
+    data.pop("data", None)  # reports returned by actions go in their own manifest sections
+    return data
+
+
+# --- verification -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VerifyReport:
+    manifest: Path
+    root: Path
+    profile_id: str
+    checked: int
+    changed: list[str]
+    missing: list[str]
+    extra: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.changed or self.missing or self.extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "manifest": str(self.manifest), "root": str(self.root),
+                "profile_id": self.profile_id, "checked": self.checked, "changed": self.changed,
+                "missing": self.missing, "extra": self.extra}
+
+
+def find_manifest(path: str | Path) -> Path:
+    """The manifest for ``path``: the file itself, ``path/manifest.json``, or the one in a single subfolder."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    candidates = [path / MANIFEST_NAME] if (path / MANIFEST_NAME).is_file() else sorted(path.glob(f"*/{MANIFEST_NAME}"))
+    if len(candidates) == 1:
+        return candidates[0]
+    found = f"several ({', '.join(str(c) for c in candidates)})" if candidates else "none"
+    raise UsageError(f"no single {MANIFEST_NAME} in {path} (found {found})",
+                     "pass the repository folder written by `specbuild compile` (it holds manifest.json)")
+
+
+def _relative_or_fail(value: Any, what: str, *, parents_only: bool = False) -> str:
+    path = PurePosixPath(value) if isinstance(value, str) else None
+    if path is None or path.is_absolute():
+        raise VerificationError(f"manifest {what} {value!r} is not a relative path", "regenerate the manifest")
+    if parents_only and any(part != ".." for part in path.parts):
+        raise VerificationError(f"manifest root {value!r} must only go up from the manifest's folder",
+                                "regenerate the manifest")
+    if not parents_only and ".." in path.parts:
+        raise VerificationError(f"manifest {what} {value!r} leads outside the release", "regenerate the manifest")
+    return value
+
+
+def _load(manifest_path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise VerificationError(f"{manifest_path} is not valid JSON ({exc})",
+                                "the manifest was damaged; rebuild the release or restore it") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise VerificationError(f"{manifest_path} has format {found!r}, expected {MANIFEST_FORMAT!r}",
+                                "verify it with the specbuild version that wrote it")
+    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("trees"), dict):
+        raise VerificationError(f"{manifest_path} lacks its files or trees", "regenerate the manifest")
+    return manifest
+
+
+def verify(path: str | Path) -> VerifyReport:
+    """Re-hash the release described by a manifest (or a folder holding one) and name every difference."""
+    manifest_path = find_manifest(path).resolve()
+    manifest = _load(manifest_path)
+    root = (manifest_path.parent / _relative_or_fail(manifest.get("root", "."), "root", parents_only=True)).resolve()
+    trees = {role: _relative_or_fail(tree, "tree") for role, tree in manifest["trees"].items()}
+    recorded = {_relative_or_fail(relative, "file"): digest for relative, digest in manifest["files"].items()}
+    current = _hash_release(root, trees, manifest_path)
+    return VerifyReport(
+        manifest=manifest_path,
+        root=root,
+        profile_id=str(manifest.get("profile_id", "")),
+        checked=len(recorded),
+        changed=sorted(p for p in recorded.keys() & current.keys() if recorded[p] != current[p]),
+        missing=sorted(recorded.keys() - current.keys()),
+        extra=sorted(current.keys() - recorded.keys()),
+    )
+
+
+def report_table(report: VerifyReport) -> Table:
+    """The differences as a rich table: one row per changed, missing or extra file."""
+    table = Table(title=f"{report.manifest}: differences from the manifest", title_justify="left")
+    table.add_column("problem", style="bold red")
+    table.add_column("file (relative to the release root)")
+    for problem, paths in (("changed", report.changed), ("missing", report.missing), ("extra", report.extra)):
+        for relative in paths:
+            table.add_row(problem, relative)
+    return table

@@ -1,0 +1,300 @@
+"""Render and validate the Triton model repository.
+
+Every ``config.pbtxt`` is built as Triton's own ``ModelConfig`` protobuf message from typed values (no
+templates, so no ``${placeholder}`` can survive) and written with ``text_format``. :func:`validate_repository`
+parses every config back with the same message type and checks the ensemble's mappings against the
+composing models' tensor names and types before a repository is declared done.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from specbuild.package import contract
+from specbuild.package.contract import Tensor
+from specbuild.errors import StageError
+from specbuild.build.runtimes import BUILD_INFO
+from specbuild.spec import BuildSpec
+
+MODELS_DIR = Path(__file__).parent.parent / "serve" / "triton_models"
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What packaging needs from a built engine folder (``build_info.json``), whichever runtime built it."""
+
+    role: str
+    runtime: str
+    path: Path
+    dtype: str
+    vocab_size: int
+    build_config: dict[str, Any]
+
+    @classmethod
+    def read(cls, engine_dir: Path, role: str) -> EngineInfo:
+        info_file = engine_dir / BUILD_INFO
+        try:
+            info = json.loads(info_file.read_text(encoding="utf-8"))
+            return cls(role=role, runtime=info["runtime"], path=engine_dir, dtype=info["dtype"],
+                       vocab_size=int(info["vocab_size"]), build_config=dict(info["build_config"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StageError("package", f"{info_file} is missing or unreadable ({exc})",
+                             f"rebuild the {role} engine with `specbuild build`") from None
+
+
+# --- config builders -----------------------------------------------------------------------------------
+def _io(message_type: Any, tensors: tuple[Tensor, ...]) -> list[Any]:
+    items = []
+    for item in tensors:
+        kwargs = {"name": item.name, "data_type": mc.DataType.Value(item.dtype), "dims": list(item.dims)}
+        if message_type is mc.ModelInput and item.optional:
+            kwargs["optional"] = True
+        items.append(message_type(**kwargs))
+    return items
+
+
+def _parameters(config: mc.ModelConfig, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        config.parameters[key].string_value = text
+
+
+def python_model_config(name: str, spec: BuildSpec, inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...],
+                        parameters: dict[str, Any], *, decoupled: bool = False, instances: int = 1) -> mc.ModelConfig:
+    config = mc.ModelConfig(
+        name=name, backend="python", max_batch_size=spec.limits.max_batch_size,
+        input=_io(mc.ModelInput, inputs), output=_io(mc.ModelOutput, outputs),
+        instance_group=[mc.ModelInstanceGroup(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)],
+    )
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
+    _parameters(config, parameters)
+    return config
+
+
+def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
+    """preprocessing -> orchestrator -> postprocessing, keeping NVIDIA's ensemble tensor names."""
+    config = mc.ModelConfig(
+        name=contract.ENSEMBLE_MODEL, platform="ensemble", max_batch_size=spec.limits.max_batch_size,
+        input=_io(mc.ModelInput, contract.ENSEMBLE_INPUTS), output=_io(mc.ModelOutput, contract.ENSEMBLE_OUTPUTS),
+    )
+    public = {t.name for t in contract.ENSEMBLE_INPUTS}
+
+    def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> mc.ModelEnsembling.Step:
+        return mc.ModelEnsembling.Step(model_name=model, model_version=-1, input_map=inputs, output_map=outputs)
+
+    pre_out = {t.name: f"_pre_{t.name}" for t in contract.PREPROCESSING_OUTPUTS}
+    orchestrator_inputs = {t.name: t.name for t in contract.ORCHESTRATOR_INPUTS if t.name in public}
+    orchestrator_inputs.update({
+        "input_ids": pre_out["input_ids"], "input_length": pre_out["input_length"], "end_id": pre_out["end_id"],
+        "stop_words_ids": pre_out["stop_words_ids"], "bad_words_ids": pre_out["bad_words_ids"],
+    })
+    public_outputs = {t.name for t in contract.ENSEMBLE_OUTPUTS}
+    orchestrator_outputs = {t.name: (t.name if t.name in public_outputs else f"_orc_{t.name}")
+                            for t in contract.ORCHESTRATOR_OUTPUTS}
+    config.ensemble_scheduling.step.extend([
+        step(contract.PREPROCESSING_MODEL, {t.name: t.name for t in contract.PREPROCESSING_INPUTS}, pre_out),
+        step(contract.ORCHESTRATOR_MODEL, orchestrator_inputs, orchestrator_outputs),
+        step(contract.POSTPROCESSING_MODEL,
+             {t.name: orchestrator_outputs[t.name] for t in contract.POSTPROCESSING_INPUTS},
+             {"text_output": "text_output"}),
+    ])
+    return config
+
+
+def orchestrator_config(spec: BuildSpec, target: EngineInfo) -> mc.ModelConfig:
+    s = spec.speculation
+    return python_model_config(
+        contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS, contract.ORCHESTRATOR_OUTPUTS,
+        {
+            "max_draft_len": int(target.build_config.get("max_draft_len") or 0),
+            "num_draft_tokens": s.num_draft_tokens,
+            "use_draft_logits": s.acceptance == "draft-logits",
+            "adaptive_draft": s.adaptive,
+            "prompt_lookup": s.prompt_lookup.enabled,
+            "lookup_max_ngram": s.prompt_lookup.max_ngram,
+            "lookup_min_ngram": s.prompt_lookup.min_ngram,
+            "lookup_draft_fallback": s.prompt_lookup.draft_fallback,
+            "vocab_size": target.vocab_size,  # width of lookup drafts' point-mass logits
+            "max_input_len": spec.limits.max_input_len,
+            "max_seq_len": spec.limits.max_seq_len,
+            "target_model": contract.TARGET_MODEL,
+            "draft_model": contract.DRAFT_MODEL,
+        },
+        decoupled=True, instances=spec.triton.orchestrator_instances,
+    )
+
+
+def engine_dir_parameter(engine_dir: Path, repository_dir: Path) -> str:
+    """The engine folder relative to the release root (the repository's parent) when it lies inside it,
+    so a release moves as a whole; otherwise absolute."""
+    root = repository_dir.resolve().parent
+    engine_dir = engine_dir.resolve()
+    try:
+        return str(engine_dir.relative_to(root))
+    except ValueError:
+        return str(engine_dir)
+
+
+def torch_engine_config(spec: BuildSpec, engine: EngineInfo, repository_dir: Path) -> mc.ModelConfig:
+    build = engine.build_config
+    return python_model_config(
+        engine.role, spec, contract.ENGINE_INPUTS, contract.ENGINE_OUTPUTS,
+        {
+            "engine_dir": engine_dir_parameter(engine.path, repository_dir),
+            "dtype": engine.dtype,
+            "device": "auto",
+            "max_seq_len": build["max_seq_len"],
+            "max_draft_len": build.get("max_draft_len") or 0,
+            "cache_entries": 2 * spec.limits.max_batch_size,
+        },
+        instances=spec.triton.engine_instances,
+    )
+
+
+EngineConfigFactory = Callable[[BuildSpec, EngineInfo, Path], mc.ModelConfig]
+
+
+# --- rendering -----------------------------------------------------------------------------------------
+def write_config(model_dir: Path, config: mc.ModelConfig) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
+
+
+def _copy_model_source(source_name: str, model_dir: Path) -> None:
+    version_dir = model_dir / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(MODELS_DIR / source_name, version_dir / "model.py")
+
+
+def _copy_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
+    from specbuild.build.runtimes.torch import copy_tokenizer
+
+    if not copy_tokenizer(tokenizer_dir, model_dir / "1" / "tokenizer"):
+        raise StageError("package", f"no tokenizer files in {tokenizer_dir}",
+                         "the target checkpoint must ship tokenizer.json or its tokenizer files")
+
+
+def tokenizer_end_id(tokenizer_dir: Path) -> int:
+    """The tokenizer's eos id: the default ``end_id`` of requests."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=False)
+    if tokenizer.eos_token_id is None:
+        raise StageError("package", f"the tokenizer in {tokenizer_dir} defines no eos token",
+                         "set eos_token in tokenizer_config.json")
+    return int(tokenizer.eos_token_id)
+
+
+def render_repository(spec: BuildSpec, target: EngineInfo, draft: EngineInfo, tokenizer_dir: Path,
+                      output_dir: Path, engine_config: EngineConfigFactory | None = None) -> None:
+    """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic)."""
+    engine_config = engine_config or torch_engine_config
+    end_id = tokenizer_end_id(tokenizer_dir)
+    models = {
+        contract.ENSEMBLE_MODEL: ensemble_config(spec),
+        contract.PREPROCESSING_MODEL: python_model_config(
+            contract.PREPROCESSING_MODEL, spec, contract.PREPROCESSING_INPUTS, contract.PREPROCESSING_OUTPUTS,
+            {"max_input_len": spec.limits.max_input_len, "end_id": end_id}),
+        contract.ORCHESTRATOR_MODEL: orchestrator_config(spec, target),
+        contract.POSTPROCESSING_MODEL: python_model_config(
+            contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, {}),
+        contract.TARGET_MODEL: engine_config(spec, target, output_dir),
+        contract.DRAFT_MODEL: engine_config(spec, draft, output_dir),
+    }
+    for name, config in models.items():
+        write_config(output_dir / name, config)
+    (output_dir / contract.ENSEMBLE_MODEL / "1").mkdir(exist_ok=True)
+    for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL):
+        _copy_model_source(f"{name}.py", output_dir / name)
+    for name in (contract.PREPROCESSING_MODEL, contract.POSTPROCESSING_MODEL):
+        _copy_tokenizer(tokenizer_dir, output_dir / name)
+    for engine in (target, draft):
+        if engine.runtime == "torch":
+            _copy_model_source("torch_engine_model.py", output_dir / engine.role)
+        else:
+            (output_dir / engine.role / "1").mkdir(parents=True, exist_ok=True)
+    problems = validate_repository(output_dir)
+    if problems:
+        raise StageError("package", "the rendered repository is inconsistent:\n  " + "\n  ".join(problems),
+                         "this is a specbuild bug; please report it with the spec used")
+
+
+# --- validation ----------------------------------------------------------------------------------------
+def read_config(model_dir: Path) -> mc.ModelConfig:
+    config = mc.ModelConfig()
+    text_format.Parse((model_dir / "config.pbtxt").read_text(encoding="utf-8"), config)
+    return config
+
+
+def _dims_compatible(a: list[int], b: list[int]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
+
+
+def validate_repository(repository: Path) -> list[str]:
+    """Parse every ``config.pbtxt`` with Triton's ``ModelConfig`` and cross-check the ensemble.
+
+    Returns the problems found (empty when the repository is consistent).
+    """
+    problems: list[str] = []
+    configs: dict[str, mc.ModelConfig] = {}
+    for name in contract.MODEL_NAMES:
+        path = repository / name / "config.pbtxt"
+        if not path.is_file():
+            problems.append(f"{name}: config.pbtxt is missing")
+            continue
+        try:
+            configs[name] = read_config(repository / name)
+        except text_format.ParseError as exc:
+            problems.append(f"{name}: config.pbtxt does not parse as ModelConfig: {exc}")
+            continue
+        if configs[name].name != name:
+            problems.append(f"{name}: config name is {configs[name].name!r}")
+        if configs[name].backend == "python" and not (repository / name / "1" / "model.py").is_file():
+            problems.append(f"{name}: 1/model.py is missing")
+    ensemble = configs.get(contract.ENSEMBLE_MODEL)
+    if ensemble is None:
+        return problems
+    available = {t.name: (t.data_type, list(t.dims)) for t in ensemble.input}
+    for step in ensemble.ensemble_scheduling.step:
+        model = configs.get(step.model_name)
+        if model is None:
+            problems.append(f"ensemble step {step.model_name!r}: no such model in the repository")
+            continue
+        model_inputs = {t.name: t for t in model.input}
+        model_outputs = {t.name: t for t in model.output}
+        for model_input, source in step.input_map.items():
+            if model_input not in model_inputs:
+                problems.append(f"ensemble -> {step.model_name}: {model_input!r} is not an input of the model")
+            elif source not in available:
+                problems.append(f"ensemble -> {step.model_name}.{model_input}: {source!r} is produced by no earlier step")
+            else:
+                dtype, dims = available[source]
+                wanted = model_inputs[model_input]
+                if dtype != wanted.data_type or not _dims_compatible(dims, list(wanted.dims)):
+                    problems.append(f"ensemble -> {step.model_name}.{model_input}: {source!r} is "
+                                    f"{mc.DataType.Name(dtype)}{dims}, the model wants "
+                                    f"{mc.DataType.Name(wanted.data_type)}{list(wanted.dims)}")
+        for name, tensor in model_inputs.items():
+            if not tensor.optional and name not in step.input_map:
+                problems.append(f"ensemble -> {step.model_name}: required input {name!r} is not mapped")
+        for model_output, target in step.output_map.items():
+            if model_output not in model_outputs:
+                problems.append(f"{step.model_name} -> ensemble: {model_output!r} is not an output of the model")
+                continue
+            available[target] = (model_outputs[model_output].data_type, list(model_outputs[model_output].dims))
+    for output in ensemble.output:
+        produced = available.get(output.name)
+        if produced is None:
+            problems.append(f"ensemble output {output.name!r} is produced by no step")
+        elif produced[0] != output.data_type:
+            problems.append(f"ensemble output {output.name!r}: type {mc.DataType.Name(produced[0])} "
+                            f"!= {mc.DataType.Name(output.data_type)}")
+    return problems

@@ -1,0 +1,367 @@
+"""Launch plans for the ``tensorrt-llm`` runtime: the ``docker run`` and ``tritonserver``/``mpirun`` commands.
+
+Everything here is a pure function of a :class:`~specbuild.spec.BuildSpec` (no GPU, Docker or TensorRT-LLM
+needed), so every command can be generated and checked anywhere. Three process layouts, named as in
+NVIDIA's tensorrtllm_backend (``scripts/launch_triton_server.py``, ``docs/llama_multi_instance.md``):
+
+* ``single``: both engines have one rank; one plain ``tritonserver`` process, both models on GPU 0.
+* ``leader``: ``mpirun -n <world>``, one ``tritonserver`` per rank; rank 0 loads the whole repository and
+  serves HTTP/gRPC/metrics, the other ranks load only the engine models with their endpoints off.
+* ``orchestrator``: TensorRT-LLM's *orchestrator mode* (an MPI process mode chosen by
+  ``TRTLLM_ORCHESTRATOR=1``; unrelated to specbuild's ``orchestrator`` Triton model). By default rank 0
+  spawns the engine workers itself (MPI world size 1). With fast logits (draft logits passed device to
+  device) spawning must be off (``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0``), every rank is started by
+  ``mpirun`` (world size 1 + draft ranks + target ranks) and both engine configs need ``participant_ids``.
+  TensorRT-LLM silently turns fast logits off when any of this is missing; here it is an error instead.
+
+``auto`` picks ``single`` when both models fit one rank, otherwise ``orchestrator``: NVIDIA's draft-target
+guide (TensorRT-LLM ``examples/draft_target_model/README.md``) says ``--multi-model`` (orchestrator mode)
+is necessary once tensor parallelism is used, because two TensorRT-LLM models share the MPI world.
+``leader`` stays available on request (it is the slurm-friendly mode).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
+from specbuild.errors import SpecError, UsageError
+from specbuild.spec import BuildSpec
+
+Mode = Literal["single", "leader", "orchestrator"]
+ModeChoice = Literal["auto", "single", "leader", "orchestrator"]
+Placement = Literal["shared", "separate"]
+MODE_CHOICES: tuple[str, ...] = ("auto", "single", "leader", "orchestrator")
+PLACEMENTS: tuple[str, ...] = ("shared", "separate")
+
+TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
+CONTAINER_BIND = "0.0.0.0"  # inside the container; the host side is published on spec.triton.host
+ENGINE_MODELS = (TARGET_MODEL, DRAFT_MODEL)
+DEFAULT_SHM_GIB = 2  # /dev/shm for the python backend's tensors (Docker default 64 MiB is too small)
+PORT_KINDS = ("http", "grpc", "metrics")
+
+
+@dataclass(frozen=True)
+class ModelDevices:
+    """Where one engine model runs: the values of its ``gpu_device_ids``/``participant_ids`` parameters."""
+
+    gpu_device_ids: tuple[int, ...]
+    participant_ids: tuple[int, ...] | None  # None: not set (TensorRT-LLM picks, or spawns the workers)
+    fast_logits: bool
+
+    def parameters(self) -> dict[str, str]:
+        """The ``tensorrtllm`` backend parameters (string values) for the engine's ``config.pbtxt``."""
+        params = {"gpu_device_ids": _csv(self.gpu_device_ids)}
+        if self.participant_ids is not None:
+            params["participant_ids"] = _csv(self.participant_ids)
+        params["speculative_decoding_fast_logits"] = "true" if self.fast_logits else "false"
+        return params
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str  # absolute host path
+    target: str  # path inside the container
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How to start Triton for one release: argv lists and env dicts, never a shell string to parse."""
+
+    mode: Mode
+    world_size: int  # MPI processes started by mpirun (1 for single and spawning orchestrator mode)
+    gpu_count: int
+    fast_logits: bool
+    spawn_processes: bool | None  # orchestrator mode only
+    devices: dict[str, ModelDevices]
+    server_argv: tuple[str, ...]  # run inside the container
+    env: dict[str, str]
+    image: str
+    host: str  # host address the ports are published on
+    ports: dict[str, int]
+    shm_gib: int
+    mounts: tuple[Mount, ...]
+    docker_argv: tuple[str, ...]
+
+    @property
+    def server_command(self) -> str:
+        return shlex.join(self.server_argv)
+
+    @property
+    def docker_command(self) -> str:
+        return shlex.join(self.docker_argv)
+
+    def engine_parameters(self) -> dict[str, dict[str, str]]:
+        return {role: devices.parameters() for role, devices in self.devices.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["devices"] = self.engine_parameters()
+        data["server_command"] = self.server_command
+        data["docker_command"] = self.docker_command
+        return _lists(data)
+
+    def render(self) -> str:
+        """A commented, copy-pasteable shell rendering (``shlex.join``) of the plan."""
+        url_host = _bracket(self.host)
+        lines = [
+            f"# specbuild launch plan (tensorrt-llm runtime): {self.mode} mode, "
+            f"MPI world size {self.world_size}, {self.gpu_count} GPU(s)"
+            + (", fast logits" if self.fast_logits else ""),
+        ]
+        for role, params in self.engine_parameters().items():
+            lines.append(f"#   {role}: " + " ".join(f"{key}={value}" for key, value in params.items()))
+        lines.append(f"# serves http://{url_host}:{self.ports['http']} (gRPC {url_host}:{self.ports['grpc']}, "
+                     f"metrics http://{url_host}:{self.ports['metrics']}/metrics)")
+        lines.append(self.docker_command)
+        return "\n".join(lines) + "\n"
+
+
+def _lists(value: Any) -> Any:
+    """Tuples to lists, recursively: the plain JSON shape."""
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(item) for item in value]
+    return value
+
+
+def _csv(values: tuple[int, ...]) -> str:
+    return ",".join(str(value) for value in values)
+
+
+def _require_trtllm(spec: BuildSpec) -> None:
+    if spec.runtime == "torch":
+        raise UsageError("launch plans are for the tensorrt-llm runtime; this spec uses runtime 'torch'",
+                         "use `specbuild serve` for the torch runtime, or set runtime: tensorrt-llm")
+
+
+def resolve_mode(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
+                 spawn_processes: bool | None = None) -> Mode:
+    """The process layout for ``spec``; raises when the request cannot work (see the module notes)."""
+    _require_trtllm(spec)
+    if mode not in MODE_CHOICES:
+        raise UsageError(f"unknown launch mode {mode!r}", f"choose one of {', '.join(MODE_CHOICES)}")
+    ranks = max(spec.target.world_size, spec.draft.world_size)
+    if fast_logits:
+        if spec.speculation.acceptance != "draft-logits":
+            raise SpecError(
+                "fast logits pass the draft's logits to the target, but speculation.acceptance is "
+                f"{spec.speculation.acceptance!r}, which never sends draft logits",
+                "set speculation.acceptance: draft-logits, or turn fast logits off")
+        if mode in ("single", "leader"):
+            raise UsageError(
+                f"fast logits need TensorRT-LLM orchestrator mode with spawning disabled, not {mode} mode "
+                "(TensorRT-LLM would silently turn them off)",
+                "use mode 'orchestrator' (or 'auto'), or turn fast logits off")
+        if spawn_processes:
+            raise UsageError(
+                "fast logits need TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0, but spawning processes was requested "
+                "(TensorRT-LLM would silently turn fast logits off)",
+                "drop the spawn-processes option, or turn fast logits off")
+        return "orchestrator"
+    if spawn_processes is not None and mode not in ("auto", "orchestrator"):
+        raise UsageError(f"spawn_processes only applies to orchestrator mode, not {mode} mode",
+                         "use mode 'orchestrator', or leave spawn_processes unset")
+    if mode == "auto":
+        return "single" if ranks == 1 and spawn_processes is None else "orchestrator"
+    if mode == "single" and ranks > 1:
+        raise UsageError(
+            f"single mode runs one process, but the target has {spec.target.world_size} rank(s) and the draft "
+            f"{spec.draft.world_size} (tp_size x pp_size)",
+            "use mode 'orchestrator' or 'leader' (or 'auto'), or build both models with tp_size=pp_size=1")
+    return mode
+
+
+def _spawns(mode: Mode, fast_logits: bool, spawn_processes: bool | None) -> bool | None:
+    if mode != "orchestrator":
+        return None
+    return False if fast_logits else (True if spawn_processes is None else spawn_processes)
+
+
+def _assign(spec: BuildSpec, mode: Mode, *, fast_logits: bool, spawns: bool | None,
+            placement: Placement) -> dict[str, ModelDevices]:
+    if placement not in PLACEMENTS:
+        raise UsageError(f"unknown GPU placement {placement!r}", f"choose one of {', '.join(PLACEMENTS)}")
+    target_ranks, draft_ranks = spec.target.world_size, spec.draft.world_size
+    target_gpus = tuple(range(target_ranks))
+    first_draft_gpu = target_ranks if placement == "separate" else 0
+    draft_gpus = tuple(range(first_draft_gpu, first_draft_gpu + draft_ranks))
+    if mode == "leader":
+        target_ids: tuple[int, ...] | None = tuple(range(target_ranks))
+        draft_ids: tuple[int, ...] | None = tuple(range(draft_ranks))
+    elif mode == "orchestrator" and not spawns:
+        # rank 0 is the orchestrator, then the draft's ranks, then the target's (NVIDIA's fast-logits layout)
+        draft_ids = tuple(range(1, 1 + draft_ranks))
+        target_ids = tuple(range(1 + draft_ranks, 1 + draft_ranks + target_ranks))
+    else:
+        target_ids = draft_ids = None
+    return {
+        "target": ModelDevices(target_gpus, target_ids, fast_logits),
+        "draft": ModelDevices(draft_gpus, draft_ids, fast_logits),
+    }
+
+
+def model_devices(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
+                  spawn_processes: bool | None = None, placement: Placement = "shared") -> dict[str, ModelDevices]:
+    """``{"target": ModelDevices, "draft": ModelDevices}``: typed GPU and MPI-rank placement of each engine.
+
+    ``placement="shared"`` puts the draft on the target's first GPU(s) (best when both fit, per NVIDIA's
+    draft-target guide); ``"separate"`` gives the draft its own GPU(s) after the target's.
+    """
+    resolved = resolve_mode(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes)
+    spawns = _spawns(resolved, fast_logits, spawn_processes)
+    return _assign(spec, resolved, fast_logits=fast_logits, spawns=spawns, placement=placement)
+
+
+def device_assignment(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
+                      spawn_processes: bool | None = None,
+                      placement: Placement = "shared") -> dict[str, dict[str, str]]:
+    """``{"target": {...}, "draft": {...}}``: the ``gpu_device_ids``, ``participant_ids`` and
+    ``speculative_decoding_fast_logits`` parameters (string values) for each engine's ``config.pbtxt``."""
+    devices = model_devices(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes,
+                            placement=placement)
+    return {role: item.parameters() for role, item in devices.items()}
+
+
+def check_engine_parameters(expected: dict[str, dict[str, str]], rendered: dict[str, dict[str, str]]) -> None:
+    """Refuse engine configs whose device parameters differ from the launch plan's.
+
+    ``expected`` is :func:`device_assignment`'s result, ``rendered`` the parameters read back from the
+    ``target``/``draft`` configs. A missing ``participant_ids`` on either model would make TensorRT-LLM drop
+    fast logits without a word, or hang waiting for ranks; this names the model and the key instead.
+    """
+    problems = []
+    for role, params in expected.items():
+        found = rendered.get(role, {})
+        for key, value in params.items():
+            if found.get(key) != value:
+                problems.append(f"{role}: {key} is {found.get(key)!r}, the launch plan needs {value!r}")
+    if problems:
+        raise SpecError("engine configs do not match the launch plan:\n  " + "\n  ".join(problems),
+                        "re-render the repository with the same launch mode and options as the launch")
+
+
+def _ports(spec: BuildSpec) -> dict[str, int]:
+    ports = {kind: getattr(spec.triton, f"{kind}_port") for kind in PORT_KINDS}
+    for kind, port in ports.items():
+        if port == 0:
+            raise SpecError(f"triton.{kind}_port is 0 (pick a free port), which a deployment cannot publish",
+                            f"set triton.{kind}_port to a fixed port, e.g. --set triton.{kind}_port=800{PORT_KINDS.index(kind)}")
+    if len(set(ports.values())) != len(ports):
+        raise SpecError(f"triton ports must differ, got {ports}", "give http, grpc and metrics their own ports")
+    return ports
+
+
+def _server_args(spec: BuildSpec, ports: dict[str, int], *, rank: int, mpi: bool, gpu_count: int,
+                 spawns: bool | None) -> list[str]:
+    args = [TRITONSERVER, f"--model-repository={spec.triton.repository_mount}"]
+    if rank == 0:
+        for kind in PORT_KINDS:
+            args += [f"--{kind}-address={CONTAINER_BIND}", f"--{kind}-port={ports[kind]}"]
+        args += ["--exit-on-error=true", "--strict-readiness=true"]
+    else:
+        # worker ranks load only the engines and never open endpoints (no port clash with rank 0)
+        args += ["--model-control-mode=explicit", *(f"--load-model={name}" for name in ENGINE_MODELS),
+                 "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+    if spawns:
+        # what launch_triton_server.py --multi-model adds when TensorRT-LLM spawns its own workers
+        args += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+                 *(f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(gpu_count))]
+    args.append("--disable-auto-complete-config")
+    if mpi:
+        args.append(f"--backend-config=python,shm-region-prefix-name=prefix{rank}_")
+    return args
+
+
+def _host_path(path: str | Path, what: str) -> str:
+    resolved = str(Path(path).expanduser().resolve())
+    if "," in resolved:
+        raise UsageError(f"{what} path {resolved!r} contains a comma, which `docker run --mount` cannot take",
+                         f"move the {what} to a path without commas")
+    return resolved
+
+
+def _bracket(host: str) -> str:
+    """IPv6 addresses in brackets, as URLs and ``docker run -p`` want them."""
+    return f"[{host}]" if ":" in host else host
+
+
+def _publish(host: str, port: int) -> str:
+    return f"{_bracket(host)}:{port}:{port}"
+
+
+def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, mode: ModeChoice = "auto", *,
+                fast_logits: bool = False, spawn_processes: bool | None = None, placement: Placement = "shared",
+                gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:
+    """The full plan to serve ``repository`` + ``engines`` (host folders) in ``spec.triton.image``.
+
+    ``gpus``: GPUs the host has; a layout needing more is refused. The engines and the repository are
+    mounted read-only at ``spec.triton.engine_mount``/``repository_mount`` (the repository's engine paths
+    must point there), ports are published on ``spec.triton.host`` (loopback unless the spec says otherwise).
+    """
+    resolved = resolve_mode(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes)
+    spawns = _spawns(resolved, fast_logits, spawn_processes)
+    devices = _assign(spec, resolved, fast_logits=fast_logits, spawns=spawns, placement=placement)
+    gpu_count = len(set(devices["target"].gpu_device_ids) | set(devices["draft"].gpu_device_ids))
+    if gpus is not None and gpu_count > gpus:
+        raise UsageError(
+            f"this layout needs {gpu_count} GPUs (target {_csv(devices['target'].gpu_device_ids)}, draft "
+            f"{_csv(devices['draft'].gpu_device_ids)}), but only {gpus} are available",
+            "use placement 'shared', smaller tp_size/pp_size, or a host with more GPUs")
+    if shm_gib < 1:
+        raise UsageError(f"shm_gib must be at least 1, got {shm_gib}", "give /dev/shm 1 GiB or more")
+    ports = _ports(spec)
+
+    if resolved == "single":
+        world_size = 1
+    elif resolved == "leader":
+        world_size = max(spec.target.world_size, spec.draft.world_size)
+    else:
+        world_size = 1 if spawns else 1 + spec.draft.world_size + spec.target.world_size
+    if resolved == "single":
+        server_argv = _server_args(spec, ports, rank=0, mpi=False, gpu_count=gpu_count, spawns=spawns)
+    else:
+        server_argv = ["mpirun", "--allow-run-as-root"]
+        for rank in range(world_size):
+            if rank:
+                server_argv.append(":")
+            server_argv += ["-n", "1", *_server_args(spec, ports, rank=rank, mpi=True, gpu_count=gpu_count,
+                                                     spawns=spawns)]
+    env: dict[str, str] = {}
+    if resolved == "orchestrator":
+        env = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1" if spawns else "0"}
+
+    mounts = (Mount(_host_path(engines, "engines"), spec.triton.engine_mount),
+              Mount(_host_path(repository, "repository"), spec.triton.repository_mount))
+    docker_argv = ["docker", "run", "--rm", "--name", f"specbuild-{spec.name}", "--gpus", str(gpu_count),
+                   "--shm-size", f"{shm_gib}g", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+    for kind in PORT_KINDS:
+        docker_argv += ["-p", _publish(spec.triton.host, ports[kind])]
+    for mount in mounts:
+        docker_argv += ["--mount", f"type=bind,source={mount.source},target={mount.target}"
+                        + (",readonly" if mount.read_only else "")]
+    for key, value in env.items():
+        docker_argv += ["-e", f"{key}={value}"]
+    docker_argv += [spec.triton.image, *server_argv]
+
+    return LaunchPlan(mode=resolved, world_size=world_size, gpu_count=gpu_count, fast_logits=fast_logits,
+                      spawn_processes=spawns, devices=devices, server_argv=tuple(server_argv), env=env,
+                      image=spec.triton.image, host=spec.triton.host, ports=ports, shm_gib=shm_gib, mounts=mounts,
+                      docker_argv=tuple(docker_argv))
+
+
+def format_launch(spec: BuildSpec, repository: str | Path, engines: str | Path, mode: ModeChoice = "auto",
+                  **options: Any) -> str:
+    """:func:`launch_plan` as commented shell text (what ``specbuild serve --dry-run`` prints)."""
+    return launch_plan(spec, repository, engines, mode, **options).render()
+
+
+def launch_as_dict(spec: BuildSpec, repository: str | Path, engines: str | Path, mode: ModeChoice = "auto",
+                   **options: Any) -> dict[str, Any]:
+    """:func:`launch_plan` as a JSON-ready dict (argv lists, env, devices, ports, mounts)."""
+    return launch_plan(spec, repository, engines, mode, **options).to_dict()

@@ -1,0 +1,13 @@
+"""The Python models that run inside Triton. ``specbuild package`` copies each file as ``<model>/1/model.py``.
+
+They need ``specbuild`` importable in the server's Python environment (it is, in both Docker images and in
+the venv that ``specbuild serve`` starts the bundled server from); the logic they use lives in importable,
+tested modules (:mod:`specbuild.serve.text`, :mod:`specbuild.speculation.loop`, :mod:`specbuild.speculation.torch_engine`).
+"""
+
+MODEL_SOURCES = {
+    "preprocessing": "preprocessing.py",
+    "orchestrator": "orchestrator.py",
+    "postprocessing": "postprocessing.py",
+    "torch_engine": "torch_engine_model.py",
+}

@@ -1,0 +1,56 @@
+"""Speculative decoding in one Python process: the loop of :mod:`specbuild.speculation.loop` over two
+:class:`~specbuild.speculation.torch_engine.TorchEngine` objects. Used by tests (exactness), by ``specbuild bench`` as
+the in-process baseline, and by anyone who wants the algorithm without a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbuild.speculation.loop import GenerationRequest, SpeculationStats, speculate
+from specbuild.speculation.torch_engine import EngineOutput, EngineRequest, TorchEngine
+
+
+@dataclass
+class Generated:
+    tokens: list[int]
+    stats: SpeculationStats
+    finish_reason: str | None
+
+
+class InProcessSpeculator:
+    """Draft-target speculative decoding over two in-process engines (``draft`` None = target alone)."""
+
+    def __init__(self, target: TorchEngine, draft: TorchEngine | None) -> None:
+        self.target = target
+        self.draft = draft
+
+    @classmethod
+    def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path | None, *, max_draft_len: int = 8,
+                         dtype: str = "float32", device: str = "cpu") -> InProcessSpeculator:
+        target = TorchEngine(target_dir, dtype=dtype, device=device, max_draft_len=max_draft_len)
+        draft = TorchEngine(draft_dir, dtype=dtype, device=device) if draft_dir else None
+        return cls(target, draft)
+
+    def generate(self, request: GenerationRequest) -> Generated:
+        return asyncio.run(self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> Generated:
+        async def call_target(engine_request: EngineRequest) -> EngineOutput:
+            return self.target.run(engine_request)
+
+        async def call_draft(engine_request: EngineRequest) -> EngineOutput:
+            assert self.draft is not None
+            return self.draft.run(engine_request)
+
+        stats = SpeculationStats()
+        tokens: list[int] = []
+        finish_reason = None
+        async for step in speculate(request, call_target, call_draft if self.draft else None,
+                                    max_draft_len=self.target.max_draft_len, stats=stats,
+                                    vocab_size=self.target.vocab_size):
+            tokens.extend(step.tokens)
+            finish_reason = step.finish_reason
+        return Generated(tokens, stats, finish_reason)

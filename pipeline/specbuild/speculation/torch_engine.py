@@ -1,0 +1,255 @@
+"""The torch runtime's engine: an HF causal LM served with the ``tensorrtllm`` backend's semantics.
+
+One :class:`TorchEngine` runs one model (target or draft). A request either generates up to
+``max_new_tokens`` tokens autoregressively, or, given ``draft_tokens``, scores them in one forward pass and
+returns the accepted prefix plus one target token (the speculative verification of
+:mod:`specbuild.speculation.rules`). KV caches of recent sequences are kept in a :class:`PrefixCache` and the
+longest cached prefix is reused, as TensorRT-LLM's KV-cache block reuse does, so a speculative round costs
+the new tokens rather than the whole sequence.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specbuild.errors import RequestError
+from specbuild.speculation.rules import GREEDY, SamplingParams, make_generator, probabilities, sample, verify
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class EngineRequest:
+    """One call of an engine model, in the ``tensorrtllm`` backend's terms."""
+
+    input_ids: list[int]
+    max_new_tokens: int  # request_output_len
+    sampling: SamplingParams = GREEDY
+    seed: int | None = None
+    end_id: int | None = None
+    min_new_tokens: int = 0
+    draft_tokens: list[int] | None = None  # draft_input_ids
+    draft_logits: torch.Tensor | None = None  # [k, vocab], raw logits the draft sampled from
+    return_logits: bool = False  # return_generation_logits
+    bad_words: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class EngineOutput:
+    tokens: list[int]  # generated tokens only (never the input)
+    logits: torch.Tensor | None = None  # [len(tokens), vocab] raw logits of each generated position
+    accepted_draft_tokens: int = 0
+
+
+def _common_prefix_length(a: list[int], b: tuple[int, ...]) -> int:
+    limit = min(len(a), len(b))
+    index = 0
+    while index < limit and a[index] == b[index]:
+        index += 1
+    return index
+
+
+class PrefixCache:
+    """An LRU of KV caches keyed by the tokens they hold; a lookup takes the entry sharing the longest prefix.
+
+    Taking an entry removes it (the caller extends it in place and puts the grown cache back), so one
+    cache object is never used by two requests at once.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max(0, max_entries)
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], Any]] = OrderedDict()
+        self._next_key = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def take(self, tokens: list[int]) -> tuple[Any | None, int]:
+        """Return ``(cache, length)``: a cache cropped to the longest reusable prefix, or ``(None, 0)``.
+
+        At most ``len(tokens) - 1`` tokens are reused, so the caller always feeds one token and gets logits.
+        """
+        with self._lock:
+            best_key, best_length = None, 0
+            for key, (cached_tokens, _) in self._entries.items():
+                length = _common_prefix_length(tokens, cached_tokens)
+                if length > best_length:
+                    best_key, best_length = key, length
+            if best_key is None:
+                return None, 0
+            cached_tokens, cache = self._entries.pop(best_key)
+        length = min(best_length, len(tokens) - 1)
+        if length <= 0:
+            return None, 0
+        surplus = len(cached_tokens) - length
+        if surplus > 0:
+            cache.crop(-surplus)  # negative = tokens to drop: works with transformers 4.57 and 5.x
+        self.hits += 1
+        self.reused_tokens += length
+        return cache, length
+
+    def put(self, tokens: list[int], cache: Any) -> None:
+        if self.max_entries == 0 or not tokens:
+            return
+        with self._lock:
+            self._entries[self._next_key] = (tuple(tokens), cache)
+            self._next_key += 1
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def mask_bad_words(logits: torch.Tensor, context: list[int], bad_words: list[list[int]]) -> torch.Tensor:
+    """Forbid the last token of every bad word whose other tokens end ``context`` (TensorRT-LLM semantics)."""
+    if not bad_words:
+        return logits
+    banned = [word[-1] for word in bad_words if word and (len(word) == 1 or context[-(len(word) - 1):] == word[:-1])]
+    if not banned:
+        return logits
+    logits = logits.clone()
+    logits[banned] = float("-inf")
+    return logits
+
+
+class TorchEngine:
+    """Runs one HF causal LM checkpoint; thread-safe (one request at a time per engine)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_seq_len: int | None = None,
+        max_draft_len: int = 0,
+        cache_entries: int = 8,
+        trust_remote_code: bool = False,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code
+        ).to(self.device)
+        self.model.eval()
+        # transformers 5.x renamed the forward's cache argument; 4.57 (TensorRT-LLM 1.2 images) only knows the old one.
+        forward_parameters = inspect.signature(self.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
+        config = self.model.config
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.max_seq_len = int(max_seq_len or getattr(config, "max_position_embeddings", 2048))
+        self.max_draft_len = max_draft_len
+        self.cache = PrefixCache(cache_entries)
+        self._lock = threading.Lock()
+
+    # -- public -----------------------------------------------------------------------------------
+    def run(self, request: EngineRequest) -> EngineOutput:
+        self._validate(request)
+        with self._lock, torch.inference_mode():
+            if request.draft_tokens:
+                return self._verify(request)
+            return self._generate(request)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _validate(self, request: EngineRequest) -> None:
+        if not request.input_ids:
+            raise RequestError("input_ids is empty", "send at least one prompt token")
+        if request.max_new_tokens < 1:
+            raise RequestError(f"request_output_len must be >= 1, got {request.max_new_tokens}")
+        draft_count = len(request.draft_tokens or [])
+        if draft_count > self.max_draft_len:
+            raise RequestError(
+                f"Number of draft tokens ({draft_count}) is larger than maximum number of draft tokens "
+                f"({self.max_draft_len})",
+                "ask for fewer draft tokens, or rebuild the target with a larger max_draft_len",
+            )
+        total = len(request.input_ids) + max(request.max_new_tokens, draft_count + 1)
+        if total > self.max_seq_len:
+            raise RequestError(
+                f"input ({len(request.input_ids)} tokens) + output ({request.max_new_tokens}) exceeds the engine's "
+                f"max_seq_len ({self.max_seq_len})",
+                "shorten the prompt or ask for fewer tokens",
+            )
+        if request.end_id is not None and not 0 <= request.end_id < self.vocab_size:
+            raise RequestError(f"end_id {request.end_id} is outside the vocabulary [0, {self.vocab_size})")
+        bad_word_tokens = [token for word in request.bad_words for token in word]
+        for token in request.input_ids + (request.draft_tokens or []) + bad_word_tokens:
+            if not 0 <= token < self.vocab_size:
+                raise RequestError(f"token id {token} is outside the vocabulary [0, {self.vocab_size})")
+        if request.draft_logits is not None and tuple(request.draft_logits.shape) != (draft_count, self.vocab_size):
+            raise RequestError(
+                f"draft_logits must be [{draft_count}, {self.vocab_size}], got {tuple(request.draft_logits.shape)}",
+                "draft and target must have the same vocabulary size for draft-logits acceptance",
+            )
+
+    def _forward(self, tokens: list[int], cache: Any) -> torch.Tensor:
+        """Feed ``tokens`` after what ``cache`` holds; return float32 logits ``[len(tokens), vocab]``."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, **{self._cache_argument: cache})
+        return out.logits[0].float()
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def _take_cache(self, tokens: list[int]) -> tuple[Any, int]:
+        cache, length = self.cache.take(tokens)
+        return (cache if cache is not None else self._new_cache()), length
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+        if params.is_greedy:
+            return int(logits.argmax())
+        return sample(probabilities(logits, params), generator)
+
+    def _generate(self, request: EngineRequest) -> EngineOutput:
+        generator = make_generator(request.seed)
+        sequence = list(request.input_ids)
+        cache, reused = self._take_cache(sequence)
+        feed = sequence[reused:]
+        tokens: list[int] = []
+        kept_logits: list[torch.Tensor] = []
+        for step in range(request.max_new_tokens):
+            logits = mask_bad_words(self._forward(feed, cache)[-1], sequence, request.bad_words)
+            token = self._pick(logits, request.sampling, generator)
+            tokens.append(token)
+            sequence.append(token)
+            if request.return_logits:
+                kept_logits.append(logits)
+            if token == request.end_id and step + 1 >= request.min_new_tokens:
+                break
+            feed = [token]
+        self.cache.put(sequence[:-1], cache)  # the last token was never fed
+        return EngineOutput(tokens, torch.stack(kept_logits) if request.return_logits else None)
+
+    def _verify(self, request: EngineRequest) -> EngineOutput:
+        drafts = list(request.draft_tokens or [])
+        prompt = list(request.input_ids)
+        cache, reused = self._take_cache(prompt)
+        logits = self._forward(prompt[reused:] + drafts, cache)[-(len(drafts) + 1):]
+        if request.bad_words:
+            context = prompt + drafts
+            logits = torch.stack([
+                mask_bad_words(row, context[: len(prompt) + position], request.bad_words)
+                for position, row in enumerate(logits)
+            ])
+        outcome = verify(drafts, logits, request.sampling, make_generator(request.seed), request.draft_logits)
+        rejected = len(drafts) - outcome.accepted
+        if rejected:
+            cache.crop(-rejected)
+        self.cache.put(prompt + drafts[: outcome.accepted], cache)
+        tokens = outcome.tokens
+        if request.end_id is not None and request.end_id in tokens:
+            tokens = tokens[: tokens.index(request.end_id) + 1]
+        return EngineOutput(tokens, logits[: len(tokens)] if request.return_logits else None, outcome.accepted)
