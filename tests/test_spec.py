@@ -108,3 +108,43 @@ def test_prompt_lookup_settings(tmp_path: Path) -> None:
 def test_bad_prompt_lookup_settings_name_the_field(overrides: dict, expected: str, tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=re.escape(expected)):
         load_spec(None, {**MINIMAL, **overrides}, base_dir=tmp_path)
+
+
+def test_bad_values_name_where_they_came_from(tmp_path: Path) -> None:
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(yaml.safe_dump({"target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"},
+                                    "limits": {"max_batch_size": 0}}))
+    with pytest.raises(SpecError) as error:
+        load_spec(path, {"speculation.acceptance": "greedy"},
+                  override_sources={"speculation.acceptance": "--set speculation.acceptance=greedy"})
+    lines = str(error.value).splitlines()
+    assert any(line.startswith("  speculation.acceptance:") and line.endswith("(from --set speculation.acceptance=greedy)")
+               for line in lines), lines
+    assert any(line.startswith("  limits.max_batch_size:") and line.endswith(f"(from {path})") for line in lines), lines
+
+
+def test_a_cross_field_error_names_the_file_and_the_override(tmp_path: Path) -> None:
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(yaml.safe_dump({"target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"},
+                                    "speculation": {"max_draft_len": 4}}))
+    with pytest.raises(SpecError, match=re.escape(f"(from {path} and override speculation.num_draft_tokens)")):
+        load_spec(path, {"speculation.num_draft_tokens": 6})
+    with pytest.raises(SpecError) as error:
+        load_spec(None, {**MINIMAL, "speculation.num_draft_tokens": 9}, base_dir=tmp_path)
+    assert "(from override speculation.num_draft_tokens)" in str(error.value) and "(from None" not in str(error.value)
+
+
+def test_cli_blames_the_set_flag_not_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specbuild.yaml").write_text(starter_spec("t", "d"))
+    result = CliRunner().invoke(main, ["compile", "--dry-run", "--set", "limits.max_batch_size=0",
+                                       "--num-draft-tokens", "-1"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "limits.max_batch_size: Input should be greater than or equal to 1 (from --set limits.max_batch_size=0)" in text
+    assert "(from --num-draft-tokens -1)" in text
+    assert "(from specbuild.yaml)" not in text

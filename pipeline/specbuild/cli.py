@@ -67,18 +67,22 @@ def spec_from_options(spec_file: str | None, target: str | None, draft: str | No
                       acceptance: str | None, assignments: tuple[str, ...]):
     if spec_file is None and Path(DEFAULT_SPEC_FILE).is_file():
         spec_file = DEFAULT_SPEC_FILE
-    overrides: dict[str, Any] = {
-        "target.checkpoint": target,
-        "draft.checkpoint": draft,
-        "runtime": runtime,
-        "target.dtype": dtype,
-        "draft.dtype": dtype,
-        "speculation.max_draft_len": max_draft_len,
-        "speculation.num_draft_tokens": num_draft_tokens,
-        "speculation.acceptance": acceptance,
+    flags = {
+        "target.checkpoint": ("--target", target),
+        "draft.checkpoint": ("--draft", draft),
+        "runtime": ("--runtime", runtime),
+        "target.dtype": ("--dtype", dtype),
+        "draft.dtype": ("--dtype", dtype),
+        "speculation.max_draft_len": ("--max-draft-len", max_draft_len),
+        "speculation.num_draft_tokens": ("--num-draft-tokens", num_draft_tokens),
+        "speculation.acceptance": ("--acceptance", acceptance),
     }
-    overrides.update(dict(parse_override(item) for item in assignments))
-    return load_spec(spec_file, overrides)
+    overrides: dict[str, Any] = {key: value for key, (_, value) in flags.items()}
+    sources = {key: f"{flag} {value}" for key, (flag, value) in flags.items()}
+    for item in assignments:
+        key, value = parse_override(item)
+        overrides[key], sources[key] = value, f"--set {item}"
+    return load_spec(spec_file, overrides, override_sources=sources)
 
 
 def print_json(data: Any) -> None:
@@ -154,7 +158,8 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
     from specbuild.check.report import check, render_check
     from specbuild.errors import IncompatibleError
 
-    spec = load_spec(spec_file, {"target.checkpoint": target, "draft.checkpoint": draft})
+    spec = load_spec(spec_file, {"target.checkpoint": target, "draft.checkpoint": draft},
+                     override_sources={"target.checkpoint": f"TARGET {target}", "draft.checkpoint": f"DRAFT {draft}"})
     report = check(target, draft, spec, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                    gpu_memory_gib=gpu_memory_gib)
     if json_mode:

@@ -6,6 +6,8 @@ field's dotted path and the allowed values (see :func:`load_spec`).
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -156,8 +158,9 @@ class BuildSpec(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _describe_errors(error: ValidationError, source: str) -> str:
-    lines = [f"invalid build spec ({source}):"]
+def _describe_errors(error: ValidationError, origin: Callable[[tuple[Any, ...]], str | None]) -> str:
+    """One line per bad value: its dotted path, the problem, and where the value came from."""
+    lines = ["invalid build spec:"]
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = item["msg"]
@@ -165,8 +168,24 @@ def _describe_errors(error: ValidationError, source: str) -> str:
             message = "unknown key (check the spelling; `specbuild init` writes every key with a comment)"
         elif item["type"] == "missing":
             message = "required field is missing"
-        lines.append(f"  {path}: {message}")
+        where = origin(tuple(item["loc"]))
+        lines.append(f"  {path}: {message}" + (f" (from {where})" if where else ""))
     return "\n".join(lines)
+
+
+def _value_origin(loc: tuple[Any, ...], file_name: str | None, file_data: dict[str, Any],
+                  override_sources: Mapping[str, str]) -> str | None:
+    """Where the value(s) at ``loc`` came from: the spec file, the overrides that touch it, both, or None
+    (a default)."""
+    dotted = ".".join(str(part) for part in loc)
+    touching = [source for key, source in override_sources.items()
+                if key == dotted or key.startswith(dotted + ".") or dotted.startswith(key + ".")]
+    replaced = any(key == dotted or dotted.startswith(key + ".") for key in override_sources)
+    node: Any = file_data
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+    from_file = [file_name] if file_name and node is not None and not replaced else []
+    return " and ".join(from_file + touching) or None
 
 
 def parse_override(assignment: str) -> tuple[str, Any]:
@@ -212,30 +231,35 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
 
 def load_spec(
     path: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
     *,
     base_dir: str | Path | None = None,
+    override_sources: Mapping[str, str] | None = None,
 ) -> BuildSpec:
     """Read a spec file (optional), apply dotted-key ``overrides`` and validate.
 
     Relative checkpoint and output paths in a file are resolved against the file's folder, so a spec means
-    the same wherever it is run from; override values are taken relative to ``base_dir`` (the cwd).
+    the same wherever it is run from; override values are taken relative to ``base_dir`` (the cwd). A bad
+    value is reported with where it came from: the file, or the override's entry in ``override_sources``
+    (how the user gave it, e.g. ``--set limits.max_seq_len=9``; default ``override <key>``).
     """
     data: dict[str, Any] = read_spec_file(path) if path else {}
-    source = str(path) if path else "command line"
+    file_data = copy.deepcopy(data)
     file_dir = Path(path).resolve().parent if path else None
     if file_dir is not None:
         _resolve_relative_paths(data, file_dir)
-    for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
+    given = {dotted: value for dotted, value in (overrides or {}).items() if value is not None}
+    for dotted, value in given.items():
         _apply_override(data, dotted, value)
     cwd = Path(base_dir).resolve() if base_dir else Path.cwd()
     _resolve_relative_paths(data, cwd)
     try:
         return BuildSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_describe_errors(exc, source), "correct the fields named above") from None
+        sources = {dotted: (override_sources or {}).get(dotted, f"override {dotted}") for dotted in given}
+        file_name = str(path) if path else None
+        message = _describe_errors(exc, lambda loc: _value_origin(loc, file_name, file_data, sources))
+        raise SpecError(message, "correct the values named above where they were given") from None
 
 
 def _resolve_relative_paths(data: dict[str, Any], root: Path) -> None:
