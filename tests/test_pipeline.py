@@ -123,3 +123,12 @@ def test_compile_json_and_exit_codes(tmp_path: Path, checkpoints: Checkpoints) -
     assert [step["name"] for step in report["steps"]] == ["check", "convert", "build", "package"]
     bad = runner.invoke(main, args[:-1] + ["--set", "speculation.acceptance=greedy"])
     assert bad.exit_code == 2 and "speculation.acceptance" in bad.output
+
+
+def test_a_failed_tensorrt_llm_compile_leaves_the_torch_steps_done(spec: BuildSpec) -> None:
+    compiler.run(spec, json_mode=True)
+    with pytest.raises(StageError) as failed:  # TensorRT-LLM cannot be installed here: its convert fails
+        compiler.run(spec.model_copy(update={"runtime": "tensorrt-llm"}), json_mode=True)
+    assert failed.value.stage == "convert"
+    again = compiler.run(spec, json_mode=True)
+    assert statuses(again) == {"check": "ok", "convert": "skipped", "build": "skipped", "package": "skipped"}

@@ -195,3 +195,15 @@ def test_concurrent_run_on_the_same_state_is_refused(pipeline: Pipeline) -> None
     with pytest.raises(StageError) as info:
         StageRunner(pipeline.state, json_mode=True).run([Stage("check", {}, pipeline.engines.parent / "check", nested)])
     assert "another specbuild run" in info.value.message
+
+
+def test_records_are_per_scope(pipeline: Pipeline) -> None:
+    """A failure in one scope (compile's other runtime) leaves the other scope's records alone."""
+    assert pipeline.run(scope="torch") == {"convert": "ok", "build": "ok"}
+    pipeline.fail_build = RuntimeError("no tensorrt_llm here")
+    with pytest.raises(StageError, match='stages\\["tensorrt-llm/build"\\].traceback'):
+        pipeline.run(scope="tensorrt-llm")
+    pipeline.fail_build = None
+    assert pipeline.run(scope="torch") == {"convert": "skipped", "build": "skipped"}
+    records = json.loads(pipeline.state.read_text())["stages"]
+    assert records["tensorrt-llm/build"]["status"] == "failed" and records["torch/build"]["status"] == "ok"

@@ -192,7 +192,8 @@ def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, jso
     spec = spec.resolved()
     check_outputs(spec)
     build_dir, engines, repository = _dirs(spec)
-    runner = StageRunner(build_dir / STATE_FILE, force=force, console=console, json_mode=json_mode)
+    runner = StageRunner(build_dir / STATE_FILE, scope=spec.runtime, force=force, console=console,
+                         json_mode=json_mode)
     results = runner.run(stages(spec, runner, upto))
     check_data = results[0].data
     result = CompileResult(spec=spec, steps=results, repository=repository, engines=engines, check=check_data)

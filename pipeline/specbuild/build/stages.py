@@ -30,7 +30,7 @@ from specbuild.build.atomic import atomic_output_dir, atomic_write_text
 from specbuild.errors import SpecbuildError, StageError, UsageError
 from specbuild.build.hashing import HashCache, digest_json, fingerprint, hash_tree
 
-STATE_FORMAT = "specbuild.stages/v1"
+STATE_FORMAT = "specbuild.stages/v2"  # v2: records keyed by scope
 
 Status = Literal["ok", "skipped", "failed"]
 
@@ -141,12 +141,16 @@ class StageRunner:
     """Runs stages in order, skipping those whose inputs and outputs are unchanged since their last success.
 
     State (stamps, a file-hash cache, the last failure's traceback) lives in ``state_file``, which must not
-    be inside any stage's output. ``results`` holds what ran so far, also after a :class:`StageError`.
+    be inside any stage's output. ``scope`` keeps separate records for pipelines that share the state file
+    (compile keeps one per runtime, so a failed ``tensorrt-llm`` run does not make ``torch`` redo its
+    steps; a shared output that another scope rewrote still re-runs, because its files no longer match).
+    ``results`` holds what ran so far, also after a :class:`StageError`.
     """
 
-    def __init__(self, state_file: str | Path, *, force: bool = False, console: Console | None = None,
-                 json_mode: bool = False) -> None:
+    def __init__(self, state_file: str | Path, *, scope: str = "", force: bool = False,
+                 console: Console | None = None, json_mode: bool = False) -> None:
         self.state_file = Path(state_file).resolve()
+        self.scope = scope
         self.force = force
         self.results: list[StageResult] = []
         self._display = _Display(None if json_mode else (console or Console(stderr=True)))
@@ -195,6 +199,9 @@ class StageRunner:
                     raise UsageError(f"output {output} of stage {names[index]!r} is inside output {other} of "
                                      f"stage {names[other_index]!r}", "give each stage its own output folder")
 
+    def _record_key(self, stage: Stage) -> str:
+        return f"{self.scope}/{stage.name}" if self.scope else stage.name
+
     # --- running ----------------------------------------------------------------------------------------
     def run(self, stages: Sequence[Stage]) -> list[StageResult]:
         """Run or skip each stage in order; raises :class:`StageError` at the first failure."""
@@ -235,7 +242,8 @@ class StageRunner:
         """Run or skip one stage, append its result to ``results``; returns its output's file hashes."""
         stage_fingerprint = fingerprint({"stage": stage.name, "inputs": stage.inputs, "upstream": upstream},
                                         cache=cache)
-        record = state["stages"].get(stage.name)
+        key = self._record_key(stage)
+        record = state["stages"].get(key)
         reason, files = self._reason_to_run(stage, stage_fingerprint, record, cache)
         if reason is None:
             result = StageResult(stage.name, "skipped", 0.0, stage_fingerprint, stage.output,
@@ -254,9 +262,9 @@ class StageRunner:
             files = hash_tree(stage.output, symlinks="record", exclude=stage.exclude, cache=cache)
         except BaseException as exc:
             seconds = time.perf_counter() - started
-            error = self._as_stage_error(stage.name, exc)
+            error = self._as_stage_error(stage.name, key, exc)
             detail = "interrupted" if isinstance(exc, KeyboardInterrupt) else (error.message if error else str(exc))
-            state["stages"][stage.name] = {
+            state["stages"][key] = {
                 "status": "failed", "fingerprint": stage_fingerprint, "seconds": round(seconds, 3),
                 "finished_at": _now(), "error": detail,
                 "traceback": "".join(traceback.format_exception(exc)),
@@ -268,7 +276,7 @@ class StageRunner:
             raise error from exc
         seconds = time.perf_counter() - started
         data = dict(data or {})
-        state["stages"][stage.name] = {
+        state["stages"][key] = {
             "status": "ok", "fingerprint": stage_fingerprint, "seconds": round(seconds, 3), "finished_at": _now(),
             "output": str(stage.output.resolve()), "files": files, "data": data,
         }
@@ -281,7 +289,7 @@ class StageRunner:
         self.results.append(result)
         self._display.finish(task, result)
 
-    def _as_stage_error(self, name: str, exc: BaseException) -> StageError | None:
+    def _as_stage_error(self, name: str, key: str, exc: BaseException) -> StageError | None:
         """The StageError to raise for ``exc``; None for interrupts and exits, which propagate unchanged."""
         if isinstance(exc, StageError):
             return exc
@@ -289,7 +297,7 @@ class StageRunner:
             return StageError(name, exc.message, exc.fix)
         if isinstance(exc, Exception):
             return StageError(name, f"{type(exc).__name__}: {exc}",
-                              f"see the traceback under stages.{name}.traceback in {self.state_file}; "
+                              f"see the traceback under stages[\"{key}\"].traceback in {self.state_file}; "
                               "if it is a specbuild bug, report it with that traceback")
         return None
 
