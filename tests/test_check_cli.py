@@ -127,3 +127,18 @@ def test_render_check_escapes_markup(checkpoints: Checkpoints) -> None:
     console = Console(record=True, width=200)
     render_check(odd, console)
     assert "/models/[bold]x" in console.export_text()
+
+
+def test_memory_plan_caption_reads_as_sentences(checkpoints: Checkpoints) -> None:
+    from specbuild.check.report import memory_caption
+
+    unchecked = check(checkpoints.target, checkpoints.draft).memory
+    caption = memory_caption(unchecked)
+    assert caption.startswith(f"target and draft need {unchecked.needed_gib:.1f} GiB on 1 GPU (weights, activations")
+    assert "smallest GPU that holds it:" in caption and "GPU(s)" not in caption
+    assert caption.endswith("not checked against a GPU: pass --gpu-memory-gib (or set triton.gpu_memory_gib)")
+    assert memory_caption(check(checkpoints.target, checkpoints.draft, gpu_memory_gib=80).memory).endswith(
+        "fits a 80 GiB GPU")
+    assert memory_caption(check(checkpoints.target, checkpoints.draft, gpu_memory_gib=0.5).memory).endswith(
+        "does NOT fit a 0.5 GiB GPU")
+    assert "smallest GPU that holds it" in flat(run(checkpoints.target, checkpoints.draft).output)

@@ -154,12 +154,23 @@ def _memory_rows(model: ModelMemory, fraction: float) -> list[str]:
             _bytes(model.activation_bytes_per_gpu + model.overhead_bytes_per_gpu), f"{fraction:g}"]
 
 
+def memory_caption(plan: MemoryPlan) -> str:
+    """The memory plan's conclusion in words: what each GPU must hold, the smallest GPU that does, the verdict."""
+    gpus = "1 GPU" if plan.gpus == 1 else f"each of {plan.gpus} GPUs"
+    lines = [f"target and draft need {_bytes(plan.needed_bytes_per_gpu)} on {gpus} "
+             "(weights, activations and the KV cache at the build limits)",
+             f"smallest GPU that holds it: {_bytes(plan.min_gpu_bytes)} (the KV cache may use "
+             f"{plan.kv_budget_fraction:g} of the memory left after the weights)"]
+    if plan.gpu_memory_gib is None:
+        lines.append("not checked against a GPU: pass --gpu-memory-gib (or set triton.gpu_memory_gib)")
+    else:
+        verdict = "fits" if plan.fits else "does NOT fit"
+        lines.append(f"{verdict} a {plan.gpu_memory_gib:g} GiB GPU")
+    return "\n".join(lines)
+
+
 def _memory_table(plan: MemoryPlan) -> Table:
-    fits = {None: "no GPU size given", True: "fits", False: "does NOT fit"}[plan.fits]
-    gpu = f" of {plan.gpu_memory_gib:g} GiB" if plan.gpu_memory_gib else ""
-    table = Table(title="memory plan (per GPU)",
-                  caption=f"{plan.gpus} GPU(s); needed {_bytes(plan.needed_bytes_per_gpu)} per GPU; smallest GPU at "
-                          f"KV budget {plan.kv_budget_fraction:g}: {_bytes(plan.min_gpu_bytes)}{gpu}: {fits}")
+    table = Table(title="memory plan (per GPU)")
     for column in ("", "target", "draft"):
         table.add_column(column)
     for row in zip(MEMORY_FIELDS, _memory_rows(plan.target, plan.target_kv_fraction),
@@ -172,6 +183,7 @@ def render_check(report: CheckReport, console: Console) -> None:
     """The report for people: checkpoints side by side, the memory plan, reasons with fixes, warnings."""
     console.print(_checkpoint_table(report))
     console.print(_memory_table(report.memory))
+    console.print(memory_caption(report.memory), highlight=False)
     for reason in report.reasons:
         console.print(f"[bold red]incompatible[/] ({reason.code}): {escape(reason.message)}", highlight=False)
         if reason.fix:
