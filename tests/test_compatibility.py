@@ -106,14 +106,34 @@ def test_checkpoint_dtypes_that_differ_are_a_warning(target: CheckpointInfo, dra
 
 
 @pytest.mark.parametrize("draft_is_target", [True, False])
-def test_size_ratio_outside_10_to_100_warns(target: CheckpointInfo, draft: CheckpointInfo,
-                                            draft_is_target: bool) -> None:
-    other = target if draft_is_target else draft.model_copy(
-        update={"weights": draft.weights.model_copy(update={"num_parameters": target.num_parameters // 500})})
-    report = check_pair(target, other)
+def test_draft_cost_outside_the_useful_range_warns(target: CheckpointInfo, draft: CheckpointInfo,
+                                                   draft_is_target: bool) -> None:
+    deep_target = target.model_copy(update={"num_layers": 4000})  # a draft 1/1000 of its cost
+    report = check_pair(target, target) if draft_is_target else check_pair(deep_target, draft)
     [warning] = [w for w in report.warnings if w.code == "size-ratio"]
-    assert ("too large" if draft_is_target else "so small") in warning.message
+    if draft_is_target:
+        assert report.cost_ratio == pytest.approx(1.0)
+        assert "too large" in warning.message and "breaks even when more than 100% of the drafted tokens" in \
+            warning.message
+    else:
+        assert report.cost_ratio < 0.005 and "so small" in warning.message
     assert report.compatible
+
+
+def test_draft_cost_counts_layers_and_the_head_not_the_shared_embeddings(target: CheckpointInfo) -> None:
+    """A 2-layer draft of a 30-layer, 49k-vocabulary target has a quarter of its parameters (the embeddings
+    and head are most of both) but costs far less per token: not "too large"."""
+    shape = {"hidden_size": 576, "num_attention_heads": 9, "num_kv_heads": 3, "head_dim": 64,
+             "intermediate_size": 1536, "vocab_size": 49152}
+    weights = target.weights.model_copy(update={"lm_head_rows": 49152, "embedding_rows": 49152})
+    big = target.model_copy(update={**shape, "num_layers": 30, "weights": weights})
+    small = target.model_copy(update={**shape, "num_layers": 2, "weights": weights})
+    per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
+    head = 576 * 49152
+    assert big.macs_per_token == 30 * per_layer + head
+    report = check_pair(big, small)
+    assert report.cost_ratio == pytest.approx((2 * per_layer + head) / (30 * per_layer + head))
+    assert report.cost_ratio < 0.5 and "size-ratio" not in codes(report.warnings)
 
 
 def test_max_seq_len_beyond_either_model_is_a_reason(target: CheckpointInfo, draft: CheckpointInfo) -> None:

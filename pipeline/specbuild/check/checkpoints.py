@@ -119,6 +119,14 @@ class CheckpointInfo(BaseModel):
         """Width of the logits the engine returns: the output projection's rows."""
         return self.weights.lm_head_rows or self.weights.embedding_rows or self.vocab_size
 
+    @property
+    def macs_per_token(self) -> int:
+        """Multiply-accumulates of one decoding step for one token (see :func:`decoder_macs_per_token`)."""
+        return decoder_macs_per_token(layers=self.num_layers, hidden=self.hidden_size,
+                                      query_width=self.num_attention_heads * self.head_dim,
+                                      kv_width=self.num_kv_heads * self.head_dim,
+                                      intermediate=self.intermediate_size, logits_width=self.logits_width)
+
     def summary(self) -> dict[str, Any]:
         """The figures a report shows (no per-file lists)."""
         data = self.model_dump(mode="json", exclude={"weights", "tokenizer"})
@@ -131,6 +139,17 @@ class CheckpointInfo(BaseModel):
             tokenizer=self.tokenizer.model_dump(mode="json", exclude={"files"}),
         )
         return data
+
+
+def decoder_macs_per_token(*, layers: int, hidden: int, query_width: int, kv_width: int, intermediate: int,
+                           logits_width: int) -> int:
+    """Multiply-accumulates of a decoder's weight matmuls for one token: per layer the query and output
+    projections (``hidden x query_width`` each), the key and value projections (``hidden x kv_width`` each)
+    and a gated MLP (``3 x hidden x intermediate``, as Llama-family models have), plus the output head
+    (``hidden x logits_width``). The embedding lookup costs no matmul and attention over the context is
+    left out (it is small next to these at the short contexts where decoding cost matters)."""
+    per_layer = 2 * hidden * query_width + 2 * hidden * kv_width + 3 * hidden * intermediate
+    return layers * per_layer + hidden * logits_width
 
 
 # --- small file helpers --------------------------------------------------------------------------------

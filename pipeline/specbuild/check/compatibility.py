@@ -36,8 +36,10 @@ TRTLLM_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 ARCHITECTURE_FAMILY = {arch: family for family, archs in TRTLLM_FAMILIES.items() for arch in archs}
 
-# The draft should be about 10-100x smaller than the target (by parameters) to pay for itself.
-SIZE_RATIO_RANGE = (10.0, 100.0)
+# A draft token's cost as a share of a target step (per-token multiply-adds, CheckpointInfo.macs_per_token).
+# Speculation with verification at one target step pays when the share of accepted draft tokens exceeds it, so
+# above half a step little can be gained; far below 1/200 a draft is usually too weak to agree with its target.
+COST_RATIO_RANGE = (0.005, 0.5)
 
 
 class Finding(BaseModel):
@@ -67,6 +69,7 @@ class CompatibilityReport(BaseModel):
     reasons: list[Finding] = Field(default_factory=list)
     warnings: list[Finding] = Field(default_factory=list)
     size_ratio: float | None = None  # target parameters / draft parameters
+    cost_ratio: float | None = None  # a draft token's multiply-adds / a target token's
     target_family: str | None = None
     draft_family: str | None = None
 
@@ -87,6 +90,7 @@ def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
         target_family=ARCHITECTURE_FAMILY.get(target.architecture),
         draft_family=ARCHITECTURE_FAMILY.get(draft.architecture),
         size_ratio=target.num_parameters / draft.num_parameters if draft.num_parameters else None,
+        cost_ratio=draft.macs_per_token / target.macs_per_token,
     )
     for check in (_tokenizers, _special_ids, _vocab_widths, _architectures, _dtypes, _sizes, _positions, _rope):
         check(target, draft, params, report)
@@ -194,16 +198,26 @@ def _dtypes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
 
 def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
            report: CompatibilityReport) -> None:
-    ratio = report.size_ratio
-    low, high = SIZE_RATIO_RANGE
-    if ratio is None or low <= ratio <= high:
+    cost = report.cost_ratio
+    low, high = COST_RATIO_RANGE
+    if cost is None or low <= cost <= high:
         return
-    advice = ("the draft is too large to save time: a draft step should cost a small fraction of a target step"
-              if ratio < low else "the draft is so small that its guesses may rarely be accepted")
+    shapes = (f"draft {draft.num_layers} layers x {draft.hidden_size} wide, target {target.num_layers} x "
+              f"{target.hidden_size}, both with a {target.logits_width}-wide output head")
+    if cost > high:
+        advice = (f"the draft is too large to save time: {cost_meaning(cost)}; a draft costing under "
+                  f"{high:g} of a target step leaves room to gain")
+    else:
+        advice = "the draft is so small that its guesses may rarely be accepted"
     report.warnings.append(Finding(
         code="size-ratio",
-        message=f"target has {target.num_parameters:,} parameters, {ratio:.1f}x the draft's {draft.num_parameters:,} "
-                f"(about {low:.0f}-{high:.0f}x is typical): {advice}"))
+        message=f"a draft token costs {cost:.3g} of a target step in multiply-adds ({shapes}): {advice}"))
+
+
+def cost_meaning(cost_ratio: float) -> str:
+    """What a draft's per-token cost ratio means for speculation, in words."""
+    return (f"speculation breaks even when more than {cost_ratio:.0%} of the drafted tokens are accepted "
+            "(with verification at the cost of one target step, as on a GPU)")
 
 
 def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.check.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, Finding, check_pair
+from specbuild.check.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, Finding, check_pair, cost_meaning
 from specbuild.errors import UsageError
 from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
 from specbuild.spec import BuildSpec, ModelSpec
@@ -61,6 +61,7 @@ class CheckReport(BaseModel):
                 "draft": self.draft.tokenizer.model_dump(mode="json"),
             },
             "size_ratio": self.compatibility.size_ratio,
+            "cost_ratio": self.compatibility.cost_ratio,
             "target": self.target.summary(),
             "draft": self.draft.summary(),
             "memory_plan": self.memory.to_dict(),
@@ -190,8 +191,9 @@ def render_check(report: CheckReport, console: Console) -> None:
             console.print(f"  [bold]fix:[/] {escape(reason.fix)}", highlight=False)
     for warning in report.warnings:
         console.print(f"[yellow]warning[/] ({warning.code}): {escape(warning.message)}", highlight=False)
-    size_ratio = report.compatibility.size_ratio
-    ratio = f", target/draft size ratio {size_ratio:.1f}x" if size_ratio else ""
+    cost = report.compatibility.cost_ratio
     verdict = ("[bold green]compatible[/]" if report.compatible
                else f"[bold red]incompatible[/] ({len(report.reasons)} reasons)")
-    console.print(f"{verdict}: acceptance {report.acceptance}, runtime {report.runtime}{ratio}", highlight=False)
+    console.print(f"{verdict}: acceptance {report.acceptance}, runtime {report.runtime}", highlight=False)
+    if cost is not None:
+        console.print(f"a draft token costs {cost:.3g} of a target step: {cost_meaning(cost)}", highlight=False)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbuild.check.checkpoints import decoder_macs_per_token
 from specbuild.errors import CheckpointError
 from specbuild.drafts.model_pairs import ModelPair, acceptance_by_k, cached_pair, draft_matches, expected_speedup, folder_bytes, greedy_continuations, parameter_count, save_checkpoint, stage, torch_threads
 
@@ -196,12 +197,11 @@ def _keep_output(store: dict[int, torch.Tensor], key: int) -> Callable[..., None
 def truncation_cost_ratio(config: LlamaConfig, depth: int) -> float:
     """Multiply-accumulates per token of the ``depth``-layer draft over the target's (layers + head)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_width = config.num_key_value_heads * head_dim
-    per_layer = (2 * config.hidden_size * config.num_attention_heads * head_dim  # q and o projections
-                 + 2 * config.hidden_size * kv_width  # k and v projections
-                 + 3 * config.hidden_size * config.intermediate_size)  # gated MLP
-    head = config.hidden_size * config.vocab_size
-    return (depth * per_layer + head) / (config.num_hidden_layers * per_layer + head)
+    shape = {"hidden": config.hidden_size, "query_width": config.num_attention_heads * head_dim,
+             "kv_width": config.num_key_value_heads * head_dim, "intermediate": config.intermediate_size,
+             "logits_width": config.vocab_size}
+    return (decoder_macs_per_token(layers=depth, **shape)
+            / decoder_macs_per_token(layers=config.num_hidden_layers, **shape))
 
 
 def best_speedup(rates: dict[str, float], cost_ratio: float) -> tuple[int, float]:
