@@ -83,6 +83,16 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(data))
 
 
+def with_max_positions(checkpoints: Checkpoints, root: Path, positions: int) -> tuple[Path, Path]:
+    """Copies of the compatible target and draft whose configs hold only ``positions`` positions."""
+    pair = []
+    for name, source in (("target", checkpoints.target), ("draft", checkpoints.draft)):
+        folder = copy_checkpoint(source, root / f"{name}-{positions}")
+        edit_json(folder / "config.json", max_position_embeddings=positions)
+        pair.append(folder)
+    return pair[0], pair[1]
+
+
 def build(root: Path) -> Checkpoints:
     tokenizer = train_tokenizer(TEXT_MAIN, VOCAB)
     other = train_tokenizer(TEXT_OTHER, OTHER_VOCAB)

@@ -155,6 +155,7 @@ def test_spec_supplies_the_parameters(target: CheckpointInfo, draft: CheckpointI
                      draft=ModelSpec(checkpoint="d", dtype="float16"),
                      speculation={"acceptance": "token-match"}, limits={"max_input_len": 100, "max_seq_len": 300})
     params = PairParams.from_spec(spec)
-    assert params == PairParams(acceptance="token-match", max_seq_len=300, runtime="torch", target_dtype="auto",
+    assert params == PairParams(acceptance="token-match", max_seq_len=300, max_input_len=100, runtime="torch",
+                                target_dtype="auto",
                                 draft_dtype="float16")
     assert isinstance(check_pair(target, draft, spec), CompatibilityReport)

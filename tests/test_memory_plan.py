@@ -10,6 +10,7 @@ from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401
 from specbuild.check.checkpoints import CheckpointInfo, TokenizerInfo, WeightsInfo, read_checkpoint
 from specbuild.errors import IncompatibleError
 from specbuild.check.memory_plan import GIB, engine_dtype, plan_memory
+from specbuild.check.report import spec_for_checkpoints
 from specbuild.spec import BuildSpec
 
 LLAMA_VOCAB = 128256
@@ -40,9 +41,10 @@ LLAMA_1B = llama_info(layers=16, hidden=2048, kv_heads=8, head_dim=64, intermedi
 
 
 def spec(**sections) -> BuildSpec:
+    """A spec for the Llama 3 pair, its open limits resolved as the check does (Llama 3 holds 131072 positions)."""
     target = {"checkpoint": "/models/8b", **sections.pop("target", {})}
     draft = {"checkpoint": "/models/1b", **sections.pop("draft", {})}
-    return BuildSpec(target=target, draft=draft, **sections)
+    return spec_for_checkpoints(BuildSpec(target=target, draft=draft, **sections), LLAMA_8B, LLAMA_1B)
 
 
 def test_kv_cache_per_token_and_tokens() -> None:

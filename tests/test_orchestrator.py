@@ -29,6 +29,7 @@ def orchestrator(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 
 def rendered_parameters(tmp_path: Path, runtime: str, **speculation: object) -> dict[str, str]:
     spec = load_spec(None, {"runtime": runtime, "target.checkpoint": "t", "draft.checkpoint": "d",
+                            "limits.max_input_len": 64, "limits.max_seq_len": 128,
                             **{f"speculation.{key}": value for key, value in speculation.items()}}, base_dir=tmp_path)
     target = EngineInfo(role="target", runtime=runtime, path=tmp_path, dtype="float16", vocab_size=320,
                         build_config={"max_draft_len": 8})

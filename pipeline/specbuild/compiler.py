@@ -17,7 +17,7 @@ from rich.console import Console
 
 from specbuild.errors import IncompatibleError, StageError, UsageError
 from specbuild.build.runtimes import BUILD_INFO
-from specbuild.spec import BuildSpec, OutputsSpec
+from specbuild.spec import BuildSpec, LimitsSpec, OutputsSpec
 from specbuild.build.stages import Stage, StageResult, StageRunner
 
 StepName = Literal["check", "convert", "build", "package"]
@@ -69,7 +69,14 @@ def _check_action(spec: BuildSpec, output: Path) -> dict[str, Any]:
         "dtypes": {role: getattr(report, role).torch_dtype for role in ROLES},
         "kv_fractions": {"target": report.memory.target_kv_fraction, "draft": report.memory.draft_kv_fraction},
         "kv_tokens": {role: getattr(report.memory, role).kv_tokens for role in ROLES},
+        "limits": report.limits.model_dump(),
     }
+
+
+def with_checked_limits(spec: BuildSpec, check: dict[str, Any]) -> BuildSpec:
+    """``spec`` with the limits its check resolved from the checkpoints: what convert, build, package and the
+    manifest work with."""
+    return spec.model_copy(update={"limits": LimitsSpec.model_validate(check["limits"])})
 
 
 def _convert_action(spec: BuildSpec, check: dict[str, Any], output: Path, progress: Any) -> None:
@@ -151,19 +158,25 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package") -> 
     def check_data() -> dict[str, Any]:
         return runner.results[0].data
 
+    def checked() -> BuildSpec:
+        return with_checked_limits(spec, check_data())
+
+    # Stages after the check hash the limits as the user set them: the resolved ones are in the check's
+    # output (check.json), which every later stage's fingerprint includes.
     all_stages = [
         Stage("check", {"models": models, "target": Path(spec.target.checkpoint), "draft": Path(spec.draft.checkpoint),
                         "engine_speculation": engine_speculation, "limits": spec.limits, "security": spec.security,
                         "gpu_memory_gib": spec.triton.gpu_memory_gib, "runtime": spec.runtime},
               build_dir / "check", lambda tmp: _check_action(spec, tmp)),
         Stage("convert", {"runtime": spec.runtime, "models": models, "security": spec.security},
-              converted, lambda tmp, progress: _convert_action(spec, check_data(), tmp, progress)),
+              converted, lambda tmp, progress: _convert_action(checked(), check_data(), tmp, progress)),
         Stage("build", {"runtime": spec.runtime, "models": models, "engine_speculation": engine_speculation,
                         "limits": spec.limits},
-              engines, lambda tmp, progress: _build_action(spec, converted, tmp, progress)),
+              engines, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
         Stage("package", {"spec": spec.model_dump(mode="json", exclude={"outputs"}),
                           "engines": str(engines.resolve()), "repository": str(repository.resolve())},
-              repository, lambda tmp: _package_action(spec, check_data(), engines, tmp), exclude=("manifest.json",)),
+              repository, lambda tmp: _package_action(checked(), check_data(), engines, tmp),
+              exclude=("manifest.json",)),
     ]
     return all_stages[: STEPS.index(upto) + 1]
 
@@ -196,6 +209,7 @@ def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, jso
                          json_mode=json_mode)
     results = runner.run(stages(spec, runner, upto))
     check_data = results[0].data
+    spec = with_checked_limits(spec, check_data)
     result = CompileResult(spec=spec, steps=results, repository=repository, engines=engines, check=check_data)
     if upto == "package" and write_manifest:
         result.manifest = _write_manifest(spec, results, check_data)
@@ -233,11 +247,13 @@ def plan(spec: BuildSpec) -> dict[str, Any]:
     """What ``compile`` would do, without doing it: for ``tensorrt-llm`` the exact conversion and
     ``trtllm-build`` commands and build configs per rank; for ``torch`` the folders and build fields."""
     from specbuild.check.checkpoints import read_checkpoint
+    from specbuild.check.report import spec_for_checkpoints
 
     spec = spec.resolved()
     build_dir, engines, repository = _dirs(spec)
     infos = {role: read_checkpoint(getattr(spec, role).checkpoint, allow_pickle=spec.security.allow_pickle,
                                    trust_remote_code=spec.security.trust_remote_code) for role in ROLES}
+    spec = spec_for_checkpoints(spec, infos["target"], infos["draft"])
     summary: dict[str, Any] = {"name": spec.name, "runtime": spec.runtime, "engines": str(engines),
                                "repository": str(repository), "steps": list(STEPS) + ["manifest"]}
     if spec.runtime == "tensorrt-llm":

@@ -80,19 +80,40 @@ class SpeculationSpec(_Strict):
         return self
 
 
+DEFAULT_MAX_SEQ_LEN = 2048  # the most a default max_seq_len takes from a checkpoint's max_position_embeddings
+
+
 class LimitsSpec(_Strict):
-    max_batch_size: int = Field(8, ge=1, le=1024)
-    max_input_len: int = Field(1024, ge=1)
-    max_seq_len: int = Field(2048, ge=2, description="prompt + generated tokens")
+    """What engines are built for. Limits left null are taken from the checkpoints when they are read
+    (:meth:`resolve`), as trtllm-build does; only values the user set can be refused as too large."""
+
+    max_batch_size: int = Field(8, ge=1, le=1024, description="most requests an engine runs at once")
+    max_input_len: int | None = Field(None, ge=1, description="most prompt tokens; null = half of max_seq_len")
+    max_seq_len: int | None = Field(
+        None, ge=2, description="most prompt + generated tokens; null = the checkpoints' max_position_embeddings, "
+        f"at most {DEFAULT_MAX_SEQ_LEN} (set it to build for longer sequences)")
 
     @model_validator(mode="after")
     def _seq_holds_input(self) -> LimitsSpec:
-        if self.max_seq_len <= self.max_input_len:
+        if self.max_seq_len is not None and self.max_input_len is not None \
+                and self.max_seq_len <= self.max_input_len:
             raise ValueError(
                 f"max_seq_len ({self.max_seq_len}) must be larger than max_input_len ({self.max_input_len}) "
                 "so that at least one token can be generated"
             )
         return self
+
+    def resolve(self, max_positions: int | None) -> LimitsSpec:
+        """These limits with the null ones filled in for checkpoints that hold ``max_positions`` tokens
+        (None: unknown): max_seq_len = min(max_positions, DEFAULT_MAX_SEQ_LEN) but above a max_input_len the
+        user set; max_input_len = half of max_seq_len."""
+        seq_len = self.max_seq_len
+        if seq_len is None:
+            seq_len = max(2, min(max_positions or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN))
+            if self.max_input_len is not None:
+                seq_len = max(seq_len, self.max_input_len + 1)
+        input_len = self.max_input_len if self.max_input_len is not None else seq_len // 2
+        return LimitsSpec(max_batch_size=self.max_batch_size, max_input_len=input_len, max_seq_len=seq_len)
 
 
 class TritonSpec(_Strict):

@@ -54,7 +54,8 @@ class PairParams(BaseModel):
     """The parts of a build spec the pair check needs (so the check runs without a full spec)."""
 
     acceptance: Acceptance = "draft-logits"
-    max_seq_len: int = 2048
+    max_seq_len: int | None = None  # as the user set them (None: from the checkpoints, which always fits)
+    max_input_len: int | None = None
     runtime: Literal["torch", "tensorrt-llm"] = "torch"
     target_dtype: str = "auto"
     draft_dtype: str = "auto"
@@ -62,6 +63,7 @@ class PairParams(BaseModel):
     @classmethod
     def from_spec(cls, spec: BuildSpec) -> PairParams:
         return cls(acceptance=spec.speculation.acceptance, max_seq_len=spec.limits.max_seq_len,
+                   max_input_len=spec.limits.max_input_len,
                    runtime=spec.resolved_runtime(), target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype)
 
 
@@ -222,15 +224,25 @@ def cost_meaning(cost_ratio: float) -> str:
 
 def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
                report: CompatibilityReport) -> None:
+    """Refuse limits the user set beyond what either model supports (defaults are taken to fit)."""
     limits = [m for m in (target.max_position_embeddings, draft.max_position_embeddings) if m is not None]
     for role, info in (("target", target), ("draft", draft)):
         limit = info.max_position_embeddings
-        if limit is not None and params.max_seq_len > limit:
+        if limit is None:
+            continue
+        if params.max_seq_len is not None and params.max_seq_len > limit:
             report.reasons.append(Finding(
                 code=f"{role}-max-positions",
                 message=f"limits.max_seq_len {params.max_seq_len} is more than the {role} supports "
                         f"(max_position_embeddings {limit})",
-                fix=f"lower limits.max_seq_len to {min(limits)} or less"))
+                fix=f"lower limits.max_seq_len to {min(limits)} or less, or leave it out to take it from the "
+                    "checkpoints"))
+        elif params.max_seq_len is None and params.max_input_len is not None and params.max_input_len >= limit:
+            report.reasons.append(Finding(
+                code=f"{role}-max-positions",
+                message=f"limits.max_input_len {params.max_input_len} leaves no room to generate within the "
+                        f"{role}'s max_position_embeddings ({limit})",
+                fix=f"lower limits.max_input_len below {min(limits)}, or leave it out to take it from the checkpoints"))
 
 
 def _rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,

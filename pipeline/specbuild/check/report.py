@@ -18,12 +18,13 @@ from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
 from specbuild.check.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, Finding, check_pair, cost_meaning
 from specbuild.errors import UsageError
 from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
-from specbuild.spec import BuildSpec, ModelSpec
+from specbuild.spec import BuildSpec, LimitsSpec, ModelSpec
 
 
 class CheckReport(BaseModel):
     target: CheckpointInfo
     draft: CheckpointInfo
+    limits: LimitsSpec  # resolved: the spec's, with the ones it left open taken from the checkpoints
     compatibility: CompatibilityReport
     memory: MemoryPlan
     acceptance: str
@@ -55,6 +56,7 @@ class CheckReport(BaseModel):
             "warnings": [w.model_dump() for w in self.warnings],
             "acceptance": self.acceptance,
             "runtime": self.runtime,
+            "limits": self.limits.model_dump(),
             "tokenizer": {
                 "identical": self.same_tokenizer,
                 "target": self.target.tokenizer.model_dump(mode="json"),
@@ -87,11 +89,19 @@ def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | Non
                "trust_remote_code": trust_remote_code or spec.security.trust_remote_code}
     target = read_checkpoint(target_path, **options)
     draft = read_checkpoint(draft_path, **options)
+    resolved = spec_for_checkpoints(spec, target, draft)
     return CheckReport(
-        target=target, draft=draft, compatibility=check_pair(target, draft, spec),
-        memory=plan_memory(spec, target, draft, gpu_memory_gib, refuse=False),
+        target=target, draft=draft, limits=resolved.limits, compatibility=check_pair(target, draft, spec),
+        memory=plan_memory(resolved, target, draft, gpu_memory_gib, refuse=False),
         acceptance=spec.speculation.acceptance, runtime=spec.resolved_runtime(),
     )
+
+
+def spec_for_checkpoints(spec: BuildSpec, target: CheckpointInfo, draft: CheckpointInfo) -> BuildSpec:
+    """``spec`` with the limits it leaves open taken from the checkpoints (:meth:`LimitsSpec.resolve` at the
+    smaller model's max_position_embeddings): what every step after the check builds for."""
+    positions = [info.max_position_embeddings for info in (target, draft) if info.max_position_embeddings]
+    return spec.model_copy(update={"limits": spec.limits.resolve(min(positions, default=None))})
 
 
 # --- rendering -----------------------------------------------------------------------------------------
