@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
-from specbuild.spec import BuildSpec, load_spec, parse_override, starter_spec
+from specbuild.spec import BuildSpec, load_spec, parse_override, render_spec, starter_spec
 
 MINIMAL = {"target.checkpoint": "t", "draft.checkpoint": "d"}
 
@@ -31,6 +34,44 @@ def test_starter_spec_parses_back_and_keeps_comments(tmp_path: Path) -> None:
     assert spec.runtime == "torch"
     assert spec.target.checkpoint == str(tmp_path / "models/t")
     assert spec.outputs.engines_dir == str(tmp_path / "engines")
+    assert spec.model_dump(exclude={"target", "draft", "outputs", "runtime", "name"}) == \
+        BuildSpec(target={"checkpoint": "t"}, draft={"checkpoint": "d"}).model_dump(
+            exclude={"target", "draft", "outputs", "runtime", "name"})
+
+
+def _fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, int, FieldInfo]]:
+    """Every field of ``model`` and its sections: (dotted key, depth, field)."""
+    for name, field in model.model_fields.items():
+        yield prefix + name, prefix.count("."), field
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from _fields(field.annotation, f"{prefix}{name}.")
+
+
+def test_starter_spec_holds_every_field_under_its_description() -> None:
+    """Generated from the model: a field added to BuildSpec appears in `specbuild init`'s file with its comment."""
+    text = starter_spec("models/t", "models/d")
+    lines = text.splitlines()
+    assert BuildSpec.model_validate(yaml.safe_load(text))
+    for dotted, _, field in _fields(BuildSpec):
+        assert field.description, f"{dotted} has no description for `specbuild init` to write"
+        at = 0
+        for depth, part in enumerate(dotted.split(".")):  # the key's line, under its sections' lines
+            at = next((i for i in range(at, len(lines)) if lines[i].startswith(f"{'  ' * depth}{part}:")), None)
+            assert at is not None, f"{dotted} is missing from the starter spec"
+        indent = "  " * dotted.count(".")
+        comment = []
+        for line in reversed(lines[:at]):
+            if not line.startswith(f"{indent}# "):
+                break
+            comment.insert(0, line.removeprefix(f"{indent}# "))
+        assert " ".join(comment).startswith(field.description), dotted
+
+
+def test_rendered_spec_round_trips_any_spec(tmp_path: Path) -> None:
+    spec = load_spec(None, {**MINIMAL, "limits.max_seq_len": 4096, "triton.gpu_memory_gib": 80.5,
+                            "speculation.prompt_lookup.enabled": True, "name": "x.1"}, base_dir=tmp_path)
+    assert BuildSpec.model_validate(yaml.safe_load(render_spec(spec, {"limits": "a note"}))) == spec
+    assert "# a note\nlimits:" in render_spec(spec, {"limits": "a note"})
 
 
 def test_overrides_beat_the_file_and_parse_yaml_values(tmp_path: Path) -> None:
@@ -95,7 +136,7 @@ def test_prompt_lookup_settings(tmp_path: Path) -> None:
                             "speculation.prompt_lookup.max_ngram": 3}, base_dir=tmp_path)
     assert spec.speculation.prompt_lookup.enabled and spec.speculation.prompt_lookup.max_ngram == 3
     path = tmp_path / "specbuild.yaml"
-    path.write_text(starter_spec().replace("    enabled: false", "    enabled: true"))
+    path.write_text(starter_spec("t", "d").replace("    enabled: false", "    enabled: true"))
     assert load_spec(path).speculation.prompt_lookup.enabled
 
 

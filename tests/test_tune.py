@@ -39,8 +39,9 @@ def test_candidate_ks_stay_within_the_engine_limit():
 def test_set_section_values_edits_only_the_scalars_and_keeps_comments():
     text = starter_spec("t", "d")
     updated = set_section_values(text, "speculation", {"num_draft_tokens": 2, "adaptive": True})
-    assert "  num_draft_tokens: 2      # default K per request" in updated
-    assert "  adaptive: true          # adapt K per request from its acceptance" in updated
+    assert "  # default K: draft tokens per round (0 = the target alone); requests may ask for 0..max_draft_len\n" \
+        "  num_draft_tokens: 2\n" in updated
+    assert "  adaptive: true\n" in updated
     assert updated.count("\n") == text.count("\n")
     data = yaml.safe_load(updated)
     assert data["speculation"] == {**yaml.safe_load(text)["speculation"], "num_draft_tokens": 2, "adaptive": True}
@@ -71,7 +72,7 @@ def test_write_choice_keeps_a_valid_spec_and_refuses_an_impossible_one(tmp_path:
 
 
 def test_missing_keys_are_added_when_the_section_ends_with_a_nested_block():
-    text = starter_spec("t", "d").replace("  adaptive: false          # adapt K per request from its acceptance\n", "")
+    text = starter_spec("t", "d").replace("  adaptive: false\n", "")
     updated = set_section_values(text, "speculation", {"adaptive": True})
     data = yaml.safe_load(updated)
     assert data["speculation"] == {**yaml.safe_load(text)["speculation"], "adaptive": True}

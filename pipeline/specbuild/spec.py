@@ -7,12 +7,14 @@ field's dotted path and the allowed values (see :func:`load_spec`).
 from __future__ import annotations
 
 import copy
+import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
 
@@ -31,10 +33,11 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """One checkpoint (target or draft) and how to shard it."""
 
-    checkpoint: str = Field(description="HF checkpoint folder (config.json, tokenizer, safetensors)")
-    dtype: Dtype = Field("auto", description="engine dtype; auto: bfloat16/float16 on GPU, float32 on CPU")
-    tp_size: int = Field(1, ge=1, le=64, description="tensor-parallel ranks")
-    pp_size: int = Field(1, ge=1, le=64, description="pipeline-parallel ranks")
+    checkpoint: str = Field(description="Hugging Face checkpoint folder: config.json, tokenizer files, *.safetensors")
+    dtype: Dtype = Field("auto", description="engine dtype; auto: bfloat16/float16 on a GPU, float32 on a CPU "
+                         "(float32: torch runtime only)")
+    tp_size: int = Field(1, ge=1, le=64, description="tensor-parallel ranks (GPUs the model is split across)")
+    pp_size: int = Field(1, ge=1, le=64, description="pipeline-parallel ranks (GPUs its layers are spread over)")
 
     @property
     def world_size(self) -> int:
@@ -45,8 +48,9 @@ class PromptLookupSpec(_Strict):
     """Prompt lookup drafting: each round, propose what followed the last earlier occurrence of the context's
     final n-gram (no model call); the draft model drafts when lookup finds nothing (``draft_fallback``)."""
 
-    enabled: bool = Field(False, description="requests look up their own tokens first (each may turn it off)")
-    max_ngram: int = Field(4, ge=1, le=32, description="longest suffix n-gram looked up")
+    enabled: bool = Field(False, description="requests look up their own tokens first (each may turn it off with "
+                          "its prompt_lookup input)")
+    max_ngram: int = Field(4, ge=1, le=32, description="longest suffix n-gram looked up (then shorter ones)")
     min_ngram: int = Field(2, ge=1, le=32, description="shortest suffix n-gram looked up")
     draft_fallback: bool = Field(True, description="the draft model drafts when lookup finds nothing; false: the "
                                  "target alone then (for a draft whose cost exceeds what it brings)")
@@ -60,15 +64,21 @@ class PromptLookupSpec(_Strict):
 
 
 class SpeculationSpec(_Strict):
-    max_draft_len: int = Field(8, ge=1, le=64, description="most draft tokens a request may ask for (engine limit)")
-    num_draft_tokens: int = Field(4, ge=0, description="default draft tokens per round (0 = target alone)")
+    """How drafts are made and checked; requests may override K, adaptive K and prompt lookup."""
+
+    max_draft_len: int = Field(8, ge=1, le=64, description="most draft tokens a request may ask for (the target "
+                               "engine is built for it)")
+    num_draft_tokens: int = Field(4, ge=0, description="default K: draft tokens per round (0 = the target alone); "
+                                  "requests may ask for 0..max_draft_len")
     acceptance: Acceptance = Field(
         "draft-logits",
         description="draft-logits: rejection sampling on p/q (exact, higher acceptance); "
         "token-match: target samples and accepts equal tokens (exact, no draft logits)",
     )
-    adaptive: bool = Field(False, description="adapt K per request: longer after full acceptance, shorter after rejections")
-    prompt_lookup: PromptLookupSpec = PromptLookupSpec()
+    adaptive: bool = Field(False, description="adapt K per request: longer after full acceptance, shorter after "
+                           "rejections")
+    prompt_lookup: PromptLookupSpec = Field(PromptLookupSpec(), description="prompt lookup drafting: propose what "
+                                            "followed the context's last n-gram earlier in the request (no model call)")
 
     @model_validator(mode="after")
     def _k_within_engine(self) -> SpeculationSpec:
@@ -117,18 +127,23 @@ class LimitsSpec(_Strict):
 
 
 class TritonSpec(_Strict):
-    host: str = Field("127.0.0.1", description="address the server binds to (loopback unless told otherwise)")
-    http_port: int = Field(8000, ge=0, le=65535, description="0 = pick a free port")
-    grpc_port: int = Field(8001, ge=0, le=65535)
-    metrics_port: int = Field(8002, ge=0, le=65535)
+    """The Triton server and its model repository."""
+
+    host: str = Field("127.0.0.1", description="address the server binds to (loopback unless you mean to expose it)")
+    http_port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = pick a free port)")
+    grpc_port: int = Field(8001, ge=0, le=65535, description="gRPC port (0 = pick a free port)")
+    metrics_port: int = Field(8002, ge=0, le=65535, description="Prometheus metrics port (0 = pick a free port)")
     image: str = Field(DEFAULT_TRITON_IMAGE, description="NGC image for the tensorrt-llm runtime (TensorRT-LLM 1.2.x)")
     engine_mount: str = Field("/engines", description="where engines are mounted inside the container")
     repository_mount: str = Field("/triton_repo", description="where the repository is mounted inside the container")
-    gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory for the memory plan; None = not checked")
+    gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory to check the memory plan against "
+                                         "(e.g. 80); null = not checked")
     kv_cache_free_gpu_mem_fraction: float | None = Field(
-        None, gt=0, lt=1, description="target+draft share of free GPU memory for KV cache; None = from the memory plan"
+        None, gt=0, lt=1, description="target+draft share of free GPU memory for KV cache; null = split from the "
+        "memory plan"
     )
-    orchestrator_instances: int = Field(1, ge=1, le=64)
+    orchestrator_instances: int = Field(1, ge=1, le=64, description="instances of the orchestrator (the speculative "
+                                        "loop)")
     engine_instances: int = Field(1, ge=1, le=64, description="torch runtime: instances per engine model")
 
     @field_validator("engine_mount", "repository_mount")
@@ -140,12 +155,16 @@ class TritonSpec(_Strict):
 
 
 class OutputsSpec(_Strict):
-    build_dir: str = "build"
-    engines_dir: str = "engines"
-    repository_dir: str = "triton_repo"
+    """Where compile writes; each folder is replaced whole (relative paths: from the spec file's folder)."""
+
+    build_dir: str = Field("build", description="the check report and converted checkpoints")
+    engines_dir: str = Field("engines", description="built engines, one folder per model")
+    repository_dir: str = Field("triton_repo", description="the Triton model repository and its manifest.json")
 
 
 class SecuritySpec(_Strict):
+    """What specbuild refuses unless told otherwise."""
+
     allow_pickle: bool = Field(False, description="load pickle (.bin/.pt) weights; only for checkpoints you trust")
     trust_remote_code: bool = Field(False, description="run code shipped with a checkpoint; only if you trust it")
 
@@ -153,15 +172,18 @@ class SecuritySpec(_Strict):
 class BuildSpec(_Strict):
     """Everything ``specbuild compile`` needs; see ``specbuild init`` for a commented example."""
 
-    name: str = Field("specbuild", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    runtime: Runtime = "auto"
-    target: ModelSpec
-    draft: ModelSpec
-    speculation: SpeculationSpec = SpeculationSpec()
-    limits: LimitsSpec = LimitsSpec()
-    triton: TritonSpec = TritonSpec()
-    outputs: OutputsSpec = OutputsSpec()
-    security: SecuritySpec = SecuritySpec()
+    name: str = Field("specbuild", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                      description="release name (letters, digits, _ . -)")
+    runtime: Runtime = Field("auto", description="torch: HF checkpoints run with PyTorch inside Triton python models "
+                             "(CPU or CUDA); tensorrt-llm: TensorRT-LLM 1.2.x engines on Triton's tensorrtllm backend "
+                             "(CUDA GPU, NGC image); auto: tensorrt-llm where it is installed, else torch")
+    target: ModelSpec = Field(description="the model whose output is served")
+    draft: ModelSpec = Field(description="the small model that proposes tokens; it must share the target's tokenizer")
+    speculation: SpeculationSpec = Field(SpeculationSpec(), description="speculative decoding")
+    limits: LimitsSpec = Field(LimitsSpec(), description="what engines are built for")
+    triton: TritonSpec = Field(TritonSpec(), description="the Triton server")
+    outputs: OutputsSpec = Field(OutputsSpec(), description="where compile writes (folders replaced whole)")
+    security: SecuritySpec = Field(SecuritySpec(), description="what is refused unless you trust the checkpoints")
 
     def resolved_runtime(self) -> Literal["torch", "tensorrt-llm"]:
         """``auto`` means tensorrt-llm where TensorRT-LLM imports, else the embedded torch runtime."""
@@ -295,59 +317,55 @@ def _resolve_relative_paths(data: dict[str, Any], root: Path) -> None:
                 outputs[key] = str((root / value).resolve())
 
 
-STARTER_SPEC = """\
-# specbuild build spec. Every key is optional except target/draft checkpoints.
-# CLI flags override these values (e.g. --set speculation.num_draft_tokens=3).
-name: {name}
-# torch: HF checkpoints run with PyTorch inside Triton python models (CPU or CUDA);
-# tensorrt-llm: TensorRT-LLM 1.2.x engines on Triton's tensorrtllm backend (CUDA GPU, NGC image);
-# auto: tensorrt-llm where it is installed, else torch.
-runtime: {runtime}
-target:
-  checkpoint: {target}   # HF folder: config.json, tokenizer files, *.safetensors
-  dtype: auto            # auto | float16 | bfloat16 | float32 (float32: torch runtime only)
-  tp_size: 1             # tensor-parallel GPUs
-  pp_size: 1             # pipeline-parallel GPUs
-draft:
-  checkpoint: {draft}    # must share the target's tokenizer; ideally 10-100x smaller
-  dtype: auto
-  tp_size: 1
-  pp_size: 1
-speculation:
-  max_draft_len: 8         # the target engine is built for at most this many draft tokens
-  num_draft_tokens: 4      # default K per request (requests may ask for 0..max_draft_len)
-  acceptance: draft-logits # draft-logits (rejection sampling) | token-match
-  adaptive: false          # adapt K per request from its acceptance
-  prompt_lookup:           # draft from the request's own tokens first (free), the draft model when none match
-    enabled: false         # requests may turn it on or off (input prompt_lookup)
-    max_ngram: 4           # look up the context's last 4 tokens, then 3, ... down to min_ngram
-    min_ngram: 2
-    draft_fallback: true   # false: no draft-model call when lookup finds nothing (a weak draft costs more than it brings)
-limits:
-  max_batch_size: 8
-  max_input_len: 1024      # prompt tokens
-  max_seq_len: 2048        # prompt + generated tokens
-triton:
-  host: 127.0.0.1          # bind address; loopback unless you mean to expose it
-  http_port: 8000
-  grpc_port: 8001
-  metrics_port: 8002
-  image: {image}
-  engine_mount: /engines
-  repository_mount: /triton_repo
-  gpu_memory_gib: null     # set to check the memory plan against your GPU (e.g. 80)
-  kv_cache_free_gpu_mem_fraction: null  # null = split from the memory plan
-outputs:
-  build_dir: build
-  engines_dir: engines
-  repository_dir: triton_repo
-security:
-  allow_pickle: false        # refuse .bin/.pt pickles unless you trust the checkpoint
-  trust_remote_code: false   # refuse checkpoints that need their own Python code
-"""
+SPEC_HEADER = ("specbuild build spec. Every key is optional except target.checkpoint and draft.checkpoint; flags "
+               "override these values (e.g. --set speculation.num_draft_tokens=3). Relative paths are taken from "
+               "this file's folder.")
+COMMENT_WIDTH = 110
 
 
-def starter_spec(target: str = "models/demo/target", draft: str = "models/demo/draft", *, name: str = "demo",
-                 runtime: str = "auto") -> str:
-    """The commented spec ``specbuild init`` writes; it parses back to a valid :class:`BuildSpec`."""
-    return STARTER_SPEC.format(name=name, runtime=runtime, target=target, draft=draft, image=DEFAULT_TRITON_IMAGE)
+def yaml_scalar(value: Any) -> str:
+    """``value`` as one YAML flow scalar: ``null``, ``true``, ``8``, ``models/t``, quoted where YAML needs it."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def render_spec(spec: BuildSpec, notes: Mapping[str, str] | None = None) -> str:
+    """``spec`` as YAML holding every field of :class:`BuildSpec`, each under its description (and allowed
+    values) as a comment, so the file documents itself and cannot drift from the model. ``notes`` adds
+    comments by dotted key (e.g. why ``specbuild init`` chose a setting). The text parses back to ``spec``."""
+    lines = _comment(SPEC_HEADER, "")
+    _render_fields(spec, "", notes or {}, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _render_fields(model: BaseModel, prefix: str, notes: Mapping[str, str], lines: list[str]) -> None:
+    indent = "  " * prefix.count(".")
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if not prefix:
+            lines.append("")
+        lines.extend(_comment(_describe_field(field), indent))
+        if prefix + name in notes:
+            lines.extend(_comment(notes[prefix + name], indent))
+        if isinstance(value, BaseModel):
+            lines.append(f"{indent}{name}:")
+            _render_fields(value, f"{prefix}{name}.", notes, lines)
+        else:
+            lines.append(f"{indent}{name}: {yaml_scalar(value)}")
+
+
+def _describe_field(field: FieldInfo) -> str:
+    choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+    return (field.description or "") + (f" (one of: {', '.join(choices)})" if choices else "")
+
+
+def _comment(text: str, indent: str) -> list[str]:
+    return [f"{indent}# {line}" for line in textwrap.wrap(text, COMMENT_WIDTH - len(indent) - 2)]
+
+
+def starter_spec(target: str, draft: str, *, name: str = "specbuild", runtime: Runtime = "auto",
+                 speculation: SpeculationSpec | None = None, notes: Mapping[str, str] | None = None) -> str:
+    """The commented spec ``specbuild init`` writes (see :func:`render_spec`), with the model defaults except
+    for the checkpoints, name, runtime and (when given) the speculation settings."""
+    spec = BuildSpec(name=name, runtime=runtime, target=ModelSpec(checkpoint=target), draft=ModelSpec(checkpoint=draft),
+                     speculation=speculation or SpeculationSpec())
+    return render_spec(spec, notes)

@@ -18,6 +18,7 @@ import yaml
 
 from specbuild.bench.metrics import Cell
 from specbuild.errors import SpecError, UsageError
+from specbuild.spec import load_spec, yaml_scalar
 
 Goal = Literal["latency", "throughput"]
 CANDIDATE_KS = (0, 1, 2, 3, 4, 6, 8)
@@ -47,10 +48,6 @@ def pick(cells: Sequence[Cell], goal: Goal) -> Cell:
     return max(eligible, key=lambda c: (score(c, goal), -c.k))  # ties: the smaller K
 
 
-def _scalar(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-
-
 def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
     """``text`` (a YAML mapping) with ``section.key`` set for each of ``values``, editing only those scalars
     so that the user's comments and layout stay; missing keys and sections are added."""
@@ -60,7 +57,7 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
     entries = dict((key.value, value) for key, value in root.value) if root is not None else {}
     block = entries.get(section)
     if block is None:
-        lines = [f"{section}:"] + [f"  {key}: {_scalar(value)}" for key, value in values.items()]
+        lines = [f"{section}:"] + [f"  {key}: {yaml_scalar(value)}" for key, value in values.items()]
         return text + ("" if not text or text.endswith("\n") else "\n") + "\n".join(lines) + "\n"
     if not isinstance(block, yaml.MappingNode) or block.flow_style or not block.value:
         raise SpecError(f"{section!r} in the spec file is not a block mapping of keys",
@@ -71,9 +68,9 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
     for key, value in values.items():
         node = items.get(key)
         if isinstance(node, yaml.ScalarNode):
-            edits.append((node.start_mark.index, node.end_mark.index, _scalar(value)))
+            edits.append((node.start_mark.index, node.end_mark.index, yaml_scalar(value)))
         else:
-            missing.append(f"{key}: {_scalar(value)}")
+            missing.append(f"{key}: {yaml_scalar(value)}")
     if missing:  # as the section's first lines: after its last key may come a nested block (prompt_lookup)
         first_key = block.value[0][0].start_mark
         at = first_key.index - first_key.column
@@ -85,8 +82,6 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
 
 def write_choice(spec_path: str | Path, num_draft_tokens: int, adaptive: bool) -> None:
     """Set the choice in the spec file (atomically), then check that the file still validates."""
-    from specbuild.spec import load_spec
-
     path = Path(spec_path)
     original = path.read_text(encoding="utf-8")
     updated = set_section_values(original, "speculation",
@@ -119,7 +114,6 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
     default."""
     from specbuild import compiler
     from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
-    from specbuild.spec import load_spec
 
     spec = load_spec(spec_path)
     too_long = [k for k in ks or () if k > spec.speculation.max_draft_len]
