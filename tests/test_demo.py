@@ -9,12 +9,15 @@ import pytest
 from rich.console import Console
 
 from specbuild.demo import run_demo
+from specbuild.drafts.model_pairs import CACHE_ENV, pair_dir
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_demo_compiles_serves_streams_and_matches_the_target_alone(tiny_pair, tmp_path: Path) -> None:
-    shutil.copytree(tiny_pair.root, tmp_path / "models" / "tiny")  # the cached pair; its stamp skips a rebuild
+def test_demo_compiles_serves_streams_and_matches_the_target_alone(tiny_pair, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    shutil.copytree(tiny_pair.root, pair_dir("tiny", tmp_path))  # the cached pair; its stamp skips a rebuild
     console = Console(record=True, width=120)
     result = run_demo(tmp_path, max_tokens=24, num_draft_tokens=3, tiny=True, console=console)
     assert result.identical

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from specbuild.errors import UsageError
-from specbuild.drafts.model_pairs import (CHECKPOINT_FILES, STAMP_FILE, acceptance_by_k, acceptance_rate, cached_pair,
-                                   expected_speedup, load_pair)
+from specbuild.drafts.model_pairs import (CACHE_ENV, CHECKPOINT_FILES, STAMP_FILE, acceptance_by_k, acceptance_rate,
+                                          cached_pair, load_pair, pair_dir)
 
 
 def test_acceptance_counts_runs_per_round():
@@ -32,12 +32,6 @@ def test_acceptance_per_k_falls_as_k_grows_for_a_mixed_row():
 def test_acceptance_rejects_k_below_one():
     with pytest.raises(ValueError):
         acceptance_rate([[True]], 0)
-
-
-def test_expected_speedup():
-    assert expected_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
-    assert expected_speedup(0.0, 4, 0.25) == pytest.approx(0.5)  # nothing accepted, draft work wasted
-    assert expected_speedup(0.5, 2, 0.1) == pytest.approx(2.0 / 1.2)
 
 
 def _fake_build(calls: list[Path]):
@@ -92,3 +86,15 @@ def test_refuses_to_replace_a_foreign_folder(tmp_path):
     with pytest.raises(UsageError, match="not a specbuild model pair"):
         cached_pair(out, {"version": 1}, _fake_build([]))
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_one_cache_folder_for_the_demo_and_the_tests(tiny_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The demo (from its workdir) and the tests (from the repository root) build pairs into one folder."""
+    from conftest import REPO_ROOT
+
+    assert tiny_pair.root == pair_dir("tiny", REPO_ROOT)  # where `specbuild demo --tiny` looks from the root
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    assert pair_dir("demo", tmp_path) == tmp_path / ".cache" / "demo-pair"
+    assert pair_dir("tiny") == Path(".cache") / "tiny-pair"
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "shared"))
+    assert pair_dir("demo", tmp_path / "elsewhere") == tmp_path / "shared" / "demo-pair"

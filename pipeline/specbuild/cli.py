@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from specbuild.errors import SpecbuildError
-from specbuild.spec import DEFAULT_SPEC_FILE, load_spec, parse_override, starter_spec
+from specbuild.spec import DEFAULT_SPEC_FILE, load_spec, parse_override
 
 console = Console(stderr=True)
 
@@ -96,21 +96,32 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(dir_okay=False), default=DEFAULT_SPEC_FILE)
-@click.option("--target", default="models/demo/target", show_default=True)
-@click.option("--draft", default="models/demo/draft", show_default=True)
+@click.argument("target", required=False, type=click.Path(file_okay=False))
+@click.argument("draft", required=False, type=click.Path(file_okay=False))
+@click.option("--out", "-o", "path", type=click.Path(dir_okay=False), default=DEFAULT_SPEC_FILE, show_default=True,
+              help="the spec file to write")
 @click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm", "auto"]), default="auto", show_default=True)
+@click.option("--measure/--no-measure", default=True, show_default=True,
+              help="time the pair in process (under a minute for the demo pair) to choose the starting K")
 @click.option("--force", is_flag=True, help="overwrite an existing file")
 @reports_errors
-def init(path: str, target: str, draft: str, runtime: str, force: bool) -> None:
-    """Write a commented starter build spec to PATH."""
-    from specbuild.spec import SpecError
+def init(target: str | None, draft: str | None, path: str, runtime: str, measure: bool, force: bool) -> None:
+    """Write a commented starter build spec for TARGET and DRAFT (without them: the demo pair's folders).
 
-    destination = Path(path)
-    if destination.exists() and not force:
-        raise SpecError(f"{path} already exists", "pass --force to overwrite it, or choose another path")
-    destination.write_text(starter_spec(target, draft, runtime=runtime), encoding="utf-8")
-    console.print(f"wrote {path}")
+    With both checkpoints it measures the pair quickly in process and starts from the K predicted fastest,
+    or from K=0 (the target alone) when the draft would slow it down; the spec's comment says which and why.
+    """
+    from rich.progress import Progress
+
+    from specbuild.drafts.model_pairs import pair_dir
+    from specbuild.starter import make_starter, write_starter
+
+    demo = pair_dir("demo")
+    with Progress(console=console, transient=True) as progress:
+        starter = make_starter(target, draft, path, placeholders=(str(demo / "target"), str(demo / "draft")),
+                               runtime=runtime, measure=measure, progress=progress)  # type: ignore[arg-type]
+    write_starter(path, starter, force=force)
+    console.print(f"wrote {path}: {starter.note}", highlight=False)
 
 
 @main.command()
@@ -476,14 +487,21 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
 
 
 @main.command("demo-models")
-@click.argument("out", type=click.Path(file_okay=False), default="models/demo")
+@click.argument("out", type=click.Path(file_okay=False), required=False)
 @click.option("--tiny", is_flag=True, help="the tiny pair made from nothing (for tests) instead of SmolLM2")
 @click.option("--json", "json_mode", is_flag=True, help="print the pair's stamp (recipe and figures) as JSON")
 @reports_errors
-def demo_models(out: str, tiny: bool, json_mode: bool) -> None:
-    """Make the demo target/draft pair in OUT, offline (nothing downloaded; reused when already built)."""
+def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
+    """Make the demo target/draft pair in OUT, offline (nothing downloaded; reused when already built).
+
+    OUT defaults to the cache the demo and the tests share: .cache/demo-pair (or tiny-pair), or under
+    $SPECBUILD_CACHE when set.
+    """
     from rich.progress import Progress
 
+    from specbuild.drafts.model_pairs import pair_dir
+
+    out = out or str(pair_dir("tiny" if tiny else "demo"))
     if tiny:
         from specbuild.drafts.tiny_models import build_tiny_pair as build
     else:

@@ -37,8 +37,11 @@ class DemoResult:
 
 def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
              num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
+    from rich.progress import Progress
+
     from specbuild import compiler
     from specbuild.bench.runner import chat_prompts
+    from specbuild.drafts.model_pairs import pair_dir
     from specbuild.bench.prompts import Prompt
     from specbuild.serve.client import GenerationRequest, SpecbuildClient
     from specbuild.serve.server import TritonServer
@@ -47,14 +50,18 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
     console = console or Console(stderr=True)
     workdir = Path(workdir).resolve()
     console.rule("[bold]1/4 demo models")
-    if tiny:
-        from specbuild.drafts.tiny_models import build_tiny_pair
+    folder = pair_dir("tiny" if tiny else "demo", workdir)
+    console.print(f"the pair's folder: {folder} (built once, shared with the tests; $SPECBUILD_CACHE moves it)",
+                  highlight=False)
+    with Progress(console=console, transient=True) as progress:
+        if tiny:
+            from specbuild.drafts.tiny_models import build_tiny_pair
 
-        pair = build_tiny_pair(workdir / "models" / "tiny")
-    else:
-        from specbuild.drafts.demo_models import build_demo_pair
+            pair = build_tiny_pair(folder, progress=progress)
+        else:
+            from specbuild.drafts.demo_models import build_demo_pair
 
-        pair = build_demo_pair(workdir / "models" / "demo")
+            pair = build_demo_pair(folder, progress=progress)
     console.rule("[bold]2/4 compile (torch runtime)")
     spec = load_spec(None, {
         "name": "tiny" if tiny else "demo", "runtime": "torch",

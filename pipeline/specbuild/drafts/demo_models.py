@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from specbuild.check.checkpoints import decoder_macs_per_token
 from specbuild.errors import CheckpointError
-from specbuild.drafts.model_pairs import ModelPair, acceptance_by_k, cached_pair, draft_matches, expected_speedup, folder_bytes, greedy_continuations, parameter_count, save_checkpoint, stage, torch_threads
+from specbuild.bench.estimate import predicted_speedup
+from specbuild.drafts.model_pairs import ModelPair, acceptance_by_k, cached_pair, draft_matches, folder_bytes, greedy_continuations, parameter_count, save_checkpoint, stage, torch_threads
 
 if TYPE_CHECKING:
     import torch
@@ -206,7 +207,7 @@ def truncation_cost_ratio(config: LlamaConfig, depth: int) -> float:
 
 def best_speedup(rates: dict[str, float], cost_ratio: float) -> tuple[int, float]:
     """The K with the highest analytic speedup for these acceptance rates, and that speedup."""
-    return max(((int(k), expected_speedup(rate, int(k), cost_ratio)) for k, rate in rates.items()),
+    return max(((int(k), predicted_speedup(rate, int(k), cost_ratio)) for k, rate in rates.items()),
                key=lambda item: item[1])
 
 

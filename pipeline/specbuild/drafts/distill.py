@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbuild.bench.estimate import COST_REPEATS, measure_step_costs, predicted_speedups
 from specbuild.build.atomic import atomic_output_dir, atomic_write_bytes
 from specbuild.errors import CheckpointError, UsageError
 from specbuild.drafts.model_pairs import acceptance_by_k, draft_matches, folder_bytes, parameter_count, save_checkpoint, stage, torch_threads
@@ -54,7 +55,6 @@ PROMPT_WEIGHT = 0.2  # prompt positions teach the draft too, but only answer pos
 HIDDEN_WEIGHT = 1.0
 WARMUP_SHARE, FINAL_LR_SHARE = 0.05, 0.1
 MAX_K = 4
-COST_CONTEXT, COST_REPEATS = 200, 12
 EVAL_RESERVE_SECONDS = 60
 PRECISIONS = ("auto", "float32", "bfloat16")
 LABEL_BATCH_TOKENS = 4096
@@ -513,42 +513,11 @@ def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillD
             matches.append(draft_matches(student(input_ids=sequence[None]).logits[0], sequence, prompt_len))
             advance(1)
     acceptance = acceptance_by_k(matches, MAX_K)
-    target_ms = {n: step_ms(target, n) for n in range(1, MAX_K + 2)}
-    draft_ms = step_ms(student, 1)
-    cost = draft_ms / target_ms[1]
-    verify = {k: target_ms[k + 1] / target_ms[1] for k in range(1, MAX_K + 1)}
-    expected = {str(k): round((1 + k * acceptance[str(k)]) / (k * cost + verify[k]), 3) for k in verify}
+    with stage(progress, "draft: step costs", COST_REPEATS) as advance:
+        costs = measure_step_costs(target, student, MAX_K, advance=advance)
+    expected = {str(k): round(speedup, 3) for k, speedup in predicted_speedups(acceptance, costs).items()}
     best = max(expected, key=lambda k: expected[k])
-    return {"held_out_acceptance": acceptance, "target_step_ms": round(target_ms[1], 2),
-            "draft_step_ms": round(draft_ms, 2), "cost_ratio": round(cost, 3),
-            "verify_cost": {str(k): round(v, 3) for k, v in verify.items()}, "expected_speedup": expected,
+    return {"held_out_acceptance": acceptance, "target_step_ms": round(costs.target_step_ms, 2),
+            "draft_step_ms": round(costs.draft_step_ms, 2), "cost_ratio": round(costs.cost_ratio, 3),
+            "verify_cost": {str(k): round(v, 3) for k, v in costs.verify_cost.items()}, "expected_speedup": expected,
             "best_k": int(best)}
-
-
-def step_ms(model: LlamaForCausalLM, new_tokens: int, context: int = COST_CONTEXT,
-            repeats: int = COST_REPEATS) -> float:
-    """Median milliseconds to feed ``new_tokens`` after ``context`` cached tokens (one decode/verify step)."""
-    import torch
-    from transformers import DynamicCache
-
-    generator = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, model.config.vocab_size, (1, context), generator=generator)
-    step = torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=generator)
-    times = []
-    with torch.inference_mode():
-        cache = DynamicCache()
-        model(input_ids=prefix, use_cache=True, **{_cache_argument(model): cache})
-        for _ in range(repeats + 2):
-            began = time.perf_counter()
-            model(input_ids=step, use_cache=True, **{_cache_argument(model): cache})
-            times.append(time.perf_counter() - began)
-            cache.crop(-new_tokens)
-    return sorted(times[2:])[len(times[2:]) // 2] * 1000
-
-
-def _cache_argument(model: LlamaForCausalLM) -> str:
-    """transformers 5.x renamed the forward's cache argument; 4.57 only knows ``past_key_values``."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from specbuild.errors import UsageError
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:  # heavy imports stay lazy: importing specbuild must not load 
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STAMP_FILE = "specbuild-pair.json"
+CACHE_ENV = "SPECBUILD_CACHE"
+CACHE_FOLDER = ".cache"
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                     "tokenizer_config.json")
 
@@ -47,6 +50,17 @@ class ModelPair:
     @property
     def draft_dir(self) -> Path:
         return self.root / "draft"
+
+
+def cache_dir(base: str | Path = ".") -> Path:
+    """The folder the demo and the tests build model pairs into, once, whichever runs first:
+    ``$SPECBUILD_CACHE`` when set, else ``base/.cache``."""
+    return Path(os.environ.get(CACHE_ENV) or Path(base) / CACHE_FOLDER)
+
+
+def pair_dir(kind: Literal["demo", "tiny"], base: str | Path = ".") -> Path:
+    """Where the demo (SmolLM2) or tiny pair is cached: ``<cache>/demo-pair`` or ``<cache>/tiny-pair``."""
+    return cache_dir(base) / f"{kind}-pair"
 
 
 def load_pair(out_dir: str | Path, recipe: dict[str, Any]) -> ModelPair | None:
@@ -173,15 +187,6 @@ def acceptance_rate(matches: Sequence[Sequence[bool]], k: int) -> float:
 def acceptance_by_k(matches: Sequence[Sequence[bool]], max_k: int = 8) -> dict[str, float]:
     """:func:`acceptance_rate` for K = 1..max_k, keyed by K as text (JSON-ready)."""
     return {str(k): round(acceptance_rate(matches, k), 3) for k in range(1, max_k + 1)}
-
-
-def expected_speedup(rate: float, k: int, cost_ratio: float) -> float:
-    """Analytic speedup of greedy speculative decoding from measured acceptance (Leviathan et al. 2023).
-
-    ``rate`` is accepted / drafted tokens at ``k`` (so a round yields ``k * rate + 1`` tokens on average)
-    and ``cost_ratio`` one draft step over one target step; verifying k tokens is taken to cost one step.
-    """
-    return (k * rate + 1) / (k * cost_ratio + 1)
 
 
 def parameter_count(model: PreTrainedModel) -> int:
