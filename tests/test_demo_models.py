@@ -76,3 +76,26 @@ def test_demo_pair_second_build_returns_at_once(demo_pair):
     again = demo_models.build_demo_pair(demo_pair.root)
     assert again.info == demo_pair.info
     assert weights.stat().st_mtime_ns == before, "a cached pair must not be converted again"
+
+
+def test_deriving_a_draft_shows_each_phase_as_a_progress_task(tiny_pair, tmp_path):
+    """The demo's slow phases (the target's answers, the agreement per depth, saving) each show progress."""
+    import io
+    import json
+    import shutil
+
+    from rich.console import Console
+
+    from specbuild.drafts.model_pairs import progress_display
+
+    target = shutil.copytree(tiny_pair.target_dir, tmp_path / "target")
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    with progress_display(Console(file=io.StringIO(), force_terminal=True)) as progress:
+        figures = demo_models.derive_draft(target, tmp_path / "draft", progress=progress)
+    tasks = {task.description: task for task in progress.tasks}
+    assert list(tasks) == ["demo draft: target answers probe prompts", "demo draft: measure agreement per depth",
+                           f"demo draft: save {figures['draft_layers']}-layer draft"]
+    assert all(task.finished for task in tasks.values())
+    assert tasks["demo draft: target answers probe prompts"].total == len(demo_models.PROBE_PROMPTS)

@@ -111,13 +111,11 @@ def init(target: str | None, draft: str | None, path: str, runtime: str, measure
     With both checkpoints it measures the pair quickly in process and starts from the K predicted fastest,
     or from K=0 (the target alone) when the draft would slow it down; the spec's comment says which and why.
     """
-    from rich.progress import Progress
-
-    from specbuild.drafts.model_pairs import pair_dir
+    from specbuild.drafts.model_pairs import pair_dir, progress_display
     from specbuild.starter import make_starter, write_starter
 
     demo = pair_dir("demo")
-    with Progress(console=console, transient=True) as progress:
+    with progress_display(console) as progress:
         starter = make_starter(target, draft, path, placeholders=(str(demo / "target"), str(demo / "draft")),
                                runtime=runtime, measure=measure, progress=progress)  # type: ignore[arg-type]
     write_starter(path, starter, force=force)
@@ -497,16 +495,14 @@ def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
     OUT defaults to the cache the demo and the tests share: .cache/demo-pair (or tiny-pair), or under
     $SPECBUILD_CACHE when set.
     """
-    from rich.progress import Progress
-
-    from specbuild.drafts.model_pairs import pair_dir
+    from specbuild.drafts.model_pairs import pair_dir, progress_display
 
     out = out or str(pair_dir("tiny" if tiny else "demo"))
     if tiny:
         from specbuild.drafts.tiny_models import build_tiny_pair as build
     else:
         from specbuild.drafts.demo_models import build_demo_pair as build
-    with Progress(console=console, transient=True) as progress:
+    with progress_display(console) as progress:
         pair = build(out, progress=progress)
     if json_mode:
         print_json(pair.info)
@@ -538,13 +534,12 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
                   held_out: int, max_new_tokens: int, seed: int, precision: str, resume: bool,
                   json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
-    from rich.progress import Progress
-
     from specbuild.drafts.distill import DraftOptions, make_draft
+    from specbuild.drafts.model_pairs import progress_display
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
                            held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision)
-    with Progress(console=console, transient=True) as progress:
+    with progress_display(console) as progress:
         summary = make_draft(target, out, options, resume=resume, progress=progress)
     if json_mode:
         print_json(summary)

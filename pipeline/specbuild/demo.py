@@ -12,6 +12,7 @@ distilled draft (``specbuild draft``) with lookup measured 1.07x. The tiny pair'
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,9 @@ class DemoResult:
 
 def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
              num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
-    from rich.progress import Progress
-
     from specbuild import compiler
     from specbuild.bench.runner import chat_prompts
-    from specbuild.drafts.model_pairs import pair_dir
+    from specbuild.drafts.model_pairs import pair_dir, progress_display
     from specbuild.bench.prompts import Prompt
     from specbuild.serve.client import GenerationRequest, SpecbuildClient
     from specbuild.serve.server import TritonServer
@@ -53,7 +52,7 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
     folder = pair_dir("tiny" if tiny else "demo", workdir)
     console.print(f"the pair's folder: {folder} (built once, shared with the tests; $SPECBUILD_CACHE moves it)",
                   highlight=False)
-    with Progress(console=console, transient=True) as progress:
+    with progress_display(console) as progress:
         if tiny:
             from specbuild.drafts.tiny_models import build_tiny_pair
 
@@ -72,7 +71,9 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
     }, base_dir=workdir)
     result = compiler.run(spec, console=console)
     console.rule("[bold]3/4 serve (Triton, loopback)")
-    with TritonServer(result.repository) as server:
+    with contextlib.ExitStack() as running:
+        with console.status("starting Triton and loading the models"):
+            server = running.enter_context(TritonServer(result.repository))
         console.print(f"server ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
         client = SpecbuildClient(server.grpc_url)
         [prompt] = chat_prompts(result.repository / "preprocessing" / "1" / "tokenizer",

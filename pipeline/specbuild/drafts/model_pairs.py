@@ -26,6 +26,7 @@ from specbuild.errors import UsageError
 
 if TYPE_CHECKING:  # heavy imports stay lazy: importing specbuild must not load torch
     import torch
+    from rich.console import Console
     from rich.progress import Progress
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -204,6 +205,15 @@ def measure_acceptance(target: PreTrainedModel, draft: PreTrainedModel, prompts:
             logits = draft(input_ids=sequence[None]).logits[0]
         matches.append(draft_matches(logits, sequence, len(prompt)))
     return acceptance_by_k(matches)
+
+
+def progress_display(console: Console | None = None) -> Progress:
+    """A transient rich display for :func:`stage` tasks: spinner, description, bar, elapsed time (a task
+    without steps still shows that it is alive)."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
 
 
 @contextlib.contextmanager
