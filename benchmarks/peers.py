@@ -10,7 +10,7 @@ Runs, prompt by prompt and in turn (each warmed up first):
 and prints each one's output tokens/s, its ratio to the target alone, and whether its outputs equal the
 target's. Run time is bounded by ``--prompts`` and ``--max-tokens``.
 
-    python benchmarks/peers.py --target models/tiny/target --draft models/tiny/draft --prompts 8 --k 2
+    python benchmarks/peers.py --target .cache/tiny-pair/target --draft .cache/tiny-pair/draft --prompts 8 --k 2
 """
 
 from __future__ import annotations
