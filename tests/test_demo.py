@@ -27,3 +27,4 @@ def test_demo_compiles_serves_streams_and_matches_the_target_alone(tiny_pair, tm
     assert (tmp_path / "triton_repo" / "manifest.json").is_file()
     log = console.export_text()
     assert "server ready" in log and "identical" in log
+    assert f"the pair's folder: {pair_dir('tiny', tmp_path)}" in " ".join(log.split())
