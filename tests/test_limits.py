@@ -53,6 +53,8 @@ def test_check_passes_a_short_context_pair_without_a_spec(short_pair: tuple[Path
     report = json.loads(result.stdout)
     assert report["compatible"] and report["limits"]["max_seq_len"] == SHORT
     assert report["memory_plan"]["target"]["kv_tokens"] == 8 * (SHORT + 8)  # the plan sees the resolved limits
+    shown = CliRunner().invoke(main, ["check", *map(str, short_pair)], env={"COLUMNS": "300"})
+    assert f"build limits: max_batch_size 8, max_input_len {SHORT // 2}, max_seq_len {SHORT}" in shown.output
 
 
 @pytest.mark.parametrize(("setting", "message", "fix"), [

@@ -195,6 +195,10 @@ def render_check(report: CheckReport, console: Console) -> None:
     console.print(_checkpoint_table(report))
     console.print(_memory_table(report.memory))
     console.print(memory_caption(report.memory), highlight=False)
+    limits = report.limits
+    console.print(f"build limits: max_batch_size {limits.max_batch_size}, max_input_len {limits.max_input_len}, "
+                  f"max_seq_len {limits.max_seq_len} (those the spec leaves unset come from the checkpoints)",
+                  highlight=False)
     for reason in report.reasons:
         console.print(f"[bold red]incompatible[/] ({reason.code}): {escape(reason.message)}", highlight=False)
         if reason.fix:
