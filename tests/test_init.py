@@ -78,6 +78,9 @@ def test_target_without_draft_is_a_usage_error(tmp_path: Path, monkeypatch: pyte
     assert code == 2 and "both TARGET and DRAFT" in output and not Path("specbuild.yaml").exists()
     code, output = invoke("missing/target", "missing/draft")
     assert code == 2 and "has no config.json" in output and "--no-measure" in output
+    Path("specbuild.yaml").write_text("mine")
+    code, output = invoke("missing/target", "missing/draft")  # refused before anything is measured
+    assert code == 2 and "specbuild.yaml already exists" in output and Path("specbuild.yaml").read_text() == "mine"
 
 
 @pytest.mark.slow

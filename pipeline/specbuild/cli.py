@@ -112,8 +112,9 @@ def init(target: str | None, draft: str | None, path: str, runtime: str, measure
     or from K=0 (the target alone) when the draft would slow it down; the spec's comment says which and why.
     """
     from specbuild.drafts.model_pairs import pair_dir, progress_display
-    from specbuild.starter import make_starter, write_starter
+    from specbuild.starter import make_starter, refuse_existing, write_starter
 
+    refuse_existing(path, force)
     demo = pair_dir("demo")
     with progress_display(console) as progress:
         starter = make_starter(target, draft, path, placeholders=(str(demo / "target"), str(demo / "draft")),

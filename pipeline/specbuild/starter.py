@@ -86,11 +86,16 @@ def make_starter(target: str | None, draft: str | None, path: str | Path, *, pla
     return Starter(text, speculation, note, estimate)
 
 
+def refuse_existing(path: str | Path, force: bool) -> None:
+    """An existing spec file is kept unless ``force`` (checked before measuring, and again before writing)."""
+    if Path(path).exists() and not force:
+        raise SpecError(f"{path} already exists", "pass --force to overwrite it, or choose another path with --out")
+
+
 def write_starter(path: str | Path, starter: Starter, *, force: bool = False) -> None:
     """Write the starter spec; an existing file is kept unless ``force``."""
+    refuse_existing(path, force)
     destination = Path(path)
-    if destination.exists() and not force:
-        raise SpecError(f"{path} already exists", "pass --force to overwrite it, or choose another path with --out")
     destination.parent.mkdir(parents=True, exist_ok=True)
     destination.write_text(starter.text, encoding="utf-8")
 
