@@ -45,16 +45,18 @@ def choose_speculation(estimate: PairEstimate | None, why_unmeasured: str = "") 
             f"K=0 (the target alone): {why_unmeasured}; `specbuild init TARGET DRAFT` measures the pair and "
             f"starts from the K predicted fastest, and {TUNE_HINT}")
     k = estimate.best_k
-    figures = (f"best predicted {estimate.speedups[k]:.2f}x the target alone, at K={k}: greedy acceptance "
-               f"{estimate.acceptance[str(k)]:.0%}, a draft step costs {estimate.costs.cost_ratio:.2f} and a "
-               f"verification {estimate.costs.verify_cost[k]:.2f} target steps; measured by `specbuild init` in "
-               f"{estimate.seconds:.0f} s on {estimate.prompts} prompts on this machine's CPU")
-    if estimate.speedups[k] >= MIN_PREDICTED_SPEEDUP:
-        return SpeculationSpec(num_draft_tokens=k), f"K={k}: {figures}; {TUNE_HINT}"
+    speedup = estimate.speedups[k]
+    details = (f"greedy acceptance {estimate.acceptance[str(k)]:.0%}, a draft step costs "
+               f"{estimate.costs.cost_ratio:.2f} and a verification {estimate.costs.verify_cost[k]:.2f} target "
+               f"steps; measured by `specbuild init` in {estimate.seconds:.0f} s on {estimate.prompts} prompts on "
+               "this machine's CPU")
+    if speedup >= MIN_PREDICTED_SPEEDUP:
+        return SpeculationSpec(num_draft_tokens=k), (
+            f"K={k}: predicted {speedup:.2f}x the target alone ({details}); {TUNE_HINT}")
     return SpeculationSpec(num_draft_tokens=0), (
-        f"K=0 (the target alone): the draft would not make it faster ({figures}); prompt lookup "
-        "(prompt_lookup.enabled: true with draft_fallback: false and K > 0) drafts without the draft model, and "
-        f"{TUNE_HINT}")
+        f"K=0 (the target alone): the draft would not make it faster (best: {speedup:.2f}x at K={k}; {details}); "
+        "prompt lookup (prompt_lookup.enabled: true with draft_fallback: false and K > 0) drafts without the "
+        f"draft model, and {TUNE_HINT}")
 
 
 def make_starter(target: str | None, draft: str | None, path: str | Path, *, placeholders: tuple[str, str],
