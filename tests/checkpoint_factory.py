@@ -129,3 +129,31 @@ def _cached_build(basetemp: Path) -> Checkpoints:
         root.mkdir()
         _BUILT[basetemp] = build(root)
     return _BUILT[basetemp]
+
+
+def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | None = None):
+    """A tensorrt-llm release of the factory pair whose engines were "built on a GPU host": each engine folder
+    holds the build record TensorRT-LLM's runtime plans for it (and a stand-in engine file), then
+    ``specbuild package`` renders and hashes the repository here. Returns the ``CompileResult``."""
+    import json
+
+    from specbuild import compiler
+    from specbuild.build.runtimes import runtime_for
+    from specbuild.check.checkpoints import read_checkpoint
+    from specbuild.package.contract import BUILD_INFO
+    from specbuild.spec import load_spec
+
+    spec = load_spec(None, {
+        "name": "gpu", "runtime": "tensorrt-llm", "target.checkpoint": str(checkpoints.target),
+        "draft.checkpoint": str(checkpoints.draft), "limits.max_input_len": 64, "limits.max_seq_len": 192,
+        "outputs.build_dir": str(root / "build"), "outputs.engines_dir": str(root / "release" / "engines"),
+        "outputs.repository_dir": str(root / "release" / "triton_repo"), **(overrides or {}),
+    })
+    runtime = runtime_for("tensorrt-llm")
+    for role in ("target", "draft"):
+        folder = Path(spec.outputs.engines_dir) / role
+        folder.mkdir(parents=True)
+        record = runtime.planned_build_info(spec, role, read_checkpoint(getattr(spec, role).checkpoint))
+        (folder / BUILD_INFO).write_text(json.dumps(record), encoding="utf-8")
+        (folder / "rank0.engine").write_bytes(b"stand-in engine")
+    return compiler.run(spec, json_mode=True, package_only=True)

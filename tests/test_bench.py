@@ -4,12 +4,13 @@ against a real Triton server on the tiny pair (slow). No test asserts on timing 
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 
 import pytest
 
-from specbuild.bench.metrics import (Cell, Counters, RequestTrace, chunk_tokens, compare, expected_speedup,
+from specbuild.bench.metrics import (COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare, expected_speedup,
                              leviathan_tokens_per_step, match_baseline, per_token_acceptance, percentiles, summarize)
 from specbuild.bench.runner import BenchPlan, require_loopback
 from specbuild.errors import UsageError
@@ -107,18 +108,28 @@ def test_expected_speedup_textbook_and_with_verification_cost():
 # --- counters --------------------------------------------------------------------------------------------
 def samples(accepted_per_position, **scalars):
     names = {"rounds": "specbuild_spec_decode_rounds_total", "drafts": "specbuild_spec_decode_num_drafts_total",
-             "draft_tokens": "specbuild_spec_decode_num_draft_tokens_total",
-             "accepted": "specbuild_spec_decode_num_accepted_tokens_total",
+             "drafted_tokens": "specbuild_spec_decode_num_draft_tokens_total",
+             "accepted_tokens": "specbuild_spec_decode_num_accepted_tokens_total",
              "draft_seconds": "specbuild_draft_seconds_total", "target_seconds": "specbuild_target_seconds_total",
              "output_tokens": "specbuild_output_tokens_total",
              "lookup_drafts": "specbuild_prompt_lookup_drafts_total",
-             "lookup_draft_tokens": "specbuild_prompt_lookup_draft_tokens_total",
-             "lookup_accepted": "specbuild_prompt_lookup_accepted_tokens_total"}
+             "lookup_drafted_tokens": "specbuild_prompt_lookup_draft_tokens_total",
+             "lookup_accepted_tokens": "specbuild_prompt_lookup_accepted_tokens_total"}
     result = [(names[key], {"model": "orchestrator"}, value) for key, value in scalars.items()]
     result += [("specbuild_spec_decode_num_accepted_tokens_per_pos_total",
                 {"model": "orchestrator", "position": str(i)}, v) for i, v in enumerate(accepted_per_position)]
     result.append(("nv_inference_count", {"model": "target"}, 99.0))  # Triton's own metrics are ignored
     return result
+
+
+def test_bench_reads_the_counters_the_orchestrator_writes():
+    """One table of names (speculation.stats): every counter bench reads is one the orchestrator exports."""
+    from specbuild.speculation.stats import METRICS, SpeculationStats
+
+    exported = {metric.name for metric in METRICS}
+    assert set(COUNTER_NAMES.values()) | set(PER_POSITION.values()) <= exported
+    stats_fields = set(vars(SpeculationStats()))
+    assert set(COUNTER_NAMES) - {"requests", "output_tokens"} <= stats_fields and set(PER_POSITION) <= stats_fields
 
 
 def test_counters_parse_prometheus_text_and_subtract():
@@ -133,11 +144,12 @@ def test_counters_parse_prometheus_text_and_subtract():
                                    for family in text_string_to_metric_families(text) for s in family.samples)
     assert parsed.draft_seconds == 1.5
     assert parsed.accepted_per_position == (7.0, 3.0)
-    before = Counters.from_samples(samples([2, 0, 0], rounds=10, accepted=2, lookup_drafts=1))
-    after = Counters.from_samples(samples([5, 3, 0], rounds=25, accepted=8, lookup_drafts=4, lookup_accepted=3))
+    before = Counters.from_samples(samples([2, 0, 0], rounds=10, accepted_tokens=2, lookup_drafts=1))
+    after = Counters.from_samples(samples([5, 3, 0], rounds=25, accepted_tokens=8, lookup_drafts=4,
+                                          lookup_accepted_tokens=3))
     delta = after - before
-    assert delta.rounds == 15 and delta.accepted == 6
-    assert (delta.lookup_drafts, delta.lookup_accepted, delta.lookup_draft_tokens) == (3, 3, 0)
+    assert delta.rounds == 15 and delta.accepted_tokens == 6
+    assert (delta.lookup_drafts, delta.lookup_accepted_tokens, delta.lookup_drafted_tokens) == (3, 3, 0)
     assert delta.accepted_per_position == (3.0, 3.0)  # trailing zeros dropped
 
 
@@ -154,7 +166,7 @@ def synthetic_cell(k: int, tokens_per_second: float, counters: Counters | None, 
 
 
 def test_summarize_from_counters():
-    counters = Counters(rounds=40, drafts=40, draft_tokens=160, accepted=60, draft_seconds=0.8,
+    counters = Counters(rounds=40, drafts=40, drafted_tokens=160, accepted_tokens=60, draft_seconds=0.8,
                         target_seconds=3.0, accepted_per_position=(30.0, 18.0, 9.0, 3.0))
     cell = synthetic_cell(4, 25.0, counters)
     assert cell.source == "metrics"
@@ -172,8 +184,8 @@ def test_summarize_from_counters():
 
 def test_summarize_reports_prompt_lookups_share_and_acceptance():
     # 40 rounds: 10 drafted by lookup (25 tokens, 15 accepted), 20 by the draft model, 10 by neither
-    counters = Counters(rounds=40, drafts=30, draft_tokens=85, accepted=40, draft_seconds=0.6, target_seconds=3.0,
-                        lookup_drafts=10, lookup_draft_tokens=25, lookup_accepted=15)
+    counters = Counters(rounds=40, drafts=30, drafted_tokens=85, accepted_tokens=40, draft_seconds=0.6, target_seconds=3.0,
+                        lookup_drafts=10, lookup_drafted_tokens=25, lookup_accepted_tokens=15)
     cell = synthetic_cell(3, 25.0, counters, lookup=True)
     assert cell.label == "K=3+lookup" and cell.key == (3, False, True, 1)
     assert cell.lookup_share == pytest.approx(10 / 40)
@@ -196,7 +208,7 @@ def test_summarize_without_counters_uses_per_request_outputs():
 def test_compare_speedup_expectation_and_efficiency():
     base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
     # K=4: MAL 2.5, draft 0.1 target steps per token, verification 1.5 target steps
-    spec = synthetic_cell(4, 30.0, Counters(rounds=40, drafts=40, draft_tokens=160, accepted=60,
+    spec = synthetic_cell(4, 30.0, Counters(rounds=40, drafts=40, drafted_tokens=160, accepted_tokens=60,
                                             draft_seconds=160 * 0.1 * STEP, target_seconds=40 * 1.5 * STEP))
     other = synthetic_cell(4, 50.0, None, concurrency=8)  # no K=0 at concurrency 8: nothing to compare
     cells = compare([base, spec, other])
@@ -217,9 +229,9 @@ def test_expectation_counts_rounds_that_draft_nothing():
     """Lookup-only: 20 of 100 rounds drafted (2 tokens, 1.5 accepted each), 80 rounds make one token alone.
     Tokens per round 1 + 30/100; cost per round: 80 one-token steps and 20 verifications of 1.25 steps."""
     base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
-    lookup = synthetic_cell(2, 23.0, Counters(rounds=100, drafts=20, draft_tokens=40, accepted=30,
+    lookup = synthetic_cell(2, 23.0, Counters(rounds=100, drafts=20, drafted_tokens=40, accepted_tokens=30,
                                               target_seconds=(80 + 20 * 1.25) * STEP, lookup_drafts=20,
-                                              lookup_draft_tokens=40, lookup_accepted=30), lookup=True)
+                                              lookup_drafted_tokens=40, lookup_accepted_tokens=30), lookup=True)
     cell = compare([base, lookup])[1]
     assert cell.tokens_per_round == pytest.approx(1.3)
     assert cell.expected_speedup == pytest.approx(1.3 / 1.05)  # MAL / V(K) over drafted rounds would say 2.5 / 1.05
@@ -264,11 +276,11 @@ def test_reports_are_written(tmp_path: Path):
     from specbuild.bench.runner import BenchReport
 
     base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=5.0))
-    spec = synthetic_cell(2, 26.0, Counters(rounds=50, drafts=50, draft_tokens=100, accepted=50, draft_seconds=0.5,
+    spec = synthetic_cell(2, 26.0, Counters(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50, draft_seconds=0.5,
                                             target_seconds=3.0, accepted_per_position=(30.0, 20.0)))
-    lookup = synthetic_cell(2, 30.0, Counters(rounds=40, drafts=40, draft_tokens=80, accepted=50, draft_seconds=0.3,
-                                              target_seconds=2.5, lookup_drafts=10, lookup_draft_tokens=20,
-                                              lookup_accepted=11), lookup=True)
+    lookup = synthetic_cell(2, 30.0, Counters(rounds=40, drafts=40, drafted_tokens=80, accepted_tokens=50, draft_seconds=0.3,
+                                              target_seconds=2.5, lookup_drafts=10, lookup_drafted_tokens=20,
+                                              lookup_accepted_tokens=11), lookup=True)
     report = BenchReport(BenchPlan(ks=(2,), lookup=(False, True)), "127.0.0.1:1", 82, compare([base, spec, lookup]),
                          True, {"cpus": 2})
     written = write_outputs(report, tmp_path / "out")
@@ -409,3 +421,25 @@ def test_acceptance_per_position_divides_by_drafts_at_that_position():
         ("specbuild_spec_decode_num_draft_tokens_per_pos_total", {"position": "1"}, 8.0)])
     assert parsed.drafted_per_position == (10.0, 8.0)
     assert (parsed - Counters()).drafted_per_position == (10.0, 8.0)
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_on_the_cpu_and_proves_greedy_identity(tiny_pair, tmp_path):
+    """scripts/gpu-check.sh (made for a GPU machine) on the CPU with small settings: the report it prints."""
+    import subprocess
+    import sys
+
+    from conftest import CACHE_DIR, REPO_ROOT
+
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "gpu-check.sh"), "--device", "cpu", "--cache", str(CACHE_DIR),
+         "--prompts", "3", "--max-tokens", "12", "--no-sized", "--json", str(tmp_path / "report.json")],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["greedy_identical"] is True and report["device"] == "cpu"
+    assert set(report["tiny_pair"]) == {"K=0", "K=2", "K=4"}
+    assert all(row["identical_to_k0"] == 3 for row in report["tiny_pair"].values())
+    costs = report["step_costs"]["tiny_pair"]
+    assert costs["target_step_ms"] > 0 and 0 < costs["c"] and costs["V(2)"] > 0
+    assert set(costs["expected_speedup_at_a=0.6"]) == {"K=2", "K=4"}

@@ -6,7 +6,8 @@ import pytest
 from checkpoint_factory import MAX_POSITIONS, PADDED_VOCAB, VOCAB, Checkpoints, checkpoints  # noqa: F401
 
 from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.check.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, PairParams, check_pair
+from specbuild.build.runtimes import runtime_for
+from specbuild.check.compatibility import CompatibilityReport, PairParams, check_pair
 from specbuild.spec import BuildSpec, ModelSpec
 
 
@@ -32,7 +33,6 @@ def test_matching_pair_is_compatible_without_warnings(target: CheckpointInfo, dr
     report = check_pair(target, draft)
     assert report.compatible and report.reasons == [] and report.warnings == []
     assert report.size_ratio == pytest.approx(target.num_parameters / draft.num_parameters)
-    assert report.target_family == report.draft_family == "Llama"
     assert report.to_dict()["compatible"] is True
 
 
@@ -78,20 +78,35 @@ def test_bos_and_eos_must_match_pad_may_differ(target: CheckpointInfo, draft: Ch
     assert pad.compatible and codes(pad.warnings) == {"pad-id"}
 
 
-@pytest.mark.parametrize("runtime,blocks", [("tensorrt-llm", True), ("torch", False)])
-def test_unsupported_architecture(target: CheckpointInfo, draft: CheckpointInfo, runtime: str, blocks: bool) -> None:
-    odd = draft.model_copy(update={"architecture": "RwkvForCausalLM"})
+@pytest.mark.parametrize("runtime", ["tensorrt-llm", "torch"])
+def test_an_architecture_the_runtime_cannot_run_is_a_reason(target: CheckpointInfo, draft: CheckpointInfo,
+                                                            runtime: str) -> None:
+    odd = draft.model_copy(update={"architecture": "NoSuchModelForCausalLM"})
     report = check_pair(target, odd, PairParams(runtime=runtime))
-    findings = report.reasons if blocks else report.warnings
-    [finding] = [f for f in findings if f.code == "draft-architecture"]
-    assert "TensorRT-LLM 1.2" in finding.message and "Llama" in finding.message and "Qwen" in finding.message
-    assert report.compatible is not blocks
+    [finding] = [f for f in report.reasons if f.code == "draft-architecture"]
+    assert "NoSuchModelForCausalLM" in finding.message and not report.compatible
 
 
-def test_supported_families_cover_common_drafts() -> None:
-    for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                 "Gemma2ForCausalLM", "Phi3ForCausalLM", "GPT2LMHeadModel"):
-        assert arch in ARCHITECTURE_FAMILY
+def test_an_architecture_only_the_torch_runtime_runs_is_a_tensorrt_llm_reason_and_a_torch_warning(
+        target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    gemma = draft.model_copy(update={"architecture": "GemmaForCausalLM"})  # transformers runs it; no 1.2 converter
+    refused = check_pair(target, gemma, PairParams(runtime="tensorrt-llm"))
+    [reason] = [f for f in refused.reasons if f.code == "draft-architecture"]
+    assert "TensorRT-LLM 1.2" in reason.message and "--runtime torch" in reason.fix
+    allowed = check_pair(target, gemma, PairParams(runtime="torch"))
+    assert allowed.compatible and "draft-architecture-tensorrt-llm" in codes(allowed.warnings)
+
+
+@pytest.mark.parametrize("architecture", ["GemmaForCausalLM", "OPTForCausalLM", "BloomForCausalLM",
+                                          "GPTNeoXForCausalLM"])
+def test_check_accepts_for_tensorrt_llm_exactly_what_its_converter_takes(architecture: str) -> None:
+    """The audit's finding: these passed check (a 42-architecture list) and failed at convert (12)."""
+    from specbuild.build.runtimes import tensorrt_llm
+
+    runtime = runtime_for("tensorrt-llm")
+    assert runtime.unsupported(architecture) is not None
+    for supported in tensorrt_llm.SUPPORTED_ARCHITECTURES:
+        assert runtime.unsupported(supported) is None
 
 
 def test_float32_engines_are_refused_for_tensorrt_llm(target: CheckpointInfo, draft: CheckpointInfo) -> None:

@@ -1,4 +1,4 @@
-"""The speculative loop (``decoding.speculate``) through ``InProcessSpeculator``: greedy output is
+"""The speculative loop (``loop.speculate``) and its draft sources, through ``InProcessSpeculator``: greedy output is
 token-identical to the target alone for every K, with drafts that disagree often; adaptive K, stop words,
 end_id, max_tokens, draft failures, prompt lookup and the acceptance statistics."""
 
@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import pytest
-import torch
 
 from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
-from specbuild.speculation.loop import GenerationRequest, Round, SpeculationStats, next_draft_length, speculate
+from specbuild.speculation.drafting import DraftHealth, draft_sources
+from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.inprocess import Generated, InProcessSpeculator
-from specbuild.speculation.lookup import PromptLookup, point_mass_logits
+from specbuild.speculation.loop import GenerationRequest, Round, next_draft_length, speculate
+from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import SamplingParams
-from specbuild.speculation.torch_engine import EngineOutput, EngineRequest, TorchEngine
+from specbuild.speculation.stats import SpeculationStats
+from specbuild.speculation.torch_engine import TorchEngine
 
 MAX_DRAFT_LEN = 8
 PROMPTS = [[random.Random(seed).randrange(VOCAB) for _ in range(1 + seed % 9)] for seed in range(12)]
@@ -29,7 +32,7 @@ def target(tiny):
 @pytest.fixture(scope="module")
 def alone(tiny):
     """The reference: the target alone, without speculation and without a prefix cache."""
-    return InProcessSpeculator(TorchEngine(tiny.target, cache_entries=0), None)
+    return InProcessSpeculator(TorchEngine(tiny.target, cache_tokens=0), None)
 
 
 @pytest.fixture(scope="module", params=["perturbed", "unrelated"])
@@ -37,10 +40,14 @@ def speculator(request, tiny, target):
     return InProcessSpeculator(target, TorchEngine(getattr(tiny, request.param)))
 
 
-def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, **kwargs) -> list[Round]:
+def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, *, health=None,
+             lookup_draft_fallback=True, on_draft_failure=None) -> list[Round]:
+    stats = stats if stats is not None else SpeculationStats()
+    drafts = draft_sources(request, draft_call, stats=stats, health=health or DraftHealth(),
+                           lookup_draft_fallback=lookup_draft_fallback, on_failure=on_draft_failure)
+
     async def collect():
-        return [r async for r in speculate(request, target_call, draft_call, max_draft_len=MAX_DRAFT_LEN,
-                                           stats=stats, **kwargs)]
+        return [r async for r in speculate(request, target_call, drafts, max_draft_len=MAX_DRAFT_LEN, stats=stats)]
     return asyncio.run(collect())
 
 
@@ -225,16 +232,23 @@ def _accepted_per_round(requests: list[EngineRequest], rounds: list[Round]) -> l
 
 
 def test_a_draft_identical_to_the_target_is_always_accepted_up_to_the_end_token(tiny, target, alone):
-    """The end token ends the target's output early: an accepted drafted end token still counts as accepted."""
-    twin = InProcessSpeculator(target, TorchEngine(tiny.target))
+    """The end token ends the target's output early: an accepted drafted end token still counts as accepted.
+    (A draft engine that ignores ``min_tokens``, so that the twin may draft the end token.)"""
+    twin = TorchEngine(tiny.target)
+
+    async def twin_draft(request: EngineRequest) -> EngineOutput:
+        return twin.run(replace(request, min_new_tokens=0))
+
     prompt, full, end_id = next(
         (prompt, full, token) for prompt in PROMPTS
         for full in [alone.generate(GenerationRequest(prompt, 16)).tokens]
         for i, token in enumerate(full) if i >= 3 and token not in full[:i]
     )  # an end token the target reaches after a few tokens
-    result = twin.generate(GenerationRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive=True))
-    assert result.tokens == full[: full.index(end_id)] and result.finish_reason == "end_id"
-    assert result.stats.acceptance_rate == 1.0
+    stats = SpeculationStats()
+    rounds = run_loop(GenerationRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive=True),
+                      engine_call(target), twin_draft, stats)
+    assert [t for r in rounds for t in r.tokens] == full[: full.index(end_id)]
+    assert rounds[-1].finish_reason == "end_id" and stats.acceptance_rate == 1.0
 
 
 def test_from_checkpoints_caps_k_at_the_targets_max_draft_len(tiny, alone):
@@ -289,18 +303,63 @@ def test_lookup_keeps_drafting_after_the_draft_model_fails(target, alone):
     assert stats.fallbacks == 1 and stats.lookup_drafts > 0 and stats.drafts == stats.lookup_drafts
 
 
-def test_sampled_lookup_drafts_carry_point_mass_logits(target):
+def test_sampled_lookup_drafts_are_verified_by_token_matching(tiny, target):
+    """Lookup drafts carry no logits, even under draft-logits acceptance (test_speculative proves it exact), while
+    the draft model's drafts in the same request carry the logits they were sampled from."""
     seen: list[EngineRequest] = []
     request = GenerationRequest(REPEATING[1], 16, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
                                 prompt_lookup=LOOKUP, use_draft_logits=True)
     stats = SpeculationStats()
-    run_loop(request, engine_call(target, seen), None, stats, vocab_size=VOCAB)
-    drafted = [r for r in seen if r.draft_tokens]
-    assert drafted and len(drafted) == stats.lookup_drafts
-    for r in drafted:
-        assert torch.equal(r.draft_logits, point_mass_logits(r.draft_tokens, VOCAB))
-    with pytest.raises(ValueError, match="vocab_size"):
-        run_loop(request, engine_call(target), None)
+    run_loop(request, engine_call(target, seen), engine_call(TorchEngine(tiny.unrelated)), stats)
+    verified = [r for r in seen if r.draft_tokens]
+    by_logits = [r for r in verified if r.draft_logits is not None]
+    assert stats.lookup_drafts > 0 and len(verified) - len(by_logits) == stats.lookup_drafts
+    assert len(by_logits) == stats.drafts - stats.lookup_drafts > 0
+    assert all(tuple(r.draft_logits.shape) == (len(r.draft_tokens), VOCAB) for r in by_logits)
+
+
+@pytest.mark.parametrize(("sampling", "use_draft_logits", "min_tokens"), [
+    (None, True, True), (SamplingParams(), False, True), (SamplingParams(), True, False)],
+    ids=["greedy", "token-match", "draft-logits"])
+def test_draft_requests_ask_for_exactly_k_tokens_unless_their_logits_are_used(tiny, target, sampling,
+                                                                             use_draft_logits, min_tokens):
+    """As NVIDIA's draft-target BLS: ``min_tokens = k`` keeps a draft from stopping short; not when its logits
+    drive rejection sampling, which needs the distribution the tokens were really drawn from."""
+    seen: list[EngineRequest] = []
+    request = GenerationRequest(PROMPTS[3], 12, sampling=sampling or SamplingParams.from_request(), seed=1,
+                                num_draft_tokens=3, use_draft_logits=use_draft_logits)
+    run_loop(request, engine_call(target), engine_call(TorchEngine(tiny.perturbed), seen))
+    assert seen and all(r.min_new_tokens == (r.max_new_tokens if min_tokens else 0) for r in seen)
+    assert all(r.return_logits == (not min_tokens) for r in seen)
+
+
+def test_a_lookup_only_release_never_calls_the_draft_model(tiny, target, alone):
+    seen: list[EngineRequest] = []
+    stats = SpeculationStats()
+    rounds = run_loop(GenerationRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
+                      engine_call(target), engine_call(TorchEngine(tiny.perturbed), seen), stats,
+                      lookup_draft_fallback=False)
+    assert not seen and stats.drafts == stats.lookup_drafts > 0
+    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(REPEATING[0], 20)).tokens
+
+
+def test_after_a_draft_failure_new_requests_skip_the_draft_for_a_while(tiny, target):
+    now = [100.0]
+    health = DraftHealth(retry_seconds=5.0, clock=lambda: now[0])
+
+    async def broken(request: EngineRequest) -> EngineOutput:
+        raise RuntimeError("draft model unavailable")
+
+    seen: list[EngineRequest] = []
+    first, second, third = SpeculationStats(), SpeculationStats(), SpeculationStats()
+    run_loop(GenerationRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target), broken, first, health=health)
+    run_loop(GenerationRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target),
+             engine_call(TorchEngine(tiny.perturbed), seen), second, health=health)
+    assert first.fallbacks == second.fallbacks == 1 and not seen  # the second request did not even try
+    now[0] += 5.0
+    run_loop(GenerationRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target),
+             engine_call(TorchEngine(tiny.perturbed), seen), third, health=health)
+    assert third.fallbacks == 0 and seen  # tried again after the down-time
 
 
 def test_lookup_is_off_at_k0_and_counts_only_its_own_rounds(target):

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_MODEL
-from specbuild.errors import SpecError, UsageError
+from specbuild.errors import UsageError
+from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
 from specbuild.serve.k8s import DeployOptions, k8s_name, manifests, to_yaml, write_manifests
 from specbuild.serve.launch import launch_plan
 from specbuild.spec import BuildSpec
@@ -33,17 +34,17 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 OPTION_SETS = [
-    DeployOptions(pvc="release"),
-    DeployOptions(release_image="registry.example/demo-release:1", replicas=3, namespace="llm"),
-    DeployOptions(pvc="release", fast_logits=True, max_replicas=2),
-    DeployOptions(pvc="release", mode="leader", placement="separate", hpa_metric="nv_inference_queue_duration_us",
-                  hpa_target=500),
+    ({}, DeployOptions(pvc="release")),
+    ({}, DeployOptions(release_image="registry.example/demo-release:1", replicas=3, namespace="llm")),
+    ({"launch": {"fast_logits": True}}, DeployOptions(pvc="release", max_replicas=2)),
+    ({"target": {"checkpoint": "/ckpt/target", "pp_size": 2}, "launch": {"mode": "leader", "placement": "separate"}},
+     DeployOptions(pvc="release", hpa_metric="nv_inference_queue_duration_us", hpa_target=500)),
 ]
 
 
-@pytest.mark.parametrize("options", OPTION_SETS)
-def test_core_kinds_validate_strictly(options):
-    objects = manifests(make_spec(), options)
+@pytest.mark.parametrize(("spec", "options"), OPTION_SETS)
+def test_core_kinds_validate_strictly(spec, options):
+    objects = manifests(make_spec(**spec), options)
     assert [obj["kind"] for obj in objects] == ["Deployment", "Service", "HorizontalPodAutoscaler"]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -163,8 +164,6 @@ def test_option_errors():
         manifests(spec, DeployOptions(pvc="a", namespace="Bad_NS"))
     with pytest.raises(UsageError, match="max replicas"):
         manifests(spec, DeployOptions(pvc="a", replicas=3, max_replicas=2))
-    with pytest.raises(SpecError, match="acceptance"):
-        manifests(make_spec(speculation={"acceptance": "token-match"}), DeployOptions(pvc="a", fast_logits=True))
 
 
 @pytest.mark.parametrize(("name", "label"), [("demo", "demo"), ("Demo_Pair.v2", "demo-pair-v2"),
@@ -175,35 +174,49 @@ def test_k8s_name(name, label):
 
 def test_only_rank0_loads_the_ensemble():
     """Clients reach the release through ``ensemble`` on rank 0; worker ranks load the engine models only."""
-    deployment = manifests(make_spec(), DeployOptions(pvc="release", mode="leader"))[0]
+    leader = make_spec(target={"checkpoint": "/ckpt/target", "pp_size": 2}, launch={"mode": "leader"})
+    deployment = manifests(leader, DeployOptions(pvc="release"))[0]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     loaded = {arg.split("=", 1)[1] for arg in args if arg.startswith("--load-model=")}
     assert loaded == {"target", "draft"} and ENSEMBLE_MODEL not in loaded
     assert args.count("--model-control-mode=explicit") == 1  # rank 1 of 2; rank 0 loads the whole repository
 
 
-def test_deploy_command_writes_manifests(tmp_path):
+@pytest.fixture
+def gpu_release(checkpoints, tmp_path):  # noqa: F811
+    """A tensorrt-llm release (tp 2 target) whose engines were "built elsewhere": build records in engines/."""
+    return package_gpu_release(checkpoints, tmp_path, {"target.tp_size": 2})
+
+
+def test_deploy_command_writes_the_release_s_manifests(gpu_release, tmp_path):
     out = tmp_path / "k8s"
-    result = CliRunner().invoke(main, ["deploy", "--target", "/t", "--draft", "/d", "--runtime", "tensorrt-llm",
-                                       "--set", "target.tp_size=2", "--k8s", str(out), "--pvc", "release",
+    result = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "--k8s", str(out), "--pvc", "release",
                                        "--replicas", "2", "--namespace", "llm"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["deployment.yaml", "horizontalpodautoscaler.yaml",
                                                      "service.yaml"]
     deployment = yaml.safe_load((out / "deployment.yaml").read_text())
     assert deployment["metadata"]["namespace"] == "llm" and deployment["spec"]["replicas"] == 2
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"  # the release's tp 2, from its manifest
     kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
 
-    kserve = CliRunner().invoke(main, ["deploy", "--target", "/t", "--draft", "/d", "--runtime", "tensorrt-llm",
-                                       "--k8s", str(tmp_path / "ks"), "--pvc", "release", "--kserve"])
+    kserve = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "--k8s", str(tmp_path / "ks"),
+                                       "--pvc", "release", "--kserve"])
     assert kserve.exit_code == 0, kserve.output
     assert sorted(p.name for p in (tmp_path / "ks").iterdir()) == ["inferenceservice.yaml", "servingruntime.yaml"]
 
 
-def test_deploy_command_reports_errors_without_traceback(tmp_path):
-    result = CliRunner().invoke(main, ["deploy", "--target", "/t", "--draft", "/d", "--runtime", "tensorrt-llm",
-                                       "--k8s", str(tmp_path / "k8s")])
-    assert result.exit_code == 2
+def test_deploy_refuses_a_layout_the_release_was_not_compiled_for(gpu_release, tmp_path):
+    result = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "--k8s", str(tmp_path / "k8s"),
+                                       "--pvc", "release", "--set", "launch.mode=leader"])
+    assert result.exit_code == 2 and "compiled with launch.mode='auto'" in result.output
+    assert "--set launch.mode=leader" in result.output and not (tmp_path / "k8s").exists()
+
+
+def test_deploy_command_reports_errors_without_traceback(gpu_release, tmp_path):
+    result = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "--k8s", str(tmp_path / "k8s")])
+    assert result.exit_code == 2 and "exactly one source" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "k8s").exists()
 

@@ -1,4 +1,5 @@
-"""Launch plans: every generated command for single GPU, tp 2, tp 4 + tp 1 draft and pp 2 layouts."""
+"""Launch plans: every generated command for single GPU, tp 2, tp 4 + tp 1 draft and pp 2 layouts, each from
+the spec's ``launch`` section (what the release was compiled for)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 from specbuild.errors import SpecError, UsageError
 from specbuild.serve.launch import (
     TRITONSERVER,
-    check_engine_parameters,
-    device_assignment,
+    ModelDevices,
     format_launch,
     launch_as_dict,
     launch_plan,
     model_devices,
+    release_launch_spec,
     resolve_mode,
 )
 from specbuild.spec import BuildSpec
@@ -55,10 +56,7 @@ def test_single_gpu_is_one_plain_tritonserver(tmp_path):
     assert "--model-repository=/triton_repo" in plan.server_argv
     assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"} <= set(plan.server_argv)
     assert plan.env == {}
-    assert plan.engine_parameters() == {
-        "target": {"gpu_device_ids": "0", "speculative_decoding_fast_logits": "false"},
-        "draft": {"gpu_device_ids": "0", "speculative_decoding_fast_logits": "false"},
-    }
+    assert plan.devices == {"target": ModelDevices((0,), None, False), "draft": ModelDevices((0,), None, False)}
 
 
 def test_docker_run_mounts_read_only_and_publishes_on_loopback(tmp_path):
@@ -104,126 +102,107 @@ def test_tp2_target_uses_orchestrator_mode_with_spawning(tmp_path):
     assert "--cuda-memory-pool-byte-size=0:0" in rank0 and "--cuda-memory-pool-byte-size=1:0" in rank0
     assert "--pinned-memory-pool-byte-size=0" in rank0
     # TensorRT-LLM spawns the workers: no participant ids
-    assert plan.engine_parameters()["target"] == {"gpu_device_ids": "0,1", "speculative_decoding_fast_logits": "false"}
+    assert plan.devices["target"] == ModelDevices((0, 1), None, False)
     assert "-e" in plan.docker_argv and "TRTLLM_ORCHESTRATOR=1" in plan.docker_argv
 
 
-def test_tp2_leader_mode_one_server_per_rank_only_rank0_serves(tmp_path):
-    plan = launch_plan(make_spec(target={"tp_size": 2}, draft={"tp_size": 2}), tmp_path / "r", tmp_path / "e",
-                       mode="leader")
-    assert plan.mode == "leader" and plan.world_size == 2 and plan.env == {}
-    rank0, rank1 = ranks(plan.server_argv)
-    assert serves_endpoints(rank0) and not serves_endpoints(rank1)
-    assert {"--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"} <= set(rank1)
-    assert {"--model-control-mode=explicit", "--load-model=target", "--load-model=draft"} <= set(rank1)
-    assert rank0[-1] == "--backend-config=python,shm-region-prefix-name=prefix0_"
-    assert rank1[-1] == "--backend-config=python,shm-region-prefix-name=prefix1_"
-    assert plan.engine_parameters()["target"]["participant_ids"] == "0,1"
-    assert plan.engine_parameters()["draft"]["participant_ids"] == "0,1"
+def test_leader_mode_with_tensor_parallelism_is_refused():
+    """NVIDIA's draft-target guide: orchestrator mode is required with tensor parallelism for two models."""
+    for target, draft in (({"tp_size": 2}, {"tp_size": 2}), ({"tp_size": 4}, {})):
+        with pytest.raises(SpecError, match="leader mode with tensor parallelism") as refused:
+            resolve_mode(make_spec(target=target, draft=draft, launch={"mode": "leader"}))
+        assert "launch.mode: orchestrator" in refused.value.fix
 
 
-def test_tp4_target_tp1_draft_leader_and_orchestrator(tmp_path):
-    spec = make_spec(target={"tp_size": 4})
-    leader = launch_plan(spec, tmp_path / "r", tmp_path / "e", mode="leader")
-    assert leader.world_size == 4 and leader.gpu_count == 4 and len(ranks(leader.server_argv)) == 4
-    assert leader.engine_parameters()["target"]["gpu_device_ids"] == "0,1,2,3"
-    assert leader.engine_parameters()["draft"] == {
-        "gpu_device_ids": "0", "participant_ids": "0", "speculative_decoding_fast_logits": "false"}
-
-    separate = launch_plan(spec, tmp_path / "r", tmp_path / "e", placement="separate")
+def test_tp4_target_tp1_draft_separate_gpus(tmp_path):
+    separate = launch_plan(make_spec(target={"tp_size": 4}, launch={"placement": "separate"}), tmp_path / "r",
+                           tmp_path / "e")
     assert separate.mode == "orchestrator" and separate.gpu_count == 5
-    assert separate.engine_parameters()["draft"]["gpu_device_ids"] == "4"
+    assert separate.devices["draft"].gpu_device_ids == (4,)
     assert separate.docker_argv[separate.docker_argv.index("--gpus") + 1] == "5"
 
 
 def test_tp4_target_tp1_draft_fast_logits_layout(tmp_path):
-    spec = make_spec(target={"tp_size": 4})
-    plan = launch_plan(spec, tmp_path / "r", tmp_path / "e", fast_logits=True)
+    spec = make_spec(target={"tp_size": 4}, launch={"fast_logits": True})
+    plan = launch_plan(spec, tmp_path / "r", tmp_path / "e")
     assert plan.mode == "orchestrator" and plan.spawn_processes is False
     assert plan.world_size == 1 + 1 + 4
     assert plan.env == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "0"}
-    params = plan.engine_parameters()
-    assert params["draft"] == {"gpu_device_ids": "0", "participant_ids": "1", "speculative_decoding_fast_logits": "true"}
-    assert params["target"] == {"gpu_device_ids": "0,1,2,3", "participant_ids": "2,3,4,5",
-                                "speculative_decoding_fast_logits": "true"}
+    assert plan.devices == {"draft": ModelDevices((0,), (1,), True), "target": ModelDevices((0, 1, 2, 3), (2, 3, 4, 5), True)}
     argvs = ranks(plan.server_argv)
     assert len(argvs) == 6 and serves_endpoints(argvs[0]) and not any(serves_endpoints(a) for a in argvs[1:])
     # no spawning: none of the multi-model pool flags
     assert not any(arg.startswith("--cuda-memory-pool-byte-size") for arg in plan.server_argv)
 
 
-def test_pp2_target_counts_pipeline_ranks(tmp_path):
-    spec = make_spec(target={"pp_size": 2})
-    plan = launch_plan(spec, tmp_path / "r", tmp_path / "e", mode="leader")
-    assert plan.world_size == 2 and plan.gpu_count == 2
-    assert plan.engine_parameters()["target"]["participant_ids"] == "0,1"
-    fast = launch_plan(make_spec(target={"tp_size": 2, "pp_size": 2}), tmp_path / "r", tmp_path / "e",
-                       fast_logits=True)
+def test_pp2_target_in_leader_mode_one_server_per_rank_only_rank0_serves(tmp_path):
+    plan = launch_plan(make_spec(target={"pp_size": 2}, launch={"mode": "leader"}), tmp_path / "r", tmp_path / "e")
+    assert plan.mode == "leader" and plan.world_size == 2 and plan.gpu_count == 2 and plan.env == {}
+    rank0, rank1 = ranks(plan.server_argv)
+    assert serves_endpoints(rank0) and not serves_endpoints(rank1)
+    assert {"--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"} <= set(rank1)
+    assert {"--model-control-mode=explicit", "--load-model=target", "--load-model=draft"} <= set(rank1)
+    assert rank0[-1] == "--backend-config=python,shm-region-prefix-name=prefix0_"
+    assert rank1[-1] == "--backend-config=python,shm-region-prefix-name=prefix1_"
+    assert plan.devices["target"].participant_ids == (0, 1) and plan.devices["draft"].participant_ids == (0,)
+    fast = launch_plan(make_spec(target={"tp_size": 2, "pp_size": 2}, launch={"fast_logits": True}),
+                       tmp_path / "r", tmp_path / "e")
     assert fast.world_size == 1 + 1 + 4
-    assert fast.engine_parameters()["target"]["participant_ids"] == "2,3,4,5"
+    assert fast.devices["target"].participant_ids == (2, 3, 4, 5)
 
 
-def test_device_assignment_matches_the_plan(tmp_path):
-    spec = make_spec(target={"tp_size": 2})
-    for options in ({}, {"mode": "leader"}, {"fast_logits": True}, {"placement": "separate"}):
-        plan = launch_plan(spec, tmp_path / "r", tmp_path / "e", **options)
-        assert device_assignment(spec, **options) == plan.engine_parameters()
-        assert model_devices(spec, **options) == plan.devices
-    typed = model_devices(spec, fast_logits=True)
-    assert typed["target"].gpu_device_ids == (0, 1) and typed["target"].participant_ids == (2, 3)
+def test_model_devices_are_the_plans(tmp_path):
+    for launch in ({}, {"fast_logits": True}, {"placement": "separate"}):
+        spec = make_spec(target={"tp_size": 2}, launch=launch)
+        assert model_devices(spec) == launch_plan(spec, tmp_path / "r", tmp_path / "e").devices
 
 
 def test_fast_logits_errors_instead_of_silent_fallback():
-    spec = make_spec(target={"tp_size": 2})
-    with pytest.raises(UsageError, match="orchestrator mode with spawning disabled"):
-        resolve_mode(spec, "leader", fast_logits=True)
-    with pytest.raises(UsageError, match="orchestrator mode"):
-        resolve_mode(make_spec(), "single", fast_logits=True)
-    with pytest.raises(UsageError, match="SPAWN_PROCESSES=0"):
-        resolve_mode(spec, "orchestrator", fast_logits=True, spawn_processes=True)
-    with pytest.raises(SpecError, match="acceptance"):
-        resolve_mode(make_spec(speculation={"acceptance": "token-match"}), fast_logits=True)
-
-
-def test_check_engine_parameters_names_missing_participant_ids():
-    spec = make_spec(target={"tp_size": 2})
-    expected = device_assignment(spec, fast_logits=True)
-    check_engine_parameters(expected, expected)  # matching configs pass
-    rendered = {role: dict(params) for role, params in expected.items()}
-    del rendered["draft"]["participant_ids"]
-    with pytest.raises(SpecError, match=r"draft: participant_ids is None, the launch plan needs '1'"):
-        check_engine_parameters(expected, rendered)
+    for mode in ("leader", "single"):
+        with pytest.raises(SpecError, match="orchestrator mode with spawning disabled"):
+            resolve_mode(make_spec(launch={"mode": mode, "fast_logits": True}))
+    with pytest.raises(ValueError, match="acceptance"):
+        make_spec(speculation={"acceptance": "token-match"}, launch={"fast_logits": True})
 
 
 def test_mode_errors():
-    with pytest.raises(UsageError, match="single mode runs one process"):
-        resolve_mode(make_spec(draft={"tp_size": 2}), "single")
-    with pytest.raises(UsageError, match="unknown launch mode"):
-        resolve_mode(make_spec(), "mpi")  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match="spawn_processes only applies"):
-        resolve_mode(make_spec(), "leader", spawn_processes=False)
-    with pytest.raises(UsageError, match="tensorrt-llm runtime"):
+    with pytest.raises(SpecError, match="single mode runs one process"):
+        resolve_mode(make_spec(draft={"tp_size": 2}, launch={"mode": "single"}))
+    with pytest.raises(ValueError, match="launch.mode"):
+        make_spec(launch={"mode": "mpi"})
+    with pytest.raises(UsageError, match="GPU releases"):
         resolve_mode(make_spec(runtime="torch"))
+
+
+def test_a_launch_may_choose_ports_and_image_but_not_the_layout():
+    release = make_spec(target={"tp_size": 2})
+    spec = release_launch_spec(release, {"triton.http_port": 9000, "triton.image": "registry/triton:26.05",
+                                         "target.tp_size": 2})  # the release's own value is fine
+    assert (spec.triton.http_port, spec.triton.image, spec.target.tp_size) == (9000, "registry/triton:26.05", 2)
+    for key, value in (("target.tp_size", 4), ("launch.mode", "leader"), ("launch.fast_logits", True),
+                       ("triton.engine_mount", "/elsewhere")):
+        with pytest.raises(SpecError, match=f"compiled with {key}=") as refused:
+            release_launch_spec(release, {key: value})
+        assert f"--set {key}=" in refused.value.fix
 
 
 def test_plan_refusals(tmp_path):
     with pytest.raises(UsageError, match="needs 5 GPUs"):
-        launch_plan(make_spec(target={"tp_size": 4}), tmp_path, tmp_path, placement="separate", gpus=4)
+        launch_plan(make_spec(target={"tp_size": 4}, launch={"placement": "separate"}), tmp_path, tmp_path, gpus=4)
     with pytest.raises(SpecError, match="http_port is 0"):
         launch_plan(make_spec(triton={"http_port": 0}), tmp_path, tmp_path)
     with pytest.raises(SpecError, match="ports must differ"):
         launch_plan(make_spec(triton={"grpc_port": 8000}), tmp_path, tmp_path)
     with pytest.raises(UsageError, match="comma"):
         launch_plan(make_spec(), tmp_path / "a,b", tmp_path)
-    with pytest.raises(UsageError, match="unknown GPU placement"):
-        launch_plan(make_spec(), tmp_path, tmp_path, placement="spread")  # type: ignore[arg-type]
 
 
 def test_format_and_dict_views(tmp_path):
-    spec = make_spec(target={"tp_size": 2})
-    text = format_launch(spec, tmp_path / "r", tmp_path / "e", mode="leader")
+    spec = make_spec(target={"pp_size": 2}, launch={"mode": "leader"})
+    text = format_launch(spec, tmp_path / "r", tmp_path / "e")
     assert text.startswith("# specbuild launch plan (tensorrt-llm runtime): leader mode, MPI world size 2")
-    data = launch_as_dict(spec, tmp_path / "r", tmp_path / "e", mode="leader")
+    assert "#   target: GPUs 0,1, MPI ranks 0,1" in text
+    data = launch_as_dict(spec, tmp_path / "r", tmp_path / "e")
     assert json.loads(json.dumps(data)) == data
     assert data["server_command"] == shlex.join(data["server_argv"])
     assert data["mounts"][0] == {"source": str(tmp_path / "e"), "target": "/engines", "read_only": True}

@@ -1,15 +1,13 @@
-"""Prompt lookup (``specbuild.speculation.lookup``): worked examples, properties against a brute-force reference, and
-the point-mass draft logits that keep rejection sampling exact."""
+"""Prompt lookup (``specbuild.speculation.lookup``): worked examples and properties against a brute-force reference
+(its exactness under sampling is in test_speculative.py: token matching of a deterministic draft)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specbuild.speculation.lookup import PromptLookup, point_mass_logits, propose
-from specbuild.speculation.rules import SamplingParams, probabilities
+from specbuild.speculation.lookup import PromptLookup, propose
 
 DETERMINISTIC = settings(derandomize=True, deadline=None, max_examples=300)
 
@@ -89,13 +87,3 @@ def test_settings_are_validated(max_ngram, min_ngram):
 
 def test_settings_propose():
     assert PromptLookup(max_ngram=2, min_ngram=2).propose([4, 5, 6, 4, 5], 4) == [6, 4, 5]
-
-
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.3, top_k=3, top_p=0.5),
-                                    SamplingParams(temperature=5.0)])
-def test_point_mass_logits_give_a_one_hot_q_under_every_sampling_transform(params):
-    logits = point_mass_logits([3, 0, 7], 8)
-    assert logits.dtype == torch.float32 and tuple(logits.shape) == (3, 8)
-    assert torch.isfinite(logits).all()
-    expected = torch.nn.functional.one_hot(torch.tensor([3, 0, 7]), 8).to(torch.float64)
-    assert torch.equal(probabilities(logits, params), expected)

@@ -41,10 +41,12 @@ LLAMA_1B = llama_info(layers=16, hidden=2048, kv_heads=8, head_dim=64, intermedi
 
 
 def spec(**sections) -> BuildSpec:
-    """A spec for the Llama 3 pair, its open limits resolved as the check does (Llama 3 holds 131072 positions)."""
+    """A GPU release (tensorrt-llm) of the Llama 3 pair: the memory plan matters there, at the dtype that runtime
+    builds; its open limits resolved as the check does (Llama 3 holds 131072 positions)."""
     target = {"checkpoint": "/models/8b", **sections.pop("target", {})}
     draft = {"checkpoint": "/models/1b", **sections.pop("draft", {})}
-    return spec_for_checkpoints(BuildSpec(target=target, draft=draft, **sections), LLAMA_8B, LLAMA_1B)
+    spec = BuildSpec(target=target, draft=draft, **{"runtime": "tensorrt-llm", **sections})
+    return spec_for_checkpoints(spec, LLAMA_8B, LLAMA_1B)
 
 
 def test_kv_cache_per_token_and_tokens() -> None:
@@ -63,13 +65,17 @@ def test_weights_at_engine_dtype_with_an_lm_head_copy_for_tied_embeddings() -> N
     assert plan.draft.weights_bytes == 2 * plan.draft.parameters
 
 
-def test_engine_dtype_resolution() -> None:
-    s = spec(draft={"dtype": "float32"})
-    assert engine_dtype(s.target, LLAMA_8B) == "bfloat16"
-    assert engine_dtype(s.target, LLAMA_8B.model_copy(update={"torch_dtype": "float16"})) == "float16"
-    assert engine_dtype(s.target, LLAMA_8B.model_copy(update={"torch_dtype": "float32"})) == "bfloat16"
-    plan = plan_memory(s, LLAMA_8B, LLAMA_1B)
-    assert plan.draft.dtype == "float32" and plan.draft.kv_bytes_per_token == 2 * 16 * 8 * 64 * 4
+def test_the_plan_uses_the_dtype_the_runtime_builds() -> None:
+    """One resolved dtype per runtime, as compile builds it: auto is the checkpoint's 16-bit dtype (a float32
+    checkpoint becomes float16, as convert_checkpoint.py does) for tensorrt-llm, float32 for the torch runtime."""
+    s = spec()
+    assert engine_dtype(s, "target", LLAMA_8B) == "bfloat16"
+    assert engine_dtype(s, "target", LLAMA_8B.model_copy(update={"torch_dtype": "float16"})) == "float16"
+    assert engine_dtype(s, "target", LLAMA_8B.model_copy(update={"torch_dtype": "float32"})) == "float16"
+    assert engine_dtype(spec(runtime="torch"), "target", LLAMA_8B) == "float32"
+    plan = plan_memory(spec(runtime="torch", draft={"dtype": "bfloat16"}), LLAMA_8B, LLAMA_1B)
+    assert plan.target.dtype == "float32" and plan.draft.dtype == "bfloat16"
+    assert plan.draft.kv_bytes_per_token == 2 * 16 * 8 * 64 * 2
 
 
 def test_tensor_and_pipeline_parallel_shards() -> None:
@@ -124,7 +130,7 @@ def test_spec_gpu_memory_is_the_default() -> None:
 def test_plan_of_real_checkpoints_and_its_json(checkpoints: Checkpoints) -> None:
     target, draft = read_checkpoint(checkpoints.target), read_checkpoint(checkpoints.draft)
     plan = plan_memory(spec(), target, draft)
-    assert plan.target.dtype == "bfloat16"  # stored float32, auto -> bfloat16 on a GPU
+    assert plan.target.dtype == "float16"  # stored float32, auto -> float16 as TensorRT-LLM converts it
     assert plan.target.kv_bytes_per_token == 2 * target.num_layers * target.num_kv_heads * target.head_dim * 2
     data = plan.to_dict()
     assert {"target_kv_fraction", "draft_kv_fraction", "assumptions", "needed_gib_per_gpu"} <= data.keys()

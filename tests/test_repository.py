@@ -11,11 +11,14 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401 - session fixture
-from specbuild.package import contract
+from checkpoint_factory import Checkpoints, checkpoints, package_gpu_release  # noqa: F401 - the fixture
 from specbuild import compiler
-from specbuild.package.repository import EngineInfo, read_config, render_repository, validate_repository
-from specbuild.spec import load_spec
+from specbuild.errors import StageError, VerificationError
+from specbuild.package import contract
+from specbuild.package.backend_contract import ENGINE_INPUTS, TorchEngineParameters
+from specbuild.package.manifest import verify
+from specbuild.package.repository import read_config, validate_repository
+from specbuild.package.vendor import PACKAGE_MARKER, SOURCE_ROOT, closure
 from test_pipeline import make_spec
 
 
@@ -57,21 +60,42 @@ def test_engine_models_implement_the_tensorrtllm_interface(torch_release: Path) 
     for role in ("target", "draft"):
         config = read_config(torch_release / role)
         assert config.backend == "python"
-        inputs = {t.name for t in config.input}
-        assert {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits",
-                "end_id", "runtime_top_k", "runtime_top_p", "temperature", "random_seed",
-                "return_generation_logits"} <= inputs
+        assert [t.name for t in config.input] == [t.name for t in ENGINE_INPUTS]
         assert {t.name for t in config.output} == {"output_ids", "sequence_length", "generation_logits"}
-    target = read_config(torch_release / "target")
-    assert target.parameters["max_draft_len"].string_value == "8"
-    assert read_config(torch_release / "draft").parameters["max_draft_len"].string_value == "0"
+        params = {key: value.string_value for key, value in config.parameters.items()}
+        assert TorchEngineParameters.from_parameters(params).gpt_model_path == f"engines/{role}"
     tokenizer = torch_release / "preprocessing" / "1" / "tokenizer" / "tokenizer.json"
     assert tokenizer.is_file() and (torch_release / "postprocessing" / "1" / "tokenizer" / "tokenizer.json").is_file()
 
 
+# What may differ between a torch and a tensorrt-llm release's engine configs: the backend, the weights path (a
+# container mount for TensorRT-LLM, the release folder for torch), where the devices come from (the launch
+# layout; the torch runtime picks its device itself) and the torch runtime's own keys.
+ENGINE_CONFIG_DIFFERENCES = {"backend", "gpt_model_path", "gpu_device_ids", "kv_cache_free_gpu_mem_fraction",
+                             "torch_device", "torch_threads"}
+
+
+def test_both_runtimes_render_the_same_engine_configs(torch_release: Path, tmp_path: Path,
+                                                      checkpoints: Checkpoints) -> None:  # noqa: F811
+    gpu = package_gpu_release(checkpoints, tmp_path, {"limits.max_seq_len": 128}).repository  # the torch one's
+    for role in ("target", "draft"):
+        torch_config, gpu_config = read_config(torch_release / role), read_config(gpu / role)
+        assert (torch_config.backend, gpu_config.backend) == ("python", "tensorrtllm")
+        for message in (torch_config, gpu_config):
+            message.ClearField("backend")
+        torch_params = {k: v.string_value for k, v in torch_config.parameters.items()}
+        gpu_params = {k: v.string_value for k, v in gpu_config.parameters.items()}
+        differing = {key for key in torch_params.keys() | gpu_params.keys()
+                     if torch_params.get(key) != gpu_params.get(key)}
+        assert differing <= ENGINE_CONFIG_DIFFERENCES, differing
+        torch_config.ClearField("parameters")
+        gpu_config.ClearField("parameters")
+        assert torch_config == gpu_config  # inputs, outputs, batching, instances: identical
+
+
 def test_prompt_lookup_flows_like_adaptive_draft(torch_release: Path) -> None:
     """The per-request input reaches the orchestrator from the public ensemble input; its default and n-gram
-    sizes are orchestrator parameters (off by default), with the target's vocabulary size for its logits."""
+    sizes are orchestrator parameters (off by default)."""
     ensemble = read_config(torch_release / "ensemble")
     for name in ("adaptive_draft", "prompt_lookup"):
         assert [(mc.DataType.Name(t.data_type), list(t.dims), t.optional) for t in ensemble.input
@@ -80,8 +104,6 @@ def test_prompt_lookup_flows_like_adaptive_draft(torch_release: Path) -> None:
         assert name in {t.name for t in read_config(torch_release / "orchestrator").input}
     params = {k: v.string_value for k, v in read_config(torch_release / "orchestrator").parameters.items()}
     assert (params["prompt_lookup"], params["lookup_max_ngram"], params["lookup_min_ngram"]) == ("false", "4", "2")
-    assert int(params["vocab_size"]) == json.loads((torch_release.parent / "engines" / "target" / "build_info.json")
-                                                   .read_text())["vocab_size"]
 
 
 @pytest.mark.parametrize("damage", ["unmapped_required", "wrong_type", "unknown_model", "misspelled_field"])
@@ -111,36 +133,76 @@ def test_validation_names_what_is_broken(torch_release: Path, tmp_path: Path, da
 def test_a_tensorrt_llm_release_renders_backend_configs(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
     """Package a tensorrt-llm release from engine folders as TensorRT-LLM's build step leaves them
     (``build_info.json``; the engines themselves cannot be built without a GPU)."""
-    spec = load_spec(None, {"runtime": "tensorrt-llm", "target.checkpoint": str(checkpoints.target),
-                            "draft.checkpoint": str(checkpoints.draft), "target.tp_size": 2,
-                            "speculation.prompt_lookup.enabled": True, "speculation.prompt_lookup.max_ngram": 3},
-                     base_dir=tmp_path)
-    engines = {}
-    for role, max_draft in (("target", 8), ("draft", 0)):
-        folder = tmp_path / "engines" / role
-        folder.mkdir(parents=True)
-        build = {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048 + max_draft,
-                 "max_draft_len": max_draft}
-        (folder / "build_info.json").write_text(json.dumps(
-            {"runtime": "tensorrt-llm", "role": role, "dtype": "float16", "vocab_size": 400, "build_config": build}))
-        engines[role] = EngineInfo.read(folder, role)
-    repo = tmp_path / "triton_repo"
-    repo.mkdir()
-    factory = compiler.tensorrt_llm_engine_configs(spec, {"target": 0.7, "draft": 0.2},
-                                                   {"target": 16448, "draft": 16384})
-    render_repository(spec, engines["target"], engines["draft"], checkpoints.target, repo, engine_config=factory)
-    assert validate_repository(repo) == []
+    result = package_gpu_release(checkpoints, tmp_path, {"target.tp_size": 2, "speculation.prompt_lookup.enabled": True,
+                                                         "speculation.prompt_lookup.max_ngram": 3})
+    repo = result.repository
+    assert result.engines_built and validate_repository(repo) == []
     target = read_config(repo / "target")
     assert target.backend == "tensorrtllm"
     params = {key: value.string_value for key, value in target.parameters.items()}
     assert params["gpt_model_path"] == "/engines/target"
     assert params["enable_kv_cache_reuse"] == "true"
-    assert float(params["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(0.7)
-    assert params["max_tokens_in_paged_kv_cache"] == "16448"
+    assert (params["gpu_device_ids"], params.get("participant_ids")) == ("0,1", None)  # orchestrator mode spawns
     draft = {key: value.string_value for key, value in read_config(repo / "draft").parameters.items()}
     assert float(draft["kv_cache_free_gpu_mem_fraction"]) + float(params["kv_cache_free_gpu_mem_fraction"]) <= 0.9
     assert not (repo / "target" / "1" / "model.py").exists()
     orchestrator = {key: value.string_value for key, value in read_config(repo / "orchestrator").parameters.items()}
-    assert orchestrator["max_draft_len"] == "8"
-    assert (orchestrator["prompt_lookup"], orchestrator["lookup_max_ngram"], orchestrator["lookup_min_ngram"],
-            orchestrator["vocab_size"]) == ("true", "3", "2", "400")
+    assert (orchestrator["max_draft_len"], orchestrator["max_seq_len"]) == ("8", "192")  # from the target's record
+    assert (orchestrator["prompt_lookup"], orchestrator["lookup_max_ngram"], orchestrator["lookup_min_ngram"]) == (
+        "true", "3", "2")
+
+
+def test_package_without_engines_renders_the_whole_gpu_repository_marked(tmp_path: Path,
+                                                                        checkpoints: Checkpoints) -> None:  # noqa: F811
+    """``specbuild package --runtime tensorrt-llm`` on a machine without TensorRT-LLM: every config and the
+    manifest, engines planned not built; verify refuses it (so do serve and deploy, which read the release)."""
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+    from specbuild.package.manifest import read_release
+
+    root = tmp_path / "rel"
+    args = ["--target", str(checkpoints.target), "--draft", str(checkpoints.draft), "--runtime", "tensorrt-llm",
+            "--set", f"outputs.build_dir={root / 'build'}", "--set", f"outputs.engines_dir={root / 'engines'}",
+            "--set", f"outputs.repository_dir={root / 'triton_repo'}", "--set", "target.tp_size=2"]
+    dry = CliRunner().invoke(main, ["package", "--dry-run", *args])
+    assert dry.exit_code == 0, dry.output
+    assert not root.exists()  # --dry-run writes nothing
+    result = CliRunner().invoke(main, ["package", "--json", *args])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["engines_built"] is False
+    repo = root / "triton_repo"
+    assert validate_repository(repo) == [] and not (root / "engines").exists()
+    params = {k: v.string_value for k, v in read_config(repo / "target").parameters.items()}
+    assert params["gpt_model_path"] == "/engines/target" and params["gpu_device_ids"] == "0,1"
+    manifest = json.loads((repo / "manifest.json").read_text())
+    assert manifest["engines_built"] is False and set(manifest["trees"]) == {"repository"}
+    for refuse in (lambda: read_release(repo), lambda: verify(repo)):
+        with pytest.raises(VerificationError, match="packaged without engines") as refused:
+            refuse()
+        assert "specbuild compile" in refused.value.fix
+    for command in (["verify", str(repo)], ["serve", str(repo), "--dry-run"],
+                    ["deploy", str(repo), "--k8s", str(tmp_path / "k8s"), "--pvc", "p"]):
+        refused = CliRunner().invoke(main, command)
+        assert refused.exit_code == 1 and "packaged without engines" in refused.output, command
+
+
+def test_every_python_model_ships_the_specbuild_modules_it_imports(torch_release: Path) -> None:
+    """The release is self-contained: each python model has its import closure beside its model.py, the
+    packages marked, and nothing that needs more than numpy, torch and transformers."""
+    for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL, "target"):
+        version = torch_release / name / "1"
+        modules = closure(version / "model.py")
+        assert modules
+        for module in modules:
+            shipped = version / Path(*module.split(".")).with_suffix(".py")
+            assert shipped.read_bytes() == (SOURCE_ROOT.parent / Path(*module.split(".")).with_suffix(".py")).read_bytes()
+        assert (version / "specbuild" / "__init__.py").read_text() == PACKAGE_MARKER
+    assert not list(torch_release.glob("*/1/specbuild/compiler.py"))  # nothing beyond the closures
+
+
+def test_a_serving_module_that_needs_specbuild_s_own_environment_is_refused(tmp_path: Path) -> None:
+    model = tmp_path / "model.py"
+    model.write_text("from specbuild.spec import BuildSpec\n")  # pydantic: not in the Triton image
+    with pytest.raises(StageError, match="imports 'pydantic'"):
+        closure(model)

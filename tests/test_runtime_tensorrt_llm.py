@@ -13,17 +13,21 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from specbuild.package import contract
-from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
+from specbuild.build.runtimes import PackageContext
 from specbuild.build.runtimes import tensorrt_llm as trt
+from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
+from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineParameters
+from specbuild.package.repository import EngineInfo, engine_model_config
 from specbuild.spec import BuildSpec
 
 HAS_TENSORRT_LLM = importlib.util.find_spec("tensorrt_llm") is not None
 
 
 def make_spec(*, tp: int = 1, pp: int = 1, draft_tp: int = 1, acceptance: str = "draft-logits",
-              dtype: str = "auto", max_draft_len: int = 8, **limits: int) -> BuildSpec:
+              dtype: str = "auto", max_draft_len: int = 8, launch: dict[str, Any] | None = None,
+              **limits: int) -> BuildSpec:
     return BuildSpec.model_validate({
+        "launch": launch or {},
         "runtime": "tensorrt-llm",
         "target": {"checkpoint": "/models/target", "dtype": dtype, "tp_size": tp, "pp_size": pp},
         "draft": {"checkpoint": "/models/draft", "dtype": dtype, "tp_size": draft_tp},
@@ -33,8 +37,15 @@ def make_spec(*, tp: int = 1, pp: int = 1, draft_tp: int = 1, acceptance: str = 
     })
 
 
+def engine_plan(spec: BuildSpec, role: str, architecture: str = "LlamaForCausalLM",
+                checkpoint_dtype: str | None = "bfloat16") -> trt.EnginePlan:
+    converted = f"{spec.outputs.build_dir}/tensorrt-llm/{role}"
+    return trt.EnginePlan(trt.convert_plan(spec, role, architecture, converted, checkpoint_dtype=checkpoint_dtype),
+                          trt.build_plan(spec, role, converted, f"{spec.outputs.engines_dir}/{role}"))
+
+
 def plans(spec: BuildSpec, architecture: str = "LlamaForCausalLM", checkpoint_dtype: str | None = "bfloat16"):
-    return [trt.engine_plan(spec, role, architecture, checkpoint_dtype=checkpoint_dtype) for role in trt.ROLES]
+    return [engine_plan(spec, role, architecture, checkpoint_dtype) for role in ("target", "draft")]
 
 
 # --- build plans: the exact BuildConfig kwargs and trtllm-build argv -----------------------------------
@@ -129,7 +140,8 @@ def test_architecture_maps_to_model_class_and_script(architecture: str, model_cl
 ])
 def test_dtype_resolution(requested: str, recorded: str | None, expected: str) -> None:
     spec = make_spec(dtype=requested)
-    assert trt.resolve_dtype(spec, "target", recorded) == expected
+    assert trt.resolve_dtype(requested, "target", recorded) == expected
+    assert trt.TensorRTLLMRuntime().engine_dtype(requested, "target", recorded) == expected
     assert trt.convert_plan(spec, "target", "LlamaForCausalLM", "/o", checkpoint_dtype=recorded).dtype == expected
 
 
@@ -142,7 +154,7 @@ def test_float32_is_refused_with_the_fix() -> None:
 
 def test_non_float_checkpoint_dtype_is_a_checkpoint_error() -> None:
     with pytest.raises(CheckpointError, match="'int8'"):
-        trt.resolve_dtype(make_spec(), "target", "int8")
+        trt.resolve_dtype("auto", "target", "int8")
 
 
 def test_unknown_architecture_names_the_supported_ones() -> None:
@@ -159,12 +171,11 @@ def test_phi_refuses_pipeline_parallelism() -> None:
 
 
 # --- what --dry-run prints and --json emits ------------------------------------------------------------
-def test_plan_as_dict_covers_both_models_and_all_ranks_and_is_json() -> None:
-    data = trt.plan_as_dict(plans(make_spec(tp=2, pp=2, draft_tp=2)))
+def test_plan_json_covers_both_models_and_all_ranks() -> None:
+    data = {plan.convert.role: trt._PLAN_JSON.dump_python(plan, mode="json")
+            for plan in plans(make_spec(tp=2, pp=2, draft_tp=2))}
     assert json.loads(json.dumps(data)) == data
-    assert data["runtime"] == "tensorrt-llm" and data["tensorrt_llm"] == "1.2.x"
-    assert set(data["models"]) == {"target", "draft"}
-    target, draft = data["models"]["target"], data["models"]["draft"]
+    target, draft = data["target"], data["draft"]
     assert [m["rank"] for m in target["convert"]["mappings"]] == [0, 1, 2, 3]
     assert [m["rank"] for m in draft["convert"]["mappings"]] == [0, 1]
     assert target["convert"]["output_dir"] == target["build"]["checkpoint_dir"] == "/work/build/tensorrt-llm/target"
@@ -173,24 +184,24 @@ def test_plan_as_dict_covers_both_models_and_all_ranks_and_is_json() -> None:
 
 
 def test_format_plan_shows_every_rank_and_runnable_commands() -> None:
-    engine_plans = plans(make_spec(tp=2))
-    text = trt.format_plan(engine_plans)
-    assert "run in nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" in text
-    assert "Mapping(world_size=2, rank=1, tp_size=2, pp_size=1)" in text
-    assert "speculative_decoding_mode='draft_tokens_external', max_draft_len=8" in text
-    commands = [shlex.split(line.split("$ ", 1)[1]) for line in text.splitlines() if "$ " in line]
-    expected = [list(argv) for plan in engine_plans for argv in (plan.convert.argv, plan.build.argv)]
-    assert commands == expected
+    for plan in plans(make_spec(tp=2)):
+        text = trt.format_plan(plan)
+        assert "TensorRT-LLM 1.2.x in nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" in text
+        commands = [shlex.split(line.split("$ ", 1)[1]) for line in text.splitlines() if "$ " in line]
+        assert commands == [list(plan.convert.argv), list(plan.build.argv)]
+    target_text = trt.format_plan(plans(make_spec(tp=2))[0])
+    assert "Mapping(world_size=2, rank=1, tp_size=2, pp_size=1)" in target_text
+    assert "speculative_decoding_mode='draft_tokens_external', max_draft_len=8" in target_text
 
 
 def test_plans_are_deterministic() -> None:
-    assert trt.plan_as_dict(plans(make_spec(tp=4))) == trt.plan_as_dict(plans(make_spec(tp=4)))
+    assert plans(make_spec(tp=4)) == plans(make_spec(tp=4))
 
 
 # --- execution guards ------------------------------------------------------------------------------------
 @pytest.mark.skipif(HAS_TENSORRT_LLM, reason="tensorrt_llm is installed here")
 def test_missing_tensorrt_llm_says_so_and_names_the_fixes() -> None:
-    plan = trt.engine_plan(make_spec(), "target", "LlamaForCausalLM", checkpoint_dtype="bfloat16")
+    plan = engine_plan(make_spec(), "target")
     for run in (lambda: trt.convert(plan.convert), lambda: trt.build(plan.build)):
         with pytest.raises(SpecbuildError) as caught:
             run()
@@ -216,9 +227,19 @@ def test_sm_check(major: int, minor: int, ok: bool) -> None:
 
 
 # --- the Triton engine model config --------------------------------------------------------------------
-def engine_config(role: str = "target", **kwargs: Any) -> mc.ModelConfig:
-    options: dict[str, Any] = {"engine_path": f"/engines/{role}", "kv_cache_free_gpu_mem_fraction": 0.8}
-    return trt.engine_model_config(make_spec(), role, **{**options, **kwargs})
+CONTEXT = PackageContext(kv_fractions={"target": 0.7, "draft": 0.2}, kv_tokens={"target": 38400, "draft": 38400})
+
+
+def engine_info(role: str = "target") -> EngineInfo:
+    return EngineInfo(role=role, runtime="tensorrt-llm", path=f"/work/engines/{role}", dtype="bfloat16",
+                      vocab_size=400, build_config={"max_seq_len": 4808, "max_input_len": 3200, "max_draft_len": 8})
+
+
+def engine_config(role: str = "target", spec: BuildSpec | None = None) -> mc.ModelConfig:
+    spec = spec or make_spec()
+    runtime = trt.TensorRTLLMRuntime()
+    return engine_model_config(role, spec, runtime.engine_backend,
+                               runtime.engine_parameters(spec, engine_info(role), "/work/triton_repo", CONTEXT), 1)
 
 
 def parameters(config: mc.ModelConfig) -> dict[str, str]:
@@ -226,7 +247,7 @@ def parameters(config: mc.ModelConfig) -> dict[str, str]:
 
 
 def test_engine_config_round_trips_through_text_format() -> None:
-    config = engine_config(gpu_device_ids=[0, 1], participant_ids=[2, 3], fast_logits=True)
+    config = engine_config(spec=make_spec(tp=2, launch={"fast_logits": True}))
     parsed = text_format.Parse(text_format.MessageToString(config), mc.ModelConfig())
     assert parsed == config
 
@@ -238,9 +259,9 @@ def test_engine_config_shape(role: str) -> None:
     assert config.model_transaction_policy.decoupled is False
     assert [(group.count, group.kind) for group in config.instance_group] == [(1, mc.ModelInstanceGroup.KIND_CPU)]
     assert [(t.name, mc.DataType.Name(t.data_type), tuple(t.dims), t.optional) for t in config.input] == [
-        (t.name, t.dtype, t.dims, t.optional) for t in contract.ENGINE_INPUTS]
+        (t.name, t.dtype, t.dims, t.optional) for t in ENGINE_INPUTS]
     assert [(t.name, mc.DataType.Name(t.data_type), tuple(t.dims)) for t in config.output] == [
-        (t.name, t.dtype, t.dims) for t in contract.ENGINE_OUTPUTS]
+        (t.name, t.dtype, t.dims) for t in ENGINE_OUTPUTS]
     inputs = {t.name: t for t in config.input}
     assert inputs["input_lengths"].HasField("reshape") and list(inputs["input_lengths"].reshape.shape) == []
     assert inputs["input_ids"].allow_ragged_batch and inputs["draft_logits"].allow_ragged_batch
@@ -251,25 +272,49 @@ def test_engine_config_parameters_golden() -> None:
     assert parameters(engine_config()) == {
         "gpt_model_path": "/engines/target",
         "gpt_model_type": "inflight_fused_batching",
+        "tokenizer_dir": "",
+        "xgrammar_tokenizer_info_path": "",
+        "guided_decoding_backend": "",
+        "max_beam_width": "1",
         "batch_scheduler_policy": "guaranteed_no_evict",
-        "kv_cache_free_gpu_mem_fraction": "0.8",
+        "kv_cache_free_gpu_mem_fraction": "0.7",  # the memory plan's split
+        "max_tokens_in_paged_kv_cache": "38400",
         "enable_kv_cache_reuse": "true",
         "exclude_input_in_output": "true",
         "enable_chunked_context": "true",
+        "gpu_device_ids": "0",
         "speculative_decoding_fast_logits": "false",
     }
 
 
-def test_engine_config_optional_parameters_when_set() -> None:
-    params = parameters(engine_config("draft", kv_cache_free_gpu_mem_fraction=0.1, gpu_device_ids=[0, 1],
-                                      participant_ids=[1], max_tokens_in_paged_kv_cache=2560,
-                                      max_attention_window_size=2560, batch_scheduler_policy="max_utilization",
-                                      fast_logits=True))
-    assert params["kv_cache_free_gpu_mem_fraction"] == "0.1"
-    assert (params["gpu_device_ids"], params["participant_ids"]) == ("0,1", "1")
-    assert params["max_tokens_in_paged_kv_cache"] == params["max_attention_window_size"] == "2560"
-    assert params["batch_scheduler_policy"] == "max_utilization"
-    assert params["speculative_decoding_fast_logits"] == "true"
+# What the 1.2.x backend reads outside any try/catch (model_instance_state.cc: getBatchingTypeFromParams,
+# getGuidedDecodingConfigFromParams) and gpt_model_path, whose absence leaves no decoder engine to load.
+BACKEND_REQUIRED = {"gpt_model_type", "gpt_model_path", "tokenizer_dir", "xgrammar_tokenizer_info_path",
+                    "guided_decoding_backend"}
+
+
+def test_every_parameter_the_backend_requires_is_rendered_and_required_when_parsed() -> None:
+    rendered = parameters(engine_config())
+    assert BACKEND_REQUIRED <= set(rendered)
+    for key in BACKEND_REQUIRED:
+        with pytest.raises(SpecError, match=f"Cannot find parameter with name: {key}"):
+            EngineParameters.from_parameters({k: v for k, v in rendered.items() if k != key})
+    assert EngineParameters.from_parameters(rendered).as_parameters() == rendered
+
+
+def test_engine_parameters_follow_the_launch_layout() -> None:
+    spec = make_spec(tp=2, launch={"fast_logits": True, "placement": "separate"})
+    target, draft = parameters(engine_config("target", spec)), parameters(engine_config("draft", spec))
+    assert (target["gpu_device_ids"], target["participant_ids"]) == ("0,1", "2,3")
+    assert (draft["gpu_device_ids"], draft["participant_ids"]) == ("2", "1")
+    assert target["speculative_decoding_fast_logits"] == draft["speculative_decoding_fast_logits"] == "true"
+
+
+def test_the_spec_s_kv_fraction_is_split_as_the_memory_plan_splits_it() -> None:
+    spec = make_spec()
+    spec = spec.model_copy(update={"triton": spec.triton.model_copy(update={"kv_cache_free_gpu_mem_fraction": 0.45})})
+    assert parameters(engine_config("target", spec))["kv_cache_free_gpu_mem_fraction"] == "0.35"
+    assert parameters(engine_config("draft", spec))["kv_cache_free_gpu_mem_fraction"] == "0.1"
 
 
 def test_logits_tensors_match_the_engine_logits_dtype() -> None:
@@ -284,25 +329,36 @@ def test_logits_tensors_match_the_engine_logits_dtype() -> None:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"kv_cache_free_gpu_mem_fraction": 1.0}, r"outside \(0, 1\)"),
     ({"kv_cache_free_gpu_mem_fraction": 0.0}, r"outside \(0, 1\)"),
-    ({"engine_path": "engines/target"}, "must be absolute"),
-    ({"fast_logits": True}, "needs participant_ids"),
-    ({"gpu_device_ids": []}, "non-empty list"),
-    ({"gpu_device_ids": [0, -1]}, "non-negative"),
+    ({"speculative_decoding_fast_logits": True}, "needs participant_ids"),
+    ({"gpu_device_ids": ()}, "non-empty list"),
+    ({"gpu_device_ids": (0, -1)}, "non-negative"),
     ({"max_tokens_in_paged_kv_cache": 0}, "must be positive"),
 ])
-def test_engine_config_rejects_bad_values(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(UsageError, match=message):
-        engine_config(**kwargs)
+def test_engine_parameters_reject_bad_values(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineParameters(gpt_model_path="/engines/target", **kwargs)
 
 
-# Inputs of the tensorrtllm backend (tensorrtllm_backend v0.19.0, inflight_batcher_llm/tensorrt_llm/config.pbtxt
-# and inflight_batcher_llm/src/utils.h InputFieldsNames) that a draft-target engine model can be sent.
+def test_unparsable_optional_parameters_fall_back_as_the_backend_does() -> None:
+    warnings: list[str] = []
+    parsed = EngineParameters.from_parameters({**parameters(engine_config()), "enable_kv_cache_reuse": "yes",
+                                               "max_tokens_in_paged_kv_cache": "${max_tokens}"}, warnings)
+    assert parsed.enable_kv_cache_reuse is True and parsed.max_tokens_in_paged_kv_cache is None
+    assert len(warnings) == 2 and any("Cannot convert yes to a boolean" in line for line in warnings)
+    with pytest.raises(SpecError, match="gpt_model_type"):
+        EngineParameters.from_parameters({**parameters(engine_config()), "gpt_model_type": "${batching_strategy}"})
+
+
+# Request inputs of the 1.2.x tensorrtllm backend (TensorRT-LLM triton_backend/inflight_batcher_llm/src/utils.h,
+# InputFieldsNames; config.pbtxt of all_models/inflight_batcher_llm/tensorrt_llm) a draft-target engine model can be
+# sent. ``random_seed`` and ``min_length`` are not among them: renamed to ``seed``/``min_tokens`` (tensorrtllm_backend
+# PR #749), and Triton refuses inputs a config does not declare.
 BACKEND_INPUTS = {
     "input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits",
     "draft_acceptance_threshold", "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias",
-    "beam_width", "temperature", "runtime_top_k", "runtime_top_p", "runtime_top_p_min", "runtime_top_p_decay",
-    "runtime_top_p_reset_ids", "len_penalty", "early_stopping", "repetition_penalty", "min_length",
-    "beam_search_diversity_rate", "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
+    "beam_width", "temperature", "runtime_top_k", "runtime_top_p", "runtime_top_p_decay",
+    "runtime_top_p_reset_ids", "len_penalty", "early_stopping", "repetition_penalty", "min_tokens",
+    "beam_search_diversity_rate", "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
     "return_context_logits", "return_generation_logits", "return_perf_metrics", "exclude_input_in_output", "stop",
     "streaming", "num_return_sequences",
 }
@@ -312,11 +368,12 @@ BACKEND_OUTPUTS = {"output_ids", "sequence_length", "cum_log_probs", "output_log
 
 
 def test_contract_engine_inputs_are_backend_inputs() -> None:
-    assert {t.name for t in contract.ENGINE_INPUTS} <= BACKEND_INPUTS
+    assert {t.name for t in ENGINE_INPUTS} <= BACKEND_INPUTS
+    assert {"seed", "min_tokens"} <= {t.name for t in ENGINE_INPUTS}
 
 
 def test_contract_engine_outputs_are_backend_outputs() -> None:
-    assert {t.name for t in contract.ENGINE_OUTPUTS} <= BACKEND_OUTPUTS
+    assert {t.name for t in ENGINE_OUTPUTS} <= BACKEND_OUTPUTS
 
 
 # --- execution against a stand-in with the TensorRT-LLM 1.2 names (checks specbuild's calls, not TensorRT-LLM)

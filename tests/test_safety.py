@@ -129,13 +129,15 @@ def engine_model(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 def test_engine_dir_parameter_cannot_climb_out_of_the_release(engine_model, tmp_path):
     release = tmp_path / "release"
     (release / "engines" / "target").mkdir(parents=True)
+    (release / "engines" / "target" / "build_info.json").write_text("{}")
     (release / "triton_repo").mkdir()
     (release / "escape").symlink_to(tmp_path)
-    repository = release / "triton_repo"
-    assert engine_model.resolve_engine_dir("engines/target", repository) == release / "engines" / "target"
+    assert engine_model.resolve_engine_dir("engines/target", release) == release / "engines" / "target"
     for value in ("../engines", "engines/../../..", "escape/elsewhere"):
         with pytest.raises(ValueError, match="escapes the release folder"):
-            engine_model.resolve_engine_dir(value, repository)
+            engine_model.resolve_engine_dir(value, release)
+    with pytest.raises(ValueError, match="no engine at"):  # the backend refuses a gpt_model_path without engine
+        engine_model.resolve_engine_dir("engines", release)
 
 
 def test_manifest_records_symlinks_instead_of_following_them(checkpoints, tmp_path):

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
 from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from specbuild.errors import ServerError, UsageError
@@ -231,22 +232,35 @@ def test_cli_serve_prints_endpoints_and_stops_cleanly_on_sigint(toy_repo):
     assert _processes_mentioning(f"--http-port={http}") == []
 
 
-def _tensorrt_llm_serve(*args: str, env: dict[str, str] | None = None):
-    return CliRunner().invoke(main, ["serve", str(TOY), "--runtime", "tensorrt-llm", "--set", "target.checkpoint=t",
-                                     "--set", "draft.checkpoint=d", "--set", "target.tp_size=2", *args], env=env)
+@pytest.fixture
+def gpu_release(checkpoints, tmp_path):  # noqa: F811
+    """A tensorrt-llm release (tp 2) whose engines were built elsewhere: serve reads how to launch it."""
+    return package_gpu_release(checkpoints, tmp_path, {"target.tp_size": 2})
 
 
-def test_serve_tensorrt_llm_dry_run_prints_the_container_and_mpi_commands(tmp_path):
-    result = _tensorrt_llm_serve("--dry-run", "--http-port", "9000", "--engines", str(tmp_path))
+def test_serve_of_a_gpu_release_prints_its_container_and_mpi_commands(gpu_release):
+    result = CliRunner().invoke(main, ["serve", str(gpu_release.repository), "--dry-run", "--http-port", "9000"])
     assert result.exit_code == 0, result.output
     assert "docker run" in result.output and "--gpus 2" in result.output
-    assert "mpirun --allow-run-as-root" in result.output
+    assert "TRTLLM_ORCHESTRATOR=1" in result.output  # tp 2 for two models: orchestrator mode, as compiled
     assert "-p 127.0.0.1:9000:9000" in result.output and "--http-port=9000" in result.output
-    assert f"source={tmp_path},target=/engines,readonly" in result.output
-    assert f"source={TOY.resolve()},target=/triton_repo,readonly" in result.output
+    assert f"source={gpu_release.engines.resolve()},target=/engines,readonly" in result.output
+    assert f"source={gpu_release.repository.resolve()},target=/triton_repo,readonly" in result.output
 
 
-def test_serve_tensorrt_llm_without_docker_says_so(tmp_path):
-    result = _tensorrt_llm_serve("--engines", str(tmp_path), env={"PATH": str(tmp_path)})
+def test_serve_refuses_a_layout_the_release_was_not_compiled_for(gpu_release):
+    result = CliRunner().invoke(main, ["serve", str(gpu_release.repository), "--dry-run",
+                                       "--set", "target.tp_size=4"])
+    assert result.exit_code == 2 and "compiled with target.tp_size=2" in result.output
+
+
+def test_serve_refuses_a_gpu_release_whose_files_changed(gpu_release):
+    (gpu_release.engines / "target" / "rank0.engine").write_bytes(b"another engine")
+    result = CliRunner().invoke(main, ["serve", str(gpu_release.repository), "--dry-run"])
+    assert result.exit_code == 1 and "differs from its manifest" in result.output
+
+
+def test_serve_of_a_gpu_release_without_docker_says_so(gpu_release, tmp_path):
+    result = CliRunner().invoke(main, ["serve", str(gpu_release.repository)], env={"PATH": str(tmp_path)})
     assert result.exit_code == 1
     assert "docker is not installed" in result.output and "--dry-run" in result.output

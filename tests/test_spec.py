@@ -141,7 +141,7 @@ def test_prompt_lookup_settings(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    ({"speculation.prompt_lookup.min_ngram": 5}, "min_ngram (5) is larger than max_ngram (4)"),
+    ({"speculation.prompt_lookup.min_ngram": 5}, "prompt lookup needs max_ngram >= min_ngram >= 1, got max_ngram=4, min_ngram=5"),
     ({"speculation.prompt_lookup.min_ngram": 0}, "speculation.prompt_lookup.min_ngram"),
     ({"speculation.prompt_lookup.max_ngram": 99}, "speculation.prompt_lookup.max_ngram"),
     ({"speculation.prompt_lookup.ngram": 3}, "speculation.prompt_lookup.ngram: unknown key"),

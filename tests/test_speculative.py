@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from random_llama import tiny  # noqa: F401 - the tiny model pair fixture
-from specbuild.speculation.lookup import point_mass_logits
 from specbuild.speculation.rules import (
     GREEDY,
     SamplingParams,
@@ -126,12 +125,6 @@ def edge_case_pairs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
             probabilities(t, SamplingParams(temperature=3.0, top_k=5, top_p=0.9)) for t in (logits_p, logits_q)
         ),
         "greedy target (one-hot by argmax)": (probabilities(logits_p, GREEDY), q),
-        # prompt lookup: a deterministic proposal, q(x) = 1 (point_mass_logits through the sampling transforms)
-        "point-mass q on p's likeliest token": (p, probabilities(point_mass_logits([int(p.argmax())], 8)[0],
-                                                                 SamplingParams(temperature=0.7))),
-        "point-mass q where top-k p is 0": (
-            probabilities(logits_p, SamplingParams(top_k=3)),
-            probabilities(point_mass_logits([int(logits_p.argmin())], 8)[0], SamplingParams(top_k=3))),
     }
 
 
@@ -143,6 +136,22 @@ EDGE_CASES = edge_case_pairs()
 def test_one_step_output_distribution_is_exactly_p(case, step):
     p, q = EDGE_CASES[case]
     torch.testing.assert_close(step(p, q), p, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["random", "one-hot p", "top-k truncated", "greedy target (one-hot by argmax)"])
+@pytest.mark.parametrize("token", [0, 2, 5])
+def test_a_deterministic_draft_verified_by_token_matching_is_rejection_sampling(case, token):
+    """Prompt lookup proposes a fixed token x (q is a point mass) and is verified by token matching, with no
+    draft logits: emitted tokens and acceptance are distributed exactly as rejection sampling with that q."""
+    p, _ = EDGE_CASES[case]
+    point_mass = torch.zeros_like(p)
+    point_mass[token] = 1.0
+    rejection = torch.zeros_like(p)  # rejection sampling when x is drafted: x w.p. min(1, p(x)), else the residual
+    rejection[token] += acceptance_probability(p, point_mass, token)
+    rejection += (1.0 - acceptance_probability(p, point_mass, token)) * residual_distribution(p, point_mass)
+    matching = p.clone()  # token matching: the target's own y ~ p; y == x is the acceptance
+    torch.testing.assert_close(matching, rejection, atol=1e-12, rtol=0)
+    assert acceptance_probability(p, point_mass, token) == pytest.approx(float(p[token]))
 
 
 def test_analysis_detects_a_wrong_rule():
@@ -512,8 +521,8 @@ END_TO_END_CASES = [pytest.param(k, logits, "draft", id=f"{k}-{'draft-logits' if
 def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits, drafter):
     """Sampled 4-token continuations from InProcessSpeculator: the first two tokens (jointly) and the fourth
     (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution.
-    With prompt lookup (on a prompt that repeats itself), lookup drafts carry point-mass logits into
-    rejection sampling, mixed with draft-model rounds or alone."""
+    With prompt lookup (on a prompt that repeats itself), lookup drafts are verified by token matching, mixed
+    with draft-model rounds under rejection sampling, or alone."""
     from specbuild.speculation.loop import GenerationRequest
     from specbuild.speculation.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup

@@ -11,7 +11,8 @@ from specbuild.speculation.loop import GenerationRequest
 from specbuild.errors import RequestError
 from specbuild.speculation.inprocess import InProcessSpeculator
 from specbuild.speculation.rules import SamplingParams
-from specbuild.speculation.torch_engine import EngineRequest, PrefixCache, TorchEngine, mask_bad_words
+from specbuild.speculation.engine import EngineRequest
+from specbuild.speculation.torch_engine import PrefixCache, TorchEngine, mask_bad_words
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=12)
 
@@ -23,7 +24,7 @@ def engine(tiny):
 
 @pytest.fixture(scope="module")
 def uncached(tiny):
-    return TorchEngine(tiny.target, max_draft_len=4, max_seq_len=64, cache_entries=0)
+    return TorchEngine(tiny.target, max_draft_len=4, max_seq_len=64, cache_tokens=0)
 
 
 def greedy(engine: TorchEngine, prompt: list[int], n: int) -> list[int]:
@@ -47,10 +48,10 @@ def test_verification_accepts_the_targets_own_continuation(engine, uncached):
     prompt = [2, 7, 1, 8]
     continuation = greedy(uncached, prompt, 5)
     out = engine.run(EngineRequest(prompt, 5, draft_tokens=continuation[:4]))
-    assert out.tokens == continuation and out.accepted_draft_tokens == 4
+    assert out.tokens == continuation  # all four accepted, plus the target's own fifth token
     wrong = (continuation[1] + 1) % VOCAB
     out = engine.run(EngineRequest(prompt, 5, draft_tokens=[continuation[0], wrong, 0, 0]))
-    assert out.tokens == continuation[:2] and out.accepted_draft_tokens == 1
+    assert out.tokens == continuation[:2]  # one accepted, then the target's own token
 
 
 def test_end_id_and_min_new_tokens(engine, uncached):
@@ -59,9 +60,12 @@ def test_end_id_and_min_new_tokens(engine, uncached):
     end_id = full[3]
     first = full.index(end_id)
     assert greedy_with(engine, prompt, 12, end_id=end_id) == full[: first + 1]  # the engine returns the end token
-    later = [i for i, t in enumerate(full) if t == end_id and i >= first + 1]
-    expected_len = (later[0] + 1) if later else 12
-    assert greedy_with(engine, prompt, 12, end_id=end_id, min_new_tokens=first + 2) == full[:expected_len]
+    # min_tokens, as TensorRT-LLM applies it: no end token before the minimum (its logit masked), so the
+    # continuation departs from the unconstrained one where the end token would have been
+    held = engine.run(EngineRequest(prompt, 12, end_id=end_id, min_new_tokens=first + 2, return_logits=True))
+    assert held.tokens[:first] == full[:first] and end_id not in held.tokens[: first + 2]
+    assert held.tokens[first] != end_id and torch.isinf(held.logits[: first + 2, end_id]).all()
+    assert not torch.isinf(held.logits[first + 2:, end_id]).any()
     # verification stops at the end token too
     out = engine.run(EngineRequest(prompt, 5, draft_tokens=full[:4], end_id=end_id))
     assert out.tokens == full[: min(first + 1, 5)]
@@ -73,7 +77,7 @@ def greedy_with(engine: TorchEngine, prompt: list[int], n: int, **kwargs) -> lis
 
 # -- the prefix cache -----------------------------------------------------------------------------------
 def test_prefix_cache_reuses_the_longest_prefix(tiny):
-    engine = TorchEngine(tiny.target, cache_entries=4)
+    engine = TorchEngine(tiny.target, cache_tokens=4096)
     prompt = [1, 2, 3, 4, 5, 6]
     first = greedy(engine, prompt, 4)
     assert (engine.cache.hits, engine.cache.reused_tokens, len(engine.cache)) == (0, 0, 1)
@@ -84,14 +88,14 @@ def test_prefix_cache_reuses_the_longest_prefix(tiny):
     greedy(engine, prompt[:4] + [15, 15], 2)
     assert (engine.cache.hits, engine.cache.reused_tokens) == (2, len(prompt) + 3 + 4)
     # results are those of an engine without a cache
-    uncached = TorchEngine(tiny.target, cache_entries=0)
+    uncached = TorchEngine(tiny.target, cache_tokens=0)
     assert greedy(uncached, prompt, 4) == first and greedy(uncached, prompt + first, 3) == second
     assert len(uncached.cache) == 0 and uncached.cache.hits == 0
 
 
 def test_verification_crops_rejected_tokens_from_the_cache(tiny):
-    engine = TorchEngine(tiny.target, max_draft_len=4, cache_entries=4)
-    uncached = TorchEngine(tiny.target, max_draft_len=4, cache_entries=0)
+    engine = TorchEngine(tiny.target, max_draft_len=4, cache_tokens=4096)
+    uncached = TorchEngine(tiny.target, max_draft_len=4, cache_tokens=0)
     prompt = [5, 4, 3, 2, 1]
     continuation = greedy(uncached, prompt, 6)
     drafts = [continuation[0], (continuation[1] + 1) % VOCAB, 0, 0]  # accepts 1, rejects 3
@@ -108,10 +112,10 @@ def test_verification_crops_rejected_tokens_from_the_cache(tiny):
 @pytest.mark.parametrize("sampling", [None, SAMPLING], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("use_draft_logits", [True, False], ids=["draft-logits", "token-match"])
 def test_speculation_with_caches_equals_speculation_without(tiny, sampling, use_draft_logits):
-    def speculator(entries: int) -> InProcessSpeculator:
-        return InProcessSpeculator(TorchEngine(tiny.target, max_draft_len=6, cache_entries=entries),
-                                   TorchEngine(tiny.perturbed, cache_entries=entries))
-    cached, uncached = speculator(8), speculator(0)
+    def speculator(tokens: int) -> InProcessSpeculator:
+        return InProcessSpeculator(TorchEngine(tiny.target, max_draft_len=6, cache_tokens=tokens),
+                                   TorchEngine(tiny.perturbed, cache_tokens=tokens))
+    cached, uncached = speculator(4096), speculator(0)
     for seed, prompt in enumerate([[1, 2, 3], [7], [4, 4, 4, 4, 4, 4, 4, 4], [0, 15, 3, 9]]):
         request = GenerationRequest(prompt, 20, sampling=sampling or SamplingParams.from_request(), seed=seed,
                                     num_draft_tokens=3 + seed, use_draft_logits=use_draft_logits)
@@ -130,11 +134,13 @@ def prefix_cache_entry(length: int):
 
 
 def test_prefix_cache_unit():
-    cache = PrefixCache(max_entries=2)
+    cache = PrefixCache(max_tokens=6)
     assert cache.take([1, 2, 3]) == (None, 0)
     cache.put([1, 2, 3, 4], prefix_cache_entry(4))
-    cache.put([1, 2, 9], prefix_cache_entry(3))
-    cache.put([5, 6], prefix_cache_entry(2))  # evicts the oldest entry, [1, 2, 3, 4]
+    cache.put([1, 2, 9], prefix_cache_entry(3))  # 7 tokens held: evicts the oldest entry, [1, 2, 3, 4]
+    cache.put([5, 6], prefix_cache_entry(2))
+    assert len(cache) == 2
+    cache.put(list(range(7)), prefix_cache_entry(7))  # larger than the whole budget: not kept
     assert len(cache) == 2
     entry, length = cache.take([1, 2, 9, 9])
     assert length == 3 and entry.get_seq_length() == 3

@@ -183,44 +183,48 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
 
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
-@click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm"]), default="torch", show_default=True,
-              help="torch: the Triton server bundled with nvidia-pytriton, here; tensorrt-llm: the NGC container")
-@click.option("--host", default=None, help="bind address  [default: 127.0.0.1; tensorrt-llm: the spec's]")
+@click.option("--host", default=None, help="bind address  [default: the release's triton.host, 127.0.0.1]")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="[default: 8000; 0 = a free port]")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="[default: 8001; 0 = a free port]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="[default: 8002; 0 = a free port]")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
-              help="seconds to wait for the models to load (torch)")
-@click.option("--log-file", type=click.Path(dir_okay=False), default=None, help="keep the server log here (torch)")
-@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
-              help=f"build spec, for tensorrt-llm (default: ./{DEFAULT_SPEC_FILE} if it exists)")
-@click.option("--engines", type=click.Path(file_okay=False), default=None,
-              help="engines folder, for tensorrt-llm  [default: the spec's outputs.engines_dir]")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE", help="override a spec field (tensorrt-llm)")
+              help="seconds to wait for the models to load (bundled server)")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None,
+              help="keep the server log here (bundled server)")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="launch settings of a GPU release (triton.image, ...); the rest is the release's")
 @click.option("--dry-run", is_flag=True, help="print the commands instead of running them")
-@click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json (torch)")
+@click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json")
 @reports_errors
-def serve(repository: str, runtime: str, host: str | None, http_port: int | None, grpc_port: int | None,
-          metrics_port: int | None, timeout: float, log_file: str | None, spec_file: str | None,
-          engines: str | None, assignments: tuple[str, ...], dry_run: bool, no_verify: bool) -> None:
-    """Serve REPOSITORY (default: triton_repo) with Triton until Ctrl-C."""
+def serve(repository: str, host: str | None, http_port: int | None, grpc_port: int | None,
+          metrics_port: int | None, timeout: float, log_file: str | None, assignments: tuple[str, ...],
+          dry_run: bool, no_verify: bool) -> None:
+    """Serve the release in REPOSITORY (default: triton_repo) with Triton until Ctrl-C.
+
+    A torch release runs on the Triton server bundled with specbuild (loopback by default); a tensorrt-llm
+    release in its NGC container, laid out as it was compiled (`--dry-run` prints the docker/mpirun commands).
+    """
+    from specbuild.build.runtimes import runtime_for
+    from specbuild.package.manifest import read_release
+
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-    if runtime == "tensorrt-llm":
-        from specbuild.serve.launch import format_launch, launch_plan
+    release = read_release(repository) if _has_manifest(repository) else None
+    if release is not None and runtime_for(release.spec.runtime).container_launch:
+        from specbuild.serve.launch import release_launch_plan
         from specbuild.serve.server import run_foreground
 
-        triton = [f"triton.{key}={value}" for key, value in {"host": host, **ports}.items() if value is not None]
-        spec = spec_from_options(spec_file, None, None, runtime, None, None, None, None, (*assignments, *triton))
-        engines = engines or spec.outputs.engines_dir
+        plan = release_launch_plan(repository, launch_overrides(assignments, host=host, **ports),
+                                   verify_files=not no_verify)
         if dry_run:
-            click.echo(format_launch(spec, repository, engines))
+            click.echo(plan.render())
             return
-        sys.exit(run_foreground(launch_plan(spec, repository, engines).docker_argv))
+        sys.exit(run_foreground(plan.docker_argv))
 
     from specbuild.serve.server import TritonServer
 
     defaults = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
-    server = TritonServer(repository, host=host or "127.0.0.1", startup_timeout=timeout, log_file=log_file,
+    host = host or (release.spec.triton.host if release is not None else "127.0.0.1")
+    server = TritonServer(repository, host=host, startup_timeout=timeout, log_file=log_file,
                           verify=not no_verify,
                           **{key: defaults[key] if port is None else port for key, port in ports.items()})
     if dry_run:
@@ -265,8 +269,21 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, t
     console.print(generation.summary(), highlight=False, soft_wrap=True)
 
 
+def _has_manifest(repository: str) -> bool:
+    from specbuild.package.manifest import MANIFEST_NAME
+
+    return (Path(repository) / MANIFEST_NAME).is_file()
+
+
+def launch_overrides(assignments: tuple[str, ...], **settings: Any) -> dict[str, Any]:
+    """``--set`` assignments and launch flags (``triton.<key>``: value, None = not given) as dotted overrides."""
+    overrides = dict(parse_override(item) for item in assignments)
+    overrides.update({f"triton.{key}": value for key, value in settings.items() if value is not None})
+    return overrides
+
+
 @main.command()
-@spec_options
+@click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
 @click.option("--k8s", "out_dir", required=True, type=click.Path(file_okay=False),
               help="folder to write the Kubernetes manifests into (one <kind>.yaml per object)")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
@@ -276,22 +293,24 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, t
 @click.option("--release-image", default=None, help="image with /release/<engines> and /release/<repository> "
               "(docker/Dockerfile.release), copied by an init container")
 @click.option("--kserve", is_flag=True, help="write a KServe ServingRuntime + InferenceService instead")
-@click.option("--mode", type=click.Choice(["auto", "single", "leader", "orchestrator"]), default="auto",
-              show_default=True, help="TensorRT-LLM process layout (auto: single, or orchestrator for tp/pp > 1)")
-@click.option("--fast-logits", is_flag=True, help="pass draft logits device to device (orchestrator mode, no spawning)")
-@click.option("--placement", type=click.Choice(["shared", "separate"]), default="shared", show_default=True,
-              help="draft on the target's GPUs, or on GPUs of its own")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="launch settings (triton.image, triton.host, ports); the rest is the release's")
 @reports_errors
-def deploy(out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
-           release_image: str | None, kserve: bool, mode: str, fast_logits: bool, placement: str,
-           **spec_args: Any) -> None:
-    """Write Kubernetes manifests serving a compiled release (tensorrt-llm runtime)."""
-    from specbuild.serve.k8s import DeployOptions, manifests, write_manifests
+def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
+           release_image: str | None, kserve: bool, assignments: tuple[str, ...]) -> None:
+    """Write Kubernetes manifests serving the compiled release in REPOSITORY (default: triton_repo).
 
-    spec = spec_from_options(**spec_args)
+    The process layout, GPUs and fast logits are the release's (spec section ``launch``, set before compile).
+    """
+    from specbuild.package.manifest import read_release
+    from specbuild.serve.k8s import DeployOptions, manifests, write_manifests
+    from specbuild.serve.launch import check_engine_configs, release_launch_spec
+
+    release = read_release(repository)
+    spec = release_launch_spec(release.spec, launch_overrides(assignments))
+    check_engine_configs(release.repository, spec)
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
-                            release_image=release_image, mode=mode, fast_logits=fast_logits,  # type: ignore[arg-type]
-                            placement=placement)  # type: ignore[arg-type]
+                            release_image=release_image)
     for path in write_manifests(out_dir, manifests(spec, options, kserve=kserve)):
         console.print(f"wrote {path}")
 
@@ -308,7 +327,8 @@ def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool
         else:
             click.echo(described["text"])
         return
-    result = compiler.run(spec, upto, force=force, json_mode=json_mode, console=console)
+    result = compiler.run(spec, "package" if upto == "package-only" else upto, force=force, json_mode=json_mode,
+                          console=console, package_only=upto == "package-only")
     if json_mode:
         print_json(result.to_dict())
     elif result.manifest:
@@ -334,7 +354,9 @@ main.command("compile")(pipeline_command(
 main.command("convert")(pipeline_command("convert", "Check, then convert both HF checkpoints (into build/)."))
 main.command("build")(pipeline_command("build", "Check, convert, then build both engines (into engines/)."))
 main.command("package")(pipeline_command(
-    "package", "Everything up to the Triton repository (steps already done are skipped)."))
+    "package-only", "Check and package the Triton repository without building: for the engines in "
+    "outputs.engines_dir, or, where none are built (e.g. tensorrt-llm without a GPU), for the engines the runtime "
+    "would build, marked as having none (for inspection; verify, serve and deploy refuse it)."))
 
 
 @main.command()

@@ -2,8 +2,10 @@
 
 Each step is a :class:`~specbuild.build.stages.Stage`: skipped when its inputs (and upstream outputs) hash as in
 the last successful run, written into a temporary folder and renamed on success. ``compile`` runs them
-all; ``convert``, ``build`` and ``package`` run the prefix of the pipeline that ends with them (so a
-``build`` after a changed spec re-converts first). ``plan`` describes what would run, without running it.
+all; ``convert`` and ``build`` run the prefix of the pipeline that ends with them (so a ``build`` after a
+changed spec re-converts first); ``package`` checks and packages without building (the engines already
+built, or, where none are, those the runtime would build). ``plan`` describes what would run, without running
+it. Everything that depends on the runtime is asked of it (:mod:`specbuild.build.runtimes`).
 """
 
 from __future__ import annotations
@@ -11,18 +13,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 
-from specbuild.errors import IncompatibleError, StageError, UsageError
-from specbuild.build.runtimes import BUILD_INFO
-from specbuild.spec import BuildSpec, LimitsSpec, OutputsSpec
+from specbuild.build.runtimes import ROLES, PackageContext, Role, runtime_for
 from specbuild.build.stages import Stage, StageResult, StageRunner
+from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
+from specbuild.package.contract import BUILD_INFO
+from specbuild.spec import BuildSpec, LimitsSpec, OutputsSpec
+
+if TYPE_CHECKING:
+    from specbuild.check.checkpoints import CheckpointInfo
+    from specbuild.package.repository import EngineInfo
 
 StepName = Literal["check", "convert", "build", "package"]
 STEPS: tuple[StepName, ...] = ("check", "convert", "build", "package")
-ROLES = ("target", "draft")
 STATE_FILE = ".specbuild-state.json"
 
 
@@ -32,6 +38,7 @@ class CompileResult:
     steps: list[StageResult]
     repository: Path
     engines: Path
+    engines_built: bool = True
     manifest: Path | None = None
     check: dict[str, Any] = field(default_factory=dict)
 
@@ -41,6 +48,7 @@ class CompileResult:
             "runtime": self.spec.runtime,
             "repository": str(self.repository),
             "engines": str(self.engines),
+            "engines_built": self.engines_built,
             "manifest": str(self.manifest) if self.manifest else None,
             "steps": [step.to_json() for step in self.steps],
         }
@@ -49,6 +57,13 @@ class CompileResult:
 def _dirs(spec: BuildSpec) -> tuple[Path, Path, Path]:
     o = spec.outputs
     return Path(o.build_dir), Path(o.engines_dir), Path(o.repository_dir)
+
+
+def _checkpoints(spec: BuildSpec) -> dict[Role, CheckpointInfo]:
+    from specbuild.check.checkpoints import read_checkpoint
+
+    return {role: read_checkpoint(getattr(spec, role).checkpoint, allow_pickle=spec.security.allow_pickle,
+                                  trust_remote_code=spec.security.trust_remote_code) for role in ROLES}
 
 
 def _check_action(spec: BuildSpec, output: Path) -> dict[str, Any]:
@@ -65,8 +80,6 @@ def _check_action(spec: BuildSpec, output: Path) -> dict[str, Any]:
     return {
         "compatibility": data,
         "inputs": {role: checkpoint_identity(getattr(spec, role).checkpoint) for role in ROLES},
-        "architectures": {role: getattr(report, role).architecture for role in ROLES},
-        "dtypes": {role: getattr(report, role).torch_dtype for role in ROLES},
         "kv_fractions": {"target": report.memory.target_kv_fraction, "draft": report.memory.draft_kv_fraction},
         "kv_tokens": {role: getattr(report.memory, role).kv_tokens for role in ROLES},
         "limits": report.limits.model_dump(),
@@ -79,77 +92,61 @@ def with_checked_limits(spec: BuildSpec, check: dict[str, Any]) -> BuildSpec:
     return spec.model_copy(update={"limits": LimitsSpec.model_validate(check["limits"])})
 
 
-def _convert_action(spec: BuildSpec, check: dict[str, Any], output: Path, progress: Any) -> None:
-    for role in ROLES:
+def _convert_action(spec: BuildSpec, output: Path, progress: Any) -> None:
+    runtime = runtime_for(spec.runtime)
+    for role, checkpoint in _checkpoints(spec).items():
         progress(f"converting {role}")
-        if spec.runtime == "torch":
-            from specbuild.build.runtimes import torch as torch_runtime
-
-            torch_runtime.convert(spec, role, output / role)
-        else:
-            from specbuild.build.runtimes import tensorrt_llm
-
-            plan = tensorrt_llm.convert_plan(spec, role, check["architectures"][role], output / role,
-                                             checkpoint_dtype=check["dtypes"][role])
-            tensorrt_llm.convert(plan, into=output / role)
+        runtime.convert(spec, role, checkpoint, output / role)
 
 
 def _build_action(spec: BuildSpec, converted: Path, output: Path, progress: Any) -> None:
+    runtime = runtime_for(spec.runtime)
     for role in ROLES:
         progress(f"building {role}")
-        if spec.runtime == "torch":
-            from specbuild.build.runtimes import torch as torch_runtime
-
-            torch_runtime.build(spec, role, converted / role, output / role)
-        else:
-            from specbuild.build.runtimes import tensorrt_llm
-
-            plan = tensorrt_llm.build_plan(spec, role, converted / role, output / role)
-            tensorrt_llm.build(plan, into=output / role)
+        runtime.build(spec, role, converted / role, output / role)
 
 
-def _package_action(spec: BuildSpec, check: dict[str, Any], engines: Path, output: Path) -> None:
-    from specbuild.package.repository import EngineInfo, render_repository
+def built_engines(spec: BuildSpec) -> dict[Role, EngineInfo] | None:
+    """The engines in ``outputs.engines_dir`` when both are built for this spec's runtime, else None (nothing
+    built there). Engines of another runtime are refused: packaging them would mix runtimes."""
+    from specbuild.package.repository import EngineInfo
 
-    target = EngineInfo.read(engines / "target", "target")
-    draft = EngineInfo.read(engines / "draft", "draft")
-    factory = None
-    if spec.runtime == "tensorrt-llm":
-        factory = tensorrt_llm_engine_configs(spec, check["kv_fractions"], check["kv_tokens"])
-    render_repository(spec, target, draft, Path(spec.target.checkpoint), output, engine_config=factory)
-
-
-def tensorrt_llm_engine_configs(spec: BuildSpec, kv_fractions: dict[str, float], kv_tokens: dict[str, int]):
-    """Engine configs for the ``tensorrtllm`` backend: engines at ``engine_mount`` inside the container,
-    the KV-cache split from the memory plan (or the spec), capped at the planned KV tokens (each fraction
-    applies to the memory free when that engine loads, so the token cap keeps the first one honest),
-    devices from the launch plan."""
-    from specbuild.serve.launch import model_devices
-    from specbuild.build.runtimes.tensorrt_llm import engine_model_config
-
-    devices = model_devices(spec)
-
-    def make(spec: BuildSpec, engine: Any, repository: Path):
-        fraction = spec.triton.kv_cache_free_gpu_mem_fraction
-        role_fraction = kv_fractions[engine.role] if fraction is None else fraction * (
-            kv_fractions[engine.role] / max(1e-9, sum(kv_fractions.values())))
-        placement = devices[engine.role]
-        return engine_model_config(
-            spec, engine.role, engine_path=f"{spec.triton.engine_mount.rstrip('/')}/{engine.role}",
-            kv_cache_free_gpu_mem_fraction=round(role_fraction, 4),
-            gpu_device_ids=list(placement.gpu_device_ids) or None,
-            participant_ids=None if placement.participant_ids is None else list(placement.participant_ids),
-            fast_logits=placement.fast_logits,
-            max_tokens_in_paged_kv_cache=kv_tokens[engine.role],
-        )
-
-    return make
+    _, engines, _ = _dirs(spec)
+    if not any((engines / role / BUILD_INFO).is_file() for role in ROLES):
+        return None
+    infos = {role: EngineInfo.read(engines / role, role) for role in ROLES}
+    for info in infos.values():
+        if info.runtime != spec.runtime:
+            raise StageError("package", f"{engines / info.role} holds a {info.runtime} engine, but the spec's runtime "
+                             f"is {spec.runtime}", "run `specbuild compile` for this runtime, or set "
+                             "outputs.engines_dir to the folder of its engines")
+    return infos
 
 
-def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package") -> list[Stage]:
+def planned_engines(spec: BuildSpec) -> dict[Role, EngineInfo]:
+    """What packaging needs of engines that are not built here: the build records the runtime would write."""
+    from specbuild.package.repository import EngineInfo
+
+    runtime = runtime_for(spec.runtime)
+    _, engines, _ = _dirs(spec)
+    return {role: EngineInfo.from_record(engines / role, role, runtime.planned_build_info(spec, role, checkpoint))
+            for role, checkpoint in _checkpoints(spec).items()}
+
+
+def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, EngineInfo], output: Path) -> None:
+    from specbuild.package.repository import render_repository
+
+    context = PackageContext(kv_fractions=check["kv_fractions"], kv_tokens=check["kv_tokens"])
+    render_repository(spec, engines, Path(spec.target.checkpoint), output, runtime_for(spec.runtime), context)
+
+
+def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
+           package_only: bool = False) -> list[Stage]:
     """The pipeline's stages from ``check`` through ``upto``; later stages read the check's findings from
-    ``runner.results`` (also when the check itself was skipped)."""
-    build_dir, engines, repository = _dirs(spec)
+    ``runner.results`` (also when the check itself was skipped). ``package_only``: check, then package the
+    engines already in ``outputs.engines_dir``, or, where none are built, the engines the runtime would build
+    (a release without engines, for inspection: see :func:`run`)."""
+    build_dir, engines_dir, repository = _dirs(spec)
     converted = build_dir / spec.runtime
     models = {role: getattr(spec, role) for role in ROLES}
     # What engines are built for; the default K and adaptive K only change the orchestrator's config.
@@ -161,22 +158,33 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package") -> 
     def checked() -> BuildSpec:
         return with_checked_limits(spec, check_data())
 
+    def engines() -> dict[Role, EngineInfo]:
+        return (built_engines(spec) if not package_only else built_engines(spec) or planned_engines(checked())) or {}
+
     # Stages after the check hash the limits as the user set them: the resolved ones are in the check's
     # output (check.json), which every later stage's fingerprint includes.
+    check = Stage("check", {"models": models, "target": Path(spec.target.checkpoint),
+                            "draft": Path(spec.draft.checkpoint), "engine_speculation": engine_speculation,
+                            "limits": spec.limits, "security": spec.security,
+                            "gpu_memory_gib": spec.triton.gpu_memory_gib, "runtime": spec.runtime},
+                  build_dir / "check", lambda tmp: _check_action(spec, tmp))
+    package = Stage("package", {"spec": spec.model_dump(mode="json", exclude={"outputs"}),
+                                # the build stage's output counts upstream; built elsewhere, by its content
+                                "engines": (engines_dir.resolve() if engines_dir.is_dir() else None)
+                                if package_only else str(engines_dir.resolve()),
+                                "repository": str(repository.resolve())},
+                    repository, lambda tmp: _package_action(checked(), check_data(), engines(), tmp),
+                    exclude=("manifest.json",))
+    if package_only:
+        return [check, package]
     all_stages = [
-        Stage("check", {"models": models, "target": Path(spec.target.checkpoint), "draft": Path(spec.draft.checkpoint),
-                        "engine_speculation": engine_speculation, "limits": spec.limits, "security": spec.security,
-                        "gpu_memory_gib": spec.triton.gpu_memory_gib, "runtime": spec.runtime},
-              build_dir / "check", lambda tmp: _check_action(spec, tmp)),
+        check,
         Stage("convert", {"runtime": spec.runtime, "models": models, "security": spec.security},
-              converted, lambda tmp, progress: _convert_action(checked(), check_data(), tmp, progress)),
+              converted, lambda tmp, progress: _convert_action(checked(), tmp, progress)),
         Stage("build", {"runtime": spec.runtime, "models": models, "engine_speculation": engine_speculation,
                         "limits": spec.limits},
-              engines, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
-        Stage("package", {"spec": spec.model_dump(mode="json", exclude={"outputs"}),
-                          "engines": str(engines.resolve()), "repository": str(repository.resolve())},
-              repository, lambda tmp: _package_action(checked(), check_data(), engines, tmp),
-              exclude=("manifest.json",)),
+              engines_dir, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
+        package,
     ]
     return all_stages[: STEPS.index(upto) + 1]
 
@@ -200,32 +208,40 @@ def check_outputs(spec: BuildSpec) -> None:
 
 
 def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, json_mode: bool = False,
-        console: Console | None = None, write_manifest: bool = True) -> CompileResult:
-    """Run the pipeline through ``upto`` (``compile`` = through ``package``, then the manifest)."""
+        console: Console | None = None, write_manifest: bool = True, package_only: bool = False) -> CompileResult:
+    """Run the pipeline through ``upto`` (``compile`` = through ``package``, then the manifest).
+
+    ``package_only`` (``specbuild package``): check and package without converting or building. On a machine
+    that cannot build for the runtime (e.g. no TensorRT-LLM), the repository is rendered for the engines the
+    runtime would build, and the manifest marks the release as having no engines: ``verify``, ``serve`` and
+    ``deploy`` refuse it; pipelines and tests can inspect exactly what a GPU host would get.
+    """
     spec = spec.resolved()
     check_outputs(spec)
     build_dir, engines, repository = _dirs(spec)
     runner = StageRunner(build_dir / STATE_FILE, scope=spec.runtime, force=force, console=console,
                          json_mode=json_mode)
-    results = runner.run(stages(spec, runner, upto))
+    results = runner.run(stages(spec, runner, upto, package_only=package_only))
     check_data = results[0].data
     spec = with_checked_limits(spec, check_data)
-    result = CompileResult(spec=spec, steps=results, repository=repository, engines=engines, check=check_data)
+    engines_built = not package_only or built_engines(spec) is not None
+    result = CompileResult(spec=spec, steps=results, repository=repository, engines=engines,
+                           engines_built=engines_built, check=check_data)
     if upto == "package" and write_manifest:
-        result.manifest = _write_manifest(spec, results, check_data)
+        result.manifest = _write_manifest(spec, results, check_data, engines_built)
     return result
 
 
-def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dict[str, Any]) -> Path:
+def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dict[str, Any],
+                    engines_built: bool) -> Path:
     from specbuild.package import manifest
-    from specbuild.errors import SpecbuildError
 
     _, engines, repository = _dirs(spec)
+    build_info = {role: _read_json(engines / role / BUILD_INFO) for role in ROLES} if engines_built else None
     try:
         return manifest.write_manifest(
-            repository, engines, spec=spec, inputs=check_data.get("inputs", {}), steps=results,
-            compatibility=check_data.get("compatibility"),
-            extra={"build_info": {role: _read_json(engines / role / BUILD_INFO) for role in ROLES}},
+            repository, engines if engines_built else None, spec=spec, inputs=check_data.get("inputs", {}),
+            steps=results, compatibility=check_data.get("compatibility"), extra={"build_info": build_info},
         )
     except SpecbuildError as exc:
         raise StageError("manifest", exc.message, exc.fix) from exc
@@ -244,39 +260,18 @@ def _read_json(path: Path) -> Any:
 
 # --- dry run -------------------------------------------------------------------------------------------
 def plan(spec: BuildSpec) -> dict[str, Any]:
-    """What ``compile`` would do, without doing it: for ``tensorrt-llm`` the exact conversion and
-    ``trtllm-build`` commands and build configs per rank; for ``torch`` the folders and build fields."""
-    from specbuild.check.checkpoints import read_checkpoint
+    """What ``compile`` would do, without doing it (nothing is written): the runtime's conversion and build of
+    each model (for ``tensorrt-llm`` the exact commands and build configs per rank), at the limits the
+    checkpoints give where the spec leaves them open."""
     from specbuild.check.report import spec_for_checkpoints
 
     spec = spec.resolved()
     build_dir, engines, repository = _dirs(spec)
-    infos = {role: read_checkpoint(getattr(spec, role).checkpoint, allow_pickle=spec.security.allow_pickle,
-                                   trust_remote_code=spec.security.trust_remote_code) for role in ROLES}
-    spec = spec_for_checkpoints(spec, infos["target"], infos["draft"])
-    summary: dict[str, Any] = {"name": spec.name, "runtime": spec.runtime, "engines": str(engines),
-                               "repository": str(repository), "steps": list(STEPS) + ["manifest"]}
-    if spec.runtime == "tensorrt-llm":
-        from specbuild.build.runtimes import tensorrt_llm
-
-        plans = [tensorrt_llm.EnginePlan(
-            tensorrt_llm.convert_plan(spec, role, infos[role].architecture, build_dir / spec.runtime / role,
-                                      checkpoint_dtype=infos[role].torch_dtype),
-            tensorrt_llm.build_plan(spec, role, build_dir / spec.runtime / role, engines / role),
-        ) for role in ROLES]
-        summary["engines_plan"] = tensorrt_llm.plan_as_dict(plans)
-        summary["text"] = tensorrt_llm.format_plan(plans)
-    else:
-        from specbuild.build.runtimes import torch as torch_runtime
-
-        summary["engines_plan"] = {role: {"checkpoint": getattr(spec, role).checkpoint,
-                                          "converted": str(build_dir / spec.runtime / role),
-                                          "engine": str(engines / role),
-                                          "dtype": torch_runtime.resolve_dtype(spec, role),
-                                          "build_config": torch_runtime.build_config(spec, role)}
-                                   for role in ROLES}
-        summary["text"] = "\n".join(
-            f"{role}: {item['checkpoint']} -> {item['converted']} -> {item['engine']} "
-            f"(dtype {item['dtype']}, {json.dumps(item['build_config'])})"
-            for role, item in summary["engines_plan"].items())
-    return summary
+    runtime = runtime_for(spec.runtime)
+    checkpoints = _checkpoints(spec)
+    spec = spec_for_checkpoints(spec, checkpoints["target"], checkpoints["draft"])
+    plans = [runtime.plan(spec, role, checkpoint, build_dir / spec.runtime / role, engines / role)
+             for role, checkpoint in checkpoints.items()]
+    return {"name": spec.name, "runtime": spec.runtime, "engines": str(engines), "repository": str(repository),
+            "steps": list(STEPS) + ["manifest"], "models": {item.role: item.data for item in plans},
+            "text": "\n\n".join([f"{spec.runtime} runtime: {spec.name}"] + [item.text for item in plans])}

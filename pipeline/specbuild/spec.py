@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
+from specbuild.speculation.lookup import PromptLookup
 
 Runtime = Literal["torch", "tensorrt-llm", "auto"]
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
@@ -57,9 +58,7 @@ class PromptLookupSpec(_Strict):
 
     @model_validator(mode="after")
     def _ngram_order(self) -> PromptLookupSpec:
-        if self.min_ngram > self.max_ngram:
-            raise ValueError(f"min_ngram ({self.min_ngram}) is larger than max_ngram ({self.max_ngram}); "
-                             "lower min_ngram or raise max_ngram")
+        PromptLookup(max_ngram=self.max_ngram, min_ngram=self.min_ngram)  # the one check of the range
         return self
 
 
@@ -154,6 +153,29 @@ class TritonSpec(_Strict):
         return value
 
 
+class LaunchSpec(_Strict):
+    """How the TensorRT-LLM engines are laid out over processes and GPUs (tensorrt-llm runtime). Compiled into
+    the engine configs (``gpu_device_ids``, ``participant_ids``, ``speculative_decoding_fast_logits``); ``serve``
+    and ``deploy`` launch what the release was compiled for."""
+
+    mode: Literal["auto", "single", "leader", "orchestrator"] = Field(
+        "auto", description="auto: single when both models have one rank, else TensorRT-LLM's orchestrator mode "
+        "(required with tensor parallelism for two models)")
+    placement: Literal["shared", "separate"] = Field(
+        "shared", description="shared: the draft on the target's first GPU(s); separate: GPUs of its own")
+    fast_logits: bool = Field(False, description="pass draft logits GPU to GPU (orchestrator mode, no spawning; "
+                              "draft-logits acceptance)")
+
+
+class TorchSpec(_Strict):
+    """The torch runtime's engine models."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when the server has a GPU")
+    target_threads: int = Field(0, ge=0, le=1024, description="intra-op threads of the target's process; 0: "
+                                "every core of the host (the models take turns and do not spin-wait)")
+    draft_threads: int = Field(0, ge=0, le=1024, description="the same for the draft's process")
+
+
 class OutputsSpec(_Strict):
     """Where compile writes; each folder is replaced whole (relative paths: from the spec file's folder)."""
 
@@ -176,22 +198,32 @@ class BuildSpec(_Strict):
                       description="release name (letters, digits, _ . -)")
     runtime: Runtime = Field("auto", description="torch: HF checkpoints run with PyTorch inside Triton python models "
                              "(CPU or CUDA); tensorrt-llm: TensorRT-LLM 1.2.x engines on Triton's tensorrtllm backend "
-                             "(CUDA GPU, NGC image); auto: tensorrt-llm where it is installed, else torch")
+                             "(CUDA GPU, NGC image); auto: the best runtime installed here (GPU engines first)")
     target: ModelSpec = Field(description="the model whose output is served")
     draft: ModelSpec = Field(description="the small model that proposes tokens; it must share the target's tokenizer")
     speculation: SpeculationSpec = Field(SpeculationSpec(), description="speculative decoding")
     limits: LimitsSpec = Field(LimitsSpec(), description="what engines are built for")
     triton: TritonSpec = Field(TritonSpec(), description="the Triton server")
+    launch: LaunchSpec = Field(LaunchSpec(), description="tensorrt-llm: processes and GPUs, compiled into the release")
+    torch: TorchSpec = Field(TorchSpec(), description="torch runtime: device and threads of the engine models")
     outputs: OutputsSpec = Field(OutputsSpec(), description="where compile writes (folders replaced whole)")
     security: SecuritySpec = Field(SecuritySpec(), description="what is refused unless you trust the checkpoints")
 
-    def resolved_runtime(self) -> Literal["torch", "tensorrt-llm"]:
-        """``auto`` means tensorrt-llm where TensorRT-LLM imports, else the embedded torch runtime."""
+    @model_validator(mode="after")
+    def _fast_logits_need_draft_logits(self) -> BuildSpec:
+        if self.launch.fast_logits and self.speculation.acceptance != "draft-logits":
+            raise ValueError("launch.fast_logits passes the draft's logits to the target, but speculation.acceptance "
+                             f"is {self.speculation.acceptance!r}, which never sends them; set acceptance: "
+                             "draft-logits or turn fast logits off")
+        return self
+
+    def resolved_runtime(self) -> str:
+        """``auto`` means the best runtime this machine can build with (see build.runtimes.best_available)."""
         if self.runtime != "auto":
             return self.runtime
-        import importlib.util
+        from specbuild.build.runtimes import best_available
 
-        return "tensorrt-llm" if importlib.util.find_spec("tensorrt_llm") else "torch"
+        return best_available()
 
     def resolved(self) -> BuildSpec:
         """A copy with ``runtime: auto`` replaced by the runtime that will really be used."""

@@ -26,25 +26,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from specbuild.speculation.stats import REQUEST_METRICS, SPECULATION_METRICS
+
 QUANTILES = (50, 95, 99)
 
-# Prometheus sample names exported by the orchestrator (triton_models/orchestrator.py).
-COUNTER_NAMES = {
-    "requests": "specbuild_requests_total",
-    "output_tokens": "specbuild_output_tokens_total",
-    "rounds": "specbuild_spec_decode_rounds_total",
-    "drafts": "specbuild_spec_decode_num_drafts_total",
-    "draft_tokens": "specbuild_spec_decode_num_draft_tokens_total",
-    "accepted": "specbuild_spec_decode_num_accepted_tokens_total",
-    "draft_seconds": "specbuild_draft_seconds_total",
-    "target_seconds": "specbuild_target_seconds_total",
-    "fallbacks": "specbuild_draft_fallbacks_total",
-    "lookup_drafts": "specbuild_prompt_lookup_drafts_total",
-    "lookup_draft_tokens": "specbuild_prompt_lookup_draft_tokens_total",
-    "lookup_accepted": "specbuild_prompt_lookup_accepted_tokens_total",
-}
-PER_POSITION = {"accepted_per_position": "specbuild_spec_decode_num_accepted_tokens_per_pos_total",
-                "drafted_per_position": "specbuild_spec_decode_num_draft_tokens_per_pos_total"}
+# The orchestrator's Prometheus counters, by the SpeculationStats field they count (speculation/stats.py owns them).
+COUNTER_NAMES = {metric.key: metric.name for metric in SPECULATION_METRICS + REQUEST_METRICS[:2]
+                 if not metric.per_position}
+PER_POSITION = {metric.key: metric.name for metric in SPECULATION_METRICS if metric.per_position}
 
 
 # --- per request -----------------------------------------------------------------------------------------
@@ -123,14 +112,14 @@ class Counters:
     output_tokens: float = 0.0
     rounds: float = 0.0
     drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
+    drafted_tokens: float = 0.0
+    accepted_tokens: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     fallbacks: float = 0.0
     lookup_drafts: float = 0.0  # these three stay 0 from servers older than prompt lookup
-    lookup_draft_tokens: float = 0.0
-    lookup_accepted: float = 0.0
+    lookup_drafted_tokens: float = 0.0
+    lookup_accepted_tokens: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
     drafted_per_position: tuple[float, ...] = ()  # empty from servers older than this counter
 
@@ -304,18 +293,18 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
     request_seconds = sum(t.total_time for t in done)
     if counters is not None and counters.rounds > 0:
         cell.source = "metrics"
-        cell.acceptance_rate = _ratio(counters.accepted, counters.draft_tokens)
-        cell.mean_acceptance_length = 1.0 + counters.accepted / counters.drafts if counters.drafts else 1.0
+        cell.acceptance_rate = _ratio(counters.accepted_tokens, counters.drafted_tokens)
+        cell.mean_acceptance_length = 1.0 + counters.accepted_tokens / counters.drafts if counters.drafts else 1.0
         cell.acceptance_per_position = acceptance_per_position(counters)
-        cell.draft_tokens_per_round = _ratio(counters.draft_tokens, counters.drafts)
-        cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.draft_tokens)
+        cell.draft_tokens_per_round = _ratio(counters.drafted_tokens, counters.drafts)
+        cell.draft_seconds_per_token = _ratio(counters.draft_seconds, counters.drafted_tokens)
         cell.target_seconds_per_round = counters.target_seconds / counters.rounds
-        cell.drafted_per_round = counters.draft_tokens / counters.rounds
-        cell.tokens_per_round = 1.0 + counters.accepted / counters.rounds
+        cell.drafted_per_round = counters.drafted_tokens / counters.rounds
+        cell.tokens_per_round = 1.0 + counters.accepted_tokens / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
         if lookup:
             cell.lookup_share = counters.lookup_drafts / counters.rounds
-            cell.lookup_acceptance = _ratio(counters.lookup_accepted, counters.lookup_draft_tokens)
+            cell.lookup_acceptance = _ratio(counters.lookup_accepted_tokens, counters.lookup_drafted_tokens)
     else:  # per-request outputs only: one streamed response per round
         drafted = sum(t.drafted for t in done)
         rounds = sum(t.rounds for t in done)

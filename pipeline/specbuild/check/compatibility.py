@@ -6,35 +6,14 @@ is something the user should know (a slow pairing, a padded vocabulary) that doe
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from specbuild.build.runtimes import runtime_for, runtimes
 from specbuild.check.checkpoints import CheckpointInfo
+from specbuild.errors import SpecbuildError
 from specbuild.spec import Acceptance, BuildSpec
-
-# HF architectures TensorRT-LLM 1.2.x converts from a HF checkpoint (its MODEL_MAP), grouped by family;
-# only decoder-only text models that can serve as draft or target are listed.
-TRTLLM_FAMILIES: dict[str, tuple[str, ...]] = {
-    "Llama": ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "ExaoneForCausalLM",
-              "InternLMForCausalLM", "InternLM2ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
-              "SkyworkForCausalLM", "ArcticForCausalLM"),
-    "Qwen": ("QWenLMHeadModel", "QWenForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM"),
-    "Gemma": ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
-    "Phi": ("PhiForCausalLM", "Phi3ForCausalLM", "Phi3SmallForCausalLM", "PhiMoEForCausalLM"),
-    "GPT": ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "Starcoder2ForCausalLM", "NemotronForCausalLM"),
-    "GPT-NeoX": ("GPTNeoXForCausalLM",),
-    "GPT-J": ("GPTJForCausalLM",),
-    "Falcon": ("FalconForCausalLM", "RWForCausalLM"),
-    "OPT": ("OPTForCausalLM",),
-    "Bloom": ("BloomForCausalLM",),
-    "MPT": ("MptForCausalLM", "MPTForCausalLM"),
-    "Baichuan": ("BaichuanForCausalLM", "BaiChuanForCausalLM"),
-    "ChatGLM": ("ChatGLMForCausalLM", "ChatGLMForConditionalGeneration"),
-    "Cohere": ("CohereForCausalLM",),
-    "DeepSeek": ("DeepseekForCausalLM", "DeepseekV2ForCausalLM"),
-}
-ARCHITECTURE_FAMILY = {arch: family for family, archs in TRTLLM_FAMILIES.items() for arch in archs}
 
 # A draft token's cost as a share of a target step (per-token multiply-adds, CheckpointInfo.macs_per_token).
 # Speculation with verification at one target step pays when the share of accepted draft tokens exceeds it, so
@@ -56,7 +35,7 @@ class PairParams(BaseModel):
     acceptance: Acceptance = "draft-logits"
     max_seq_len: int | None = None  # as the user set them (None: from the checkpoints, which always fits)
     max_input_len: int | None = None
-    runtime: Literal["torch", "tensorrt-llm"] = "torch"
+    runtime: str = "torch"
     target_dtype: str = "auto"
     draft_dtype: str = "auto"
 
@@ -72,8 +51,6 @@ class CompatibilityReport(BaseModel):
     warnings: list[Finding] = Field(default_factory=list)
     size_ratio: float | None = None  # target parameters / draft parameters
     cost_ratio: float | None = None  # a draft token's multiply-adds / a target token's
-    target_family: str | None = None
-    draft_family: str | None = None
 
     @property
     def compatible(self) -> bool:
@@ -89,8 +66,6 @@ def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
     params = spec_or_params if isinstance(spec_or_params, PairParams) else (
         PairParams.from_spec(spec_or_params) if spec_or_params is not None else PairParams())
     report = CompatibilityReport(
-        target_family=ARCHITECTURE_FAMILY.get(target.architecture),
-        draft_family=ARCHITECTURE_FAMILY.get(draft.architecture),
         size_ratio=target.num_parameters / draft.num_parameters if draft.num_parameters else None,
         cost_ratio=draft.macs_per_token / target.macs_per_token,
     )
@@ -166,30 +141,33 @@ def _vocab_widths(target: CheckpointInfo, draft: CheckpointInfo, params: PairPar
 
 def _architectures(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
                    report: CompatibilityReport) -> None:
-    families = ", ".join(TRTLLM_FAMILIES)
+    """A reason where the spec's runtime cannot run a model; a warning where another runtime could not (the
+    release could not move to it)."""
+    chosen = runtime_for(params.runtime)
     for role, info in (("target", target), ("draft", draft)):
-        if info.architecture in ARCHITECTURE_FAMILY:
-            continue
-        message = (f"{role} architecture {info.architecture} is not converted by TensorRT-LLM 1.2.x "
-                   f"(supported families: {families})")
-        if params.runtime == "tensorrt-llm":
+        problem = chosen.unsupported(info.architecture)
+        if problem is not None:
+            others = [name for name, runtime in runtimes().items() if runtime.unsupported(info.architecture) is None]
             report.reasons.append(Finding(
-                code=f"{role}-architecture", message=message,
-                fix="use the torch runtime (--runtime torch) or a model of a supported family"))
-        else:
-            report.warnings.append(Finding(code=f"{role}-architecture",
-                                           message=message + "; the torch runtime can still serve it"))
+                code=f"{role}-architecture", message=f"{role}: {problem}",
+                fix=f"use a {role} of a supported architecture"
+                    + (f", or --runtime {others[0]}" if others else "")))
+            continue
+        for name, runtime in runtimes().items():
+            elsewhere = runtime.unsupported(info.architecture) if name != params.runtime else None
+            if elsewhere is not None:
+                report.warnings.append(Finding(code=f"{role}-architecture-{name}",
+                                               message=f"{role}: the {name} runtime could not serve it: {elsewhere}"))
 
 
 def _dtypes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
             report: CompatibilityReport) -> None:
-    if params.runtime == "tensorrt-llm":
-        for role, dtype in (("target", params.target_dtype), ("draft", params.draft_dtype)):
-            if dtype == "float32":
-                report.reasons.append(Finding(
-                    code=f"{role}-dtype",
-                    message=f"{role} dtype float32 is not built by this project's TensorRT-LLM path",
-                    fix=f"set {role}.dtype to bfloat16 or float16 (or auto)"))
+    runtime = runtime_for(params.runtime)
+    for role, info, requested in (("target", target, params.target_dtype), ("draft", draft, params.draft_dtype)):
+        try:
+            runtime.engine_dtype(requested, role, info.torch_dtype)
+        except SpecbuildError as exc:
+            report.reasons.append(Finding(code=f"{role}-dtype", message=exc.message, fix=exc.fix))
     stored = {info.torch_dtype for info in (target, draft)}
     if len(stored) > 1:
         report.warnings.append(Finding(

@@ -21,7 +21,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from specbuild.check.checkpoints import CheckpointInfo
-from specbuild.errors import IncompatibleError
+from specbuild.build.runtimes import runtime_for
+from specbuild.errors import IncompatibleError, SpecbuildError
 from specbuild.spec import BuildSpec, ModelSpec
 
 GIB = 2**30
@@ -102,16 +103,19 @@ class MemoryPlan(BaseModel):
         return data
 
 
-def engine_dtype(model: ModelSpec, checkpoint: CheckpointInfo) -> str:
-    """The dtype the engine is built in: the spec's, or for ``auto`` the checkpoint's 16-bit dtype, else bfloat16."""
-    if model.dtype != "auto":
-        return model.dtype
-    return checkpoint.torch_dtype if checkpoint.torch_dtype in ("float16", "bfloat16") else "bfloat16"
+def engine_dtype(spec: BuildSpec, role: str, checkpoint: CheckpointInfo) -> str:
+    """The dtype the spec's runtime builds the engine in (one resolved dtype per runtime, the same as compile
+    uses); the requested one where the runtime refuses it (the pair check reports that)."""
+    requested = getattr(spec, role).dtype
+    try:
+        return runtime_for(spec.resolved_runtime()).engine_dtype(requested, role, checkpoint.torch_dtype)
+    except SpecbuildError:
+        return "float32" if requested == "auto" else requested
 
 
 def model_memory(role: str, model: ModelSpec, info: CheckpointInfo, spec: BuildSpec) -> ModelMemory:
     """Weights, KV cache and activations of one model at the spec's dtype, limits and parallelism."""
-    dtype = engine_dtype(model, info)
+    dtype = engine_dtype(spec, role, info)
     size = DTYPE_BYTES[dtype]
     tp, pp = model.tp_size, model.pp_size
     limits, max_draft_len = spec.limits, spec.speculation.max_draft_len

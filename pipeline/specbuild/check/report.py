@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from specbuild.build.runtimes import runtimes
 from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.check.compatibility import ARCHITECTURE_FAMILY, CompatibilityReport, Finding, check_pair, cost_meaning
+from specbuild.check.compatibility import CompatibilityReport, Finding, check_pair, cost_meaning
 from specbuild.errors import UsageError
 from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
 from specbuild.spec import BuildSpec, LimitsSpec, ModelSpec
@@ -121,10 +122,10 @@ def _count(value: int) -> str:
 
 def _checkpoint_rows(info: CheckpointInfo) -> list[str]:
     tok = info.tokenizer
-    family = ARCHITECTURE_FAMILY.get(info.architecture)
+    runs_on = [name for name, runtime in runtimes().items() if runtime.unsupported(info.architecture) is None]
     return [
         info.path,
-        f"{info.architecture} ({family or 'not a TensorRT-LLM 1.2 family'})",
+        f"{info.architecture} (runtimes: {', '.join(runs_on) or 'none'})",
         f"{info.torch_dtype} ({info.weights.format})",
         _count(info.num_parameters),
         f"{info.num_layers} x {info.hidden_size}",

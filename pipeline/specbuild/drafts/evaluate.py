@@ -17,8 +17,6 @@ from specbuild.drafts.model_pairs import stage, torch_threads
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from specbuild.speculation.loop import SpeculationStats
-
 
 def compare_in_process(target_dir: str | Path, draft_dir: str | Path, ks: Sequence[int] = (0, 1, 2, 3), *,
                        prompts: int = 20, skip: int = 0, max_tokens: int = 64, threads: int = 2,
@@ -31,9 +29,10 @@ def compare_in_process(target_dir: str | Path, draft_dir: str | Path, ks: Sequen
     from transformers import AutoTokenizer
 
     from specbuild.bench.runner import chat_prompts
-    from specbuild.speculation.loop import GenerationRequest, SpeculationStats
-    from specbuild.speculation.inprocess import InProcessSpeculator
     from specbuild.bench.prompts import load_prompts
+    from specbuild.speculation.inprocess import InProcessSpeculator
+    from specbuild.speculation.loop import GenerationRequest
+    from specbuild.speculation.stats import SpeculationStats
     from specbuild.speculation.torch_engine import PrefixCache
 
     ks = sorted({0, *ks})
@@ -50,7 +49,7 @@ def compare_in_process(target_dir: str | Path, draft_dir: str | Path, ks: Sequen
                 order = ks if index % 2 == 0 else ks[::-1]
                 for k in order:
                     for engine in engines:
-                        engine.cache = PrefixCache(engine.cache.max_entries)
+                        engine.cache = PrefixCache(engine.cache.max_tokens)
                     request = GenerationRequest(prompt_ids=ids, max_tokens=max_tokens, end_id=eos, num_draft_tokens=k)
                     began = time.perf_counter()
                     result = speculator.generate(request)
@@ -58,7 +57,7 @@ def compare_in_process(target_dir: str | Path, draft_dir: str | Path, ks: Sequen
                     total["seconds"] += time.perf_counter() - began
                     total["tokens"] += len(result.tokens)
                     total["outputs"].append(result.tokens)
-                    _add(total["stats"], result.stats)
+                    total["stats"] += result.stats
                     advance(1)
     baseline = totals[0]["tokens"] / totals[0]["seconds"]
     rows = []
@@ -72,8 +71,3 @@ def compare_in_process(target_dir: str | Path, draft_dir: str | Path, ks: Sequen
                      "identical": sum(a == b for a, b in zip(total["outputs"], totals[0]["outputs"]))})
     return {"prompts": len(prompt_ids), "max_tokens": max_tokens, "rows": rows}
 
-
-def _add(total: SpeculationStats, one: SpeculationStats) -> None:
-    total.drafts += one.drafts
-    total.drafted_tokens += one.drafted_tokens
-    total.accepted_tokens += one.accepted_tokens

@@ -7,13 +7,19 @@ them. Shapes exclude the batch dimension (every model has ``max_batch_size > 0``
 * ``ENSEMBLE_*``: the public interface, kept name-for-name with NVIDIA's tensorrtllm_backend ensemble
   (so its clients, GenAI-Perf's tensorrtllm mode and Triton's generate endpoint work), plus
   ``num_draft_tokens`` and ``use_draft_logits`` from its BLS model, ``adaptive_draft`` and ``prompt_lookup``.
-* ``ENGINE_*``: the subset of the ``tensorrtllm`` backend's inputs/outputs that the orchestrator uses;
-  the torch runtime's engine model implements exactly these.
+* the engine models' tensors and parameters: :mod:`specbuild.package.backend_contract`.
+
+Each python model's ``parameters`` are a typed class here (:class:`~specbuild.package.parameters.ModelParameters`):
+the repository renders them and the model parses them with the same code, so a key cannot go missing quietly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from specbuild.package.parameters import ModelParameters
+from specbuild.speculation.lookup import PromptLookup
 
 
 @dataclass(frozen=True)
@@ -113,33 +119,8 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
 )
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (Tensor("text_output", "TYPE_STRING", (-1,)),)
 
-# --- engine models (tensorrtllm backend names) ---------------------------------------------------------
-ENGINE_INPUTS: tuple[Tensor, ...] = (
-    Tensor("input_ids", "TYPE_INT32", (-1,)),
-    Tensor("input_lengths", "TYPE_INT32", (1,)),
-    Tensor("request_output_len", "TYPE_INT32", (1,)),
-    Tensor("draft_input_ids", "TYPE_INT32", (-1,), True),
-    Tensor("draft_logits", "TYPE_FP32", (-1, -1), True),
-    Tensor("draft_acceptance_threshold", "TYPE_FP32", (1,), True),
-    Tensor("end_id", "TYPE_INT32", (1,), True),
-    Tensor("pad_id", "TYPE_INT32", (1,), True),
-    Tensor("bad_words_list", "TYPE_INT32", (2, -1), True),
-    Tensor("stop_words_list", "TYPE_INT32", (2, -1), True),
-    Tensor("runtime_top_k", "TYPE_INT32", (1,), True),
-    Tensor("runtime_top_p", "TYPE_FP32", (1,), True),
-    Tensor("temperature", "TYPE_FP32", (1,), True),
-    Tensor("random_seed", "TYPE_UINT64", (1,), True),
-    Tensor("min_length", "TYPE_INT32", (1,), True),
-    Tensor("return_generation_logits", "TYPE_BOOL", (1,), True),
-    Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
-    Tensor("streaming", "TYPE_BOOL", (1,), True),
-    Tensor("beam_width", "TYPE_INT32", (1,), True),
-)
-ENGINE_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("output_ids", "TYPE_INT32", (-1, -1)),  # [beam, tokens]
-    Tensor("sequence_length", "TYPE_INT32", (-1,)),  # [beam]
-    Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),  # [beam, tokens, vocab]
-)
+# Every engine folder's build record (dtype, vocabulary, build config, toolchain), whichever runtime built it.
+BUILD_INFO = "build_info.json"
 
 # The models of a repository, by role. Names are fixed so clients and the ensemble can rely on them.
 ENSEMBLE_MODEL = "ensemble"
@@ -163,3 +144,43 @@ NUMPY_DTYPES = {
 
 def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:
     return {tensor.name: tensor for tensor in tensors}
+
+
+# --- python models' parameters --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PreprocessingParameters(ModelParameters):
+    MODEL: ClassVar[str] = PREPROCESSING_MODEL
+
+    max_input_len: int
+    end_id: int  # the tokenizer's eos: requests' default end_id
+
+
+@dataclass(frozen=True)
+class OrchestratorParameters(ModelParameters):
+    """Defaults for requests (each may override them) and the release's limits."""
+
+    MODEL: ClassVar[str] = ORCHESTRATOR_MODEL
+
+    max_draft_len: int  # what the target engine was built for
+    num_draft_tokens: int
+    use_draft_logits: bool
+    adaptive_draft: bool
+    prompt_lookup: bool
+    lookup_max_ngram: int
+    lookup_min_ngram: int
+    lookup_draft_fallback: bool  # with lookup on: call the draft model when lookup finds nothing
+    fast_logits: bool  # TensorRT-LLM passes draft logits GPU to GPU: the draft's logits are a handle, passed on as is
+    max_input_len: int
+    max_seq_len: int
+    target_model: str = TARGET_MODEL
+    draft_model: str = DRAFT_MODEL
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_draft_tokens <= self.max_draft_len:
+            raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must be within 0..max_draft_len "
+                             f"({self.max_draft_len})")
+        self.lookup  # noqa: B018 - validates the n-gram range
+
+    @property
+    def lookup(self) -> PromptLookup:
+        return PromptLookup(max_ngram=self.lookup_max_ngram, min_ngram=self.lookup_min_ngram)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -29,6 +29,9 @@ from specbuild.build.atomic import atomic_write_text, clean_stale
 from specbuild.errors import UsageError, VerificationError
 from specbuild.build.hashing import digest_json, hash_tree
 from specbuild.build.stages import StageResult
+
+if TYPE_CHECKING:
+    from specbuild.spec import BuildSpec
 
 MANIFEST_FORMAT = "specbuild.manifest/v1"
 MANIFEST_NAME = "manifest.json"
@@ -81,9 +84,11 @@ def checkpoint_identity(path: str | Path) -> dict[str, Any]:
     return {"path": str(folder), "digest": digest_json(files), "files": files}
 
 
-def _trees(repository_dir: Path, engines_dir: Path) -> tuple[Path, dict[str, str]]:
-    """The common root of both trees and each tree's path relative to it."""
-    trees = {"engines": engines_dir.resolve(), "repository": repository_dir.resolve()}
+def _trees(repository_dir: Path, engines_dir: Path | None) -> tuple[Path, dict[str, str]]:
+    """The common root of the trees (the repository, and the engines when built) and each one's path from it."""
+    trees = {"repository": repository_dir.resolve()}
+    if engines_dir is not None:
+        trees["engines"] = engines_dir.resolve()
     for role, path in trees.items():
         if not path.is_dir():
             raise UsageError(f"the {role} folder {path} does not exist", "build and package the release first")
@@ -119,7 +124,7 @@ def profile_id(files: Mapping[str, str]) -> str:
 
 def write_manifest(
     repository_dir: str | Path,
-    engines_dir: str | Path,
+    engines_dir: str | Path | None,
     *,
     spec: Any,
     inputs: Mapping[str, Any],
@@ -132,11 +137,12 @@ def write_manifest(
 
     ``spec``: the resolved BuildSpec (or its dict). ``inputs``: the checkpoints' identities (paths, config,
     tokenizer and weight hashes). ``steps``: the :class:`StageResult` list of the run (or dicts).
-    ``toolchain_info`` defaults to :func:`toolchain`.
+    ``toolchain_info`` defaults to :func:`toolchain`. ``engines_dir`` None: a release packaged without engines
+    (``specbuild package`` where the runtime cannot build), marked so that it is never served.
     """
     repository_dir = Path(repository_dir)
     manifest_path = repository_dir.resolve() / MANIFEST_NAME
-    root, trees = _trees(repository_dir, Path(engines_dir))
+    root, trees = _trees(repository_dir, None if engines_dir is None else Path(engines_dir))
     clean_stale(manifest_path)
     files = _hash_release(root, trees, manifest_path)
     manifest = {
@@ -144,6 +150,7 @@ def write_manifest(
         "profile_id": profile_id(files),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "root": os.path.relpath(root, manifest_path.parent),
+        "engines_built": engines_dir is not None,
         "trees": trees,
         "files": files,
         "spec": spec.model_dump(mode="json") if hasattr(spec, "model_dump") else dict(spec),
@@ -223,10 +230,52 @@ def _load(manifest_path: Path) -> dict[str, Any]:
     return manifest
 
 
+def _require_engines(manifest: Mapping[str, Any], manifest_path: Path) -> None:
+    if manifest.get("engines_built") is False:
+        runtime = manifest.get("spec", {}).get("runtime")
+        raise VerificationError(
+            f"{manifest_path} describes a release packaged without engines (`specbuild package` where the "
+            f"{runtime} runtime cannot build): it is for inspection, and cannot be verified, served or deployed",
+            f"build it with `specbuild compile` on a host that has the {runtime} runtime"
+            + (" (a CUDA GPU in the NGC image)" if runtime == "tensorrt-llm" else ""))
+
+
+@dataclass(frozen=True)
+class Release:
+    """What a compiled release says about itself: the spec it was compiled from and its engines' build records."""
+
+    manifest: Path
+    spec: BuildSpec
+    build_info: dict[str, Any]
+    repository: Path
+    engines: Path
+
+
+def read_release(path: str | Path) -> Release:
+    """The release at ``path`` (a repository folder or its manifest); refused when it has no engines."""
+    from pydantic import ValidationError
+
+    from specbuild.spec import BuildSpec
+
+    manifest_path = find_manifest(path).resolve()
+    manifest = _load(manifest_path)
+    _require_engines(manifest, manifest_path)
+    try:
+        spec = BuildSpec.model_validate(manifest.get("spec"))
+    except ValidationError as exc:
+        raise VerificationError(f"{manifest_path} holds a spec this specbuild cannot read ({exc.errors()[0]['msg']})",
+                                "re-package the release with this specbuild version") from None
+    root = (manifest_path.parent / _relative_or_fail(manifest.get("root", "."), "root", parents_only=True)).resolve()
+    engines = root / _relative_or_fail(manifest["trees"].get("engines", ""), "tree")
+    return Release(manifest_path, spec, dict(manifest.get("extra", {}).get("build_info") or {}),
+                   manifest_path.parent, engines)
+
+
 def verify(path: str | Path) -> VerifyReport:
     """Re-hash the release described by a manifest (or a folder holding one) and name every difference."""
     manifest_path = find_manifest(path).resolve()
     manifest = _load(manifest_path)
+    _require_engines(manifest, manifest_path)
     root = (manifest_path.parent / _relative_or_fail(manifest.get("root", "."), "root", parents_only=True)).resolve()
     trees = {role: _relative_or_fail(tree, "tree") for role, tree in manifest["trees"].items()}
     recorded = {_relative_or_fail(relative, "file"): digest for relative, digest in manifest["files"].items()}

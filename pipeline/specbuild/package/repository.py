@@ -12,16 +12,22 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from specbuild.package import contract
-from specbuild.package.contract import Tensor
 from specbuild.errors import StageError
-from specbuild.build.runtimes import BUILD_INFO
+from specbuild.package import contract
+from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineParameters
+from specbuild.package.contract import BUILD_INFO, OrchestratorParameters, PreprocessingParameters, Tensor
+from specbuild.package.parameters import ModelParameters
+from specbuild.package.vendor import vendor
 from specbuild.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from specbuild.build.runtimes import PackageContext, Runtime
 
 MODELS_DIR = Path(__file__).parent.parent / "serve" / "triton_models"
 
@@ -38,15 +44,28 @@ class EngineInfo:
     build_config: dict[str, Any]
 
     @classmethod
+    def from_record(cls, engine_dir: Path, role: str, record: dict[str, Any]) -> EngineInfo:
+        """From a build record (``build_info.json``, or the one a runtime plans for an engine not built here)."""
+        return cls(role=role, runtime=record["runtime"], path=engine_dir, dtype=record["dtype"],
+                   vocab_size=int(record["vocab_size"]), build_config=dict(record["build_config"]))
+
+    @classmethod
     def read(cls, engine_dir: Path, role: str) -> EngineInfo:
         info_file = engine_dir / BUILD_INFO
         try:
-            info = json.loads(info_file.read_text(encoding="utf-8"))
-            return cls(role=role, runtime=info["runtime"], path=engine_dir, dtype=info["dtype"],
-                       vocab_size=int(info["vocab_size"]), build_config=dict(info["build_config"]))
+            return cls.from_record(engine_dir, role, json.loads(info_file.read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StageError("package", f"{info_file} is missing or unreadable ({exc})",
                              f"rebuild the {role} engine with `specbuild build`") from None
+
+    @property
+    def max_draft_len(self) -> int:
+        return int(self.build_config.get("max_draft_len") or 0)
+
+    @property
+    def max_seq_len(self) -> int:
+        """Prompt + generated tokens a request may have: the engine's limit, less the draft tokens it verifies."""
+        return int(self.build_config["max_seq_len"]) - self.max_draft_len
 
 
 # --- config builders -----------------------------------------------------------------------------------
@@ -60,14 +79,9 @@ def _io(message_type: Any, tensors: tuple[Tensor, ...]) -> list[Any]:
     return items
 
 
-def _parameters(config: mc.ModelConfig, values: dict[str, Any]) -> None:
-    for key, value in values.items():
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        config.parameters[key].string_value = text
-
-
 def python_model_config(name: str, spec: BuildSpec, inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...],
-                        parameters: dict[str, Any], *, decoupled: bool = False, instances: int = 1) -> mc.ModelConfig:
+                        parameters: ModelParameters | None, *, decoupled: bool = False,
+                        instances: int = 1) -> mc.ModelConfig:
     config = mc.ModelConfig(
         name=name, backend="python", max_batch_size=spec.limits.max_batch_size,
         input=_io(mc.ModelInput, inputs), output=_io(mc.ModelOutput, outputs),
@@ -75,7 +89,34 @@ def python_model_config(name: str, spec: BuildSpec, inputs: tuple[Tensor, ...], 
     )
     if decoupled:
         config.model_transaction_policy.decoupled = True
-    _parameters(config, parameters)
+    for key, value in (parameters.as_parameters() if parameters else {}).items():
+        config.parameters[key].string_value = value
+    return config
+
+
+def engine_model_config(name: str, spec: BuildSpec, backend: str, parameters: EngineParameters,
+                        instances: int) -> mc.ModelConfig:
+    """An engine model's ``config.pbtxt``, the same for every runtime but its backend and parameter values.
+
+    Non-decoupled (the orchestrator calls it with BLS and waits for the whole answer); CPU instances (the
+    ``tensorrtllm`` backend places the engine on its GPUs itself); the tensors of the backend contract, per-request
+    scalars reshaped to ``[]`` and variable-length inputs ragged, as the backend's own config declares them.
+    """
+    config = mc.ModelConfig(name=name, backend=backend, max_batch_size=spec.limits.max_batch_size)
+    config.model_transaction_policy.decoupled = False
+    config.dynamic_batching.SetInParent()
+    config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
+    for tensor in ENGINE_INPUTS:
+        entry = config.input.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype), dims=tensor.dims,
+                                 optional=tensor.optional)
+        if tensor.dims == (1,):
+            entry.reshape.SetInParent()  # per-request scalars: the backend reads them without the [1] dim
+        elif -1 in tensor.dims:
+            entry.allow_ragged_batch = True  # requests of different lengths batch without padding
+    for tensor in ENGINE_OUTPUTS:
+        config.output.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype), dims=tensor.dims)
+    for key, value in parameters.as_parameters().items():
+        config.parameters[key].string_value = value
     return config
 
 
@@ -109,57 +150,28 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     return config
 
 
-def orchestrator_config(spec: BuildSpec, target: EngineInfo) -> mc.ModelConfig:
+def orchestrator_parameters(spec: BuildSpec, target: EngineInfo) -> OrchestratorParameters:
+    """Requests' defaults from the spec; limits from the target engine's build record (what it can do)."""
     s = spec.speculation
-    return python_model_config(
-        contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS, contract.ORCHESTRATOR_OUTPUTS,
-        {
-            "max_draft_len": int(target.build_config.get("max_draft_len") or 0),
-            "num_draft_tokens": s.num_draft_tokens,
-            "use_draft_logits": s.acceptance == "draft-logits",
-            "adaptive_draft": s.adaptive,
-            "prompt_lookup": s.prompt_lookup.enabled,
-            "lookup_max_ngram": s.prompt_lookup.max_ngram,
-            "lookup_min_ngram": s.prompt_lookup.min_ngram,
-            "lookup_draft_fallback": s.prompt_lookup.draft_fallback,
-            "vocab_size": target.vocab_size,  # width of lookup drafts' point-mass logits
-            "max_input_len": spec.limits.max_input_len,
-            "max_seq_len": spec.limits.max_seq_len,
-            "target_model": contract.TARGET_MODEL,
-            "draft_model": contract.DRAFT_MODEL,
-        },
-        decoupled=True, instances=spec.triton.orchestrator_instances,
+    return OrchestratorParameters(
+        max_draft_len=target.max_draft_len,
+        num_draft_tokens=s.num_draft_tokens,
+        use_draft_logits=s.acceptance == "draft-logits",
+        adaptive_draft=s.adaptive,
+        prompt_lookup=s.prompt_lookup.enabled,
+        lookup_max_ngram=s.prompt_lookup.max_ngram,
+        lookup_min_ngram=s.prompt_lookup.min_ngram,
+        lookup_draft_fallback=s.prompt_lookup.draft_fallback,
+        fast_logits=spec.launch.fast_logits,
+        max_input_len=int(target.build_config["max_input_len"]),
+        max_seq_len=target.max_seq_len,
     )
 
 
-def engine_dir_parameter(engine_dir: Path, repository_dir: Path) -> str:
-    """The engine folder relative to the release root (the repository's parent) when it lies inside it,
-    so a release moves as a whole; otherwise absolute."""
-    root = repository_dir.resolve().parent
-    engine_dir = engine_dir.resolve()
-    try:
-        return str(engine_dir.relative_to(root))
-    except ValueError:
-        return str(engine_dir)
-
-
-def torch_engine_config(spec: BuildSpec, engine: EngineInfo, repository_dir: Path) -> mc.ModelConfig:
-    build = engine.build_config
-    return python_model_config(
-        engine.role, spec, contract.ENGINE_INPUTS, contract.ENGINE_OUTPUTS,
-        {
-            "engine_dir": engine_dir_parameter(engine.path, repository_dir),
-            "dtype": engine.dtype,
-            "device": "auto",
-            "max_seq_len": build["max_seq_len"],
-            "max_draft_len": build.get("max_draft_len") or 0,
-            "cache_entries": 2 * spec.limits.max_batch_size,
-        },
-        instances=spec.triton.engine_instances,
-    )
-
-
-EngineConfigFactory = Callable[[BuildSpec, EngineInfo, Path], mc.ModelConfig]
+def orchestrator_config(spec: BuildSpec, target: EngineInfo) -> mc.ModelConfig:
+    return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
+                               contract.ORCHESTRATOR_OUTPUTS, orchestrator_parameters(spec, target),
+                               decoupled=True, instances=spec.triton.orchestrator_instances)
 
 
 # --- rendering -----------------------------------------------------------------------------------------
@@ -169,17 +181,32 @@ def write_config(model_dir: Path, config: mc.ModelConfig) -> None:
 
 
 def _copy_model_source(source_name: str, model_dir: Path) -> None:
+    """The model's source as ``1/model.py``, with the specbuild modules it imports beside it."""
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(MODELS_DIR / source_name, version_dir / "model.py")
+    vendor(MODELS_DIR / source_name, version_dir)
+
+
+# transformers 5 saves generic fast tokenizers as "TokenizersBackend", a class transformers 4.57 (the TensorRT-LLM
+# 1.2.x images') does not know; "PreTrainedTokenizerFast" is the same class in 5.x and known to both.
+PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 
 def _copy_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
+    """The target's tokenizer files into the model's folder, its class named so that every image loads it."""
     from specbuild.build.runtimes.torch import copy_tokenizer
 
-    if not copy_tokenizer(tokenizer_dir, model_dir / "1" / "tokenizer"):
+    destination = model_dir / "1" / "tokenizer"
+    if not copy_tokenizer(tokenizer_dir, destination):
         raise StageError("package", f"no tokenizer files in {tokenizer_dir}",
                          "the target checkpoint must ship tokenizer.json or its tokenizer files")
+    config_file = destination / "tokenizer_config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if config.get("tokenizer_class") in PORTABLE_TOKENIZER_CLASSES:
+            config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES[config["tokenizer_class"]]
+            config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def tokenizer_end_id(tokenizer_dir: Path) -> int:
@@ -193,21 +220,23 @@ def tokenizer_end_id(tokenizer_dir: Path) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def render_repository(spec: BuildSpec, target: EngineInfo, draft: EngineInfo, tokenizer_dir: Path,
-                      output_dir: Path, engine_config: EngineConfigFactory | None = None) -> None:
+def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path, output_dir: Path,
+                      runtime: Runtime, context: PackageContext) -> None:
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic)."""
-    engine_config = engine_config or torch_engine_config
-    end_id = tokenizer_end_id(tokenizer_dir)
+    target = engines[contract.TARGET_MODEL]
     models = {
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         contract.PREPROCESSING_MODEL: python_model_config(
             contract.PREPROCESSING_MODEL, spec, contract.PREPROCESSING_INPUTS, contract.PREPROCESSING_OUTPUTS,
-            {"max_input_len": spec.limits.max_input_len, "end_id": end_id}),
+            PreprocessingParameters(max_input_len=int(target.build_config["max_input_len"]),
+                                    end_id=tokenizer_end_id(tokenizer_dir))),
         contract.ORCHESTRATOR_MODEL: orchestrator_config(spec, target),
         contract.POSTPROCESSING_MODEL: python_model_config(
-            contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, {}),
-        contract.TARGET_MODEL: engine_config(spec, target, output_dir),
-        contract.DRAFT_MODEL: engine_config(spec, draft, output_dir),
+            contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
+        **{role: engine_model_config(role, spec, runtime.engine_backend,
+                                     runtime.engine_parameters(spec, engine, output_dir, context),
+                                     spec.triton.engine_instances if runtime.engine_model_source else 1)
+           for role, engine in engines.items()},
     }
     for name, config in models.items():
         write_config(output_dir / name, config)
@@ -216,11 +245,11 @@ def render_repository(spec: BuildSpec, target: EngineInfo, draft: EngineInfo, to
         _copy_model_source(f"{name}.py", output_dir / name)
     for name in (contract.PREPROCESSING_MODEL, contract.POSTPROCESSING_MODEL):
         _copy_tokenizer(tokenizer_dir, output_dir / name)
-    for engine in (target, draft):
-        if engine.runtime == "torch":
-            _copy_model_source("torch_engine_model.py", output_dir / engine.role)
+    for role in engines:
+        if runtime.engine_model_source:
+            _copy_model_source(runtime.engine_model_source, output_dir / role)
         else:
-            (output_dir / engine.role / "1").mkdir(parents=True, exist_ok=True)
+            (output_dir / role / "1").mkdir(parents=True, exist_ok=True)
     problems = validate_repository(output_dir)
     if problems:
         raise StageError("package", "the rendered repository is inconsistent:\n  " + "\n  ".join(problems),

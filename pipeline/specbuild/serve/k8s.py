@@ -26,7 +26,7 @@ import yaml
 
 from specbuild.package.contract import TARGET_MODEL
 from specbuild.errors import UsageError
-from specbuild.serve.launch import DEFAULT_SHM_GIB, LaunchPlan, ModeChoice, Placement, launch_plan
+from specbuild.serve.launch import DEFAULT_SHM_GIB, LaunchPlan, launch_plan
 from specbuild.spec import BuildSpec
 
 IMAGE_USER_ID = 1000  # the NGC tritonserver images' non-root "triton-server" user
@@ -47,9 +47,6 @@ class DeployOptions:
     max_replicas: int | None = None  # None: 4 x replicas
     pvc: str | None = None  # claim holding <engines>/ and <repository>/ side by side
     release_image: str | None = None  # image with /release/<engines> and /release/<repository>
-    mode: ModeChoice = "auto"
-    fast_logits: bool = False
-    placement: Placement = "shared"
     shm_gib: int = DEFAULT_SHM_GIB
     hpa_metric: str = DEFAULT_HPA_METRIC
     hpa_target: float | None = None  # in-flight requests per pod; None: 3/4 of limits.max_batch_size
@@ -84,8 +81,7 @@ def _check(options: DeployOptions) -> None:
 
 
 def _plan(spec: BuildSpec, options: DeployOptions) -> LaunchPlan:
-    return launch_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir, options.mode,
-                       fast_logits=options.fast_logits, placement=options.placement, shm_gib=options.shm_gib)
+    return launch_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir, shm_gib=options.shm_gib)
 
 
 def _labels(spec: BuildSpec) -> dict[str, str]:
@@ -283,7 +279,8 @@ def inference_service(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]
 
 
 def manifests(spec: BuildSpec, options: DeployOptions | None = None, *, kserve: bool = False) -> list[dict[str, Any]]:
-    """The objects for one release: Deployment, Service, HPA; or KServe ServingRuntime + InferenceService."""
+    """The objects for one release (``spec``: the release's, see :func:`specbuild.serve.launch.release_launch_spec`):
+    Deployment, Service, HPA; or KServe ServingRuntime + InferenceService."""
     options = options or DeployOptions()
     _check(options)
     if kserve and options.pvc is None:

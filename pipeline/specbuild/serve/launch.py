@@ -1,7 +1,10 @@
 """Launch plans for the ``tensorrt-llm`` runtime: the ``docker run`` and ``tritonserver``/``mpirun`` commands.
 
 Everything here is a pure function of a :class:`~specbuild.spec.BuildSpec` (no GPU, Docker or TensorRT-LLM
-needed), so every command can be generated and checked anywhere. Three process layouts, named as in
+needed), so every command can be generated and checked anywhere. The layout is the spec's ``launch``
+section: compile renders it into the engine configs (:func:`model_devices`), and ``serve``/``deploy`` launch
+what the release was compiled for (:func:`release_launch_spec` refuses a launch that disagrees with it).
+Three process layouts, named as in
 NVIDIA's tensorrtllm_backend (``scripts/launch_triton_server.py``, ``docs/llama_multi_instance.md``):
 
 * ``single``: both engines have one rank; one plain ``tritonserver`` process, both models on GPU 0.
@@ -16,8 +19,8 @@ NVIDIA's tensorrtllm_backend (``scripts/launch_triton_server.py``, ``docs/llama_
 
 ``auto`` picks ``single`` when both models fit one rank, otherwise ``orchestrator``: NVIDIA's draft-target
 guide (TensorRT-LLM ``examples/draft_target_model/README.md``) says ``--multi-model`` (orchestrator mode)
-is necessary once tensor parallelism is used, because two TensorRT-LLM models share the MPI world.
-``leader`` stays available on request (it is the slurm-friendly mode).
+is necessary once tensor parallelism is used, because two TensorRT-LLM models share the MPI world; so
+``leader`` (the slurm-friendly mode) is refused when either model uses tensor parallelism.
 """
 
 from __future__ import annotations
@@ -32,10 +35,6 @@ from specbuild.errors import SpecError, UsageError
 from specbuild.spec import BuildSpec
 
 Mode = Literal["single", "leader", "orchestrator"]
-ModeChoice = Literal["auto", "single", "leader", "orchestrator"]
-Placement = Literal["shared", "separate"]
-MODE_CHOICES: tuple[str, ...] = ("auto", "single", "leader", "orchestrator")
-PLACEMENTS: tuple[str, ...] = ("shared", "separate")
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 CONTAINER_BIND = "0.0.0.0"  # inside the container; the host side is published on spec.triton.host
@@ -51,14 +50,6 @@ class ModelDevices:
     gpu_device_ids: tuple[int, ...]
     participant_ids: tuple[int, ...] | None  # None: not set (TensorRT-LLM picks, or spawns the workers)
     fast_logits: bool
-
-    def parameters(self) -> dict[str, str]:
-        """The ``tensorrtllm`` backend parameters (string values) for the engine's ``config.pbtxt``."""
-        params = {"gpu_device_ids": _csv(self.gpu_device_ids)}
-        if self.participant_ids is not None:
-            params["participant_ids"] = _csv(self.participant_ids)
-        params["speculative_decoding_fast_logits"] = "true" if self.fast_logits else "false"
-        return params
 
 
 @dataclass(frozen=True)
@@ -95,12 +86,8 @@ class LaunchPlan:
     def docker_command(self) -> str:
         return shlex.join(self.docker_argv)
 
-    def engine_parameters(self) -> dict[str, dict[str, str]]:
-        return {role: devices.parameters() for role, devices in self.devices.items()}
-
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["devices"] = self.engine_parameters()
         data["server_command"] = self.server_command
         data["docker_command"] = self.docker_command
         return _lists(data)
@@ -113,8 +100,9 @@ class LaunchPlan:
             f"MPI world size {self.world_size}, {self.gpu_count} GPU(s)"
             + (", fast logits" if self.fast_logits else ""),
         ]
-        for role, params in self.engine_parameters().items():
-            lines.append(f"#   {role}: " + " ".join(f"{key}={value}" for key, value in params.items()))
+        for role, devices in self.devices.items():
+            ranks = "" if devices.participant_ids is None else f", MPI ranks {_csv(devices.participant_ids)}"
+            lines.append(f"#   {role}: GPUs {_csv(devices.gpu_device_ids)}{ranks}")
         lines.append(f"# serves http://{url_host}:{self.ports['http']} (gRPC {url_host}:{self.ports['grpc']}, "
                      f"metrics http://{url_host}:{self.ports['metrics']}/metrics)")
         lines.append(self.docker_command)
@@ -135,66 +123,60 @@ def _csv(values: tuple[int, ...]) -> str:
 
 
 def _require_trtllm(spec: BuildSpec) -> None:
-    if spec.runtime == "torch":
-        raise UsageError("launch plans are for the tensorrt-llm runtime; this spec uses runtime 'torch'",
-                         "use `specbuild serve` for the torch runtime, or set runtime: tensorrt-llm")
+    from specbuild.build.runtimes import runtime_for
+
+    if not runtime_for(spec.runtime).container_launch:
+        raise UsageError(f"launch plans are for GPU releases (tensorrt-llm); this release uses runtime "
+                         f"{spec.runtime!r}", "serve it with `specbuild serve` (the bundled Triton, CPU or any CUDA "
+                         "GPU), or compile it with --runtime tensorrt-llm")
 
 
-def resolve_mode(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
-                 spawn_processes: bool | None = None) -> Mode:
-    """The process layout for ``spec``; raises when the request cannot work (see the module notes)."""
+def resolve_mode(spec: BuildSpec) -> Mode:
+    """The process layout of ``spec.launch``; raises when it cannot work (see the module notes)."""
     _require_trtllm(spec)
-    if mode not in MODE_CHOICES:
-        raise UsageError(f"unknown launch mode {mode!r}", f"choose one of {', '.join(MODE_CHOICES)}")
+    mode, fast_logits = spec.launch.mode, spec.launch.fast_logits
     ranks = max(spec.target.world_size, spec.draft.world_size)
     if fast_logits:
-        if spec.speculation.acceptance != "draft-logits":
-            raise SpecError(
-                "fast logits pass the draft's logits to the target, but speculation.acceptance is "
-                f"{spec.speculation.acceptance!r}, which never sends draft logits",
-                "set speculation.acceptance: draft-logits, or turn fast logits off")
         if mode in ("single", "leader"):
-            raise UsageError(
+            raise SpecError(
                 f"fast logits need TensorRT-LLM orchestrator mode with spawning disabled, not {mode} mode "
                 "(TensorRT-LLM would silently turn them off)",
-                "use mode 'orchestrator' (or 'auto'), or turn fast logits off")
-        if spawn_processes:
-            raise UsageError(
-                "fast logits need TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0, but spawning processes was requested "
-                "(TensorRT-LLM would silently turn fast logits off)",
-                "drop the spawn-processes option, or turn fast logits off")
+                "set launch.mode: orchestrator (or auto), or launch.fast_logits: false, and compile again")
         return "orchestrator"
-    if spawn_processes is not None and mode not in ("auto", "orchestrator"):
-        raise UsageError(f"spawn_processes only applies to orchestrator mode, not {mode} mode",
-                         "use mode 'orchestrator', or leave spawn_processes unset")
     if mode == "auto":
-        return "single" if ranks == 1 and spawn_processes is None else "orchestrator"
+        return "single" if ranks == 1 else "orchestrator"
     if mode == "single" and ranks > 1:
-        raise UsageError(
+        raise SpecError(
             f"single mode runs one process, but the target has {spec.target.world_size} rank(s) and the draft "
             f"{spec.draft.world_size} (tp_size x pp_size)",
-            "use mode 'orchestrator' or 'leader' (or 'auto'), or build both models with tp_size=pp_size=1")
+            "set launch.mode: orchestrator (or auto), or build both models with tp_size=pp_size=1")
+    if mode == "leader" and max(spec.target.tp_size, spec.draft.tp_size) > 1:
+        raise SpecError(
+            "leader mode with tensor parallelism for two TensorRT-LLM models is not a layout NVIDIA supports "
+            "(its draft-target guide requires orchestrator mode with tensor parallelism)",
+            "set launch.mode: orchestrator (or auto) and compile again")
     return mode
 
 
-def _spawns(mode: Mode, fast_logits: bool, spawn_processes: bool | None) -> bool | None:
-    if mode != "orchestrator":
-        return None
-    return False if fast_logits else (True if spawn_processes is None else spawn_processes)
+def _spawns(mode: Mode, fast_logits: bool) -> bool | None:
+    """Orchestrator mode spawns its own workers, except with fast logits (every rank started by mpirun)."""
+    return None if mode != "orchestrator" else not fast_logits
 
 
-def _assign(spec: BuildSpec, mode: Mode, *, fast_logits: bool, spawns: bool | None,
-            placement: Placement) -> dict[str, ModelDevices]:
-    if placement not in PLACEMENTS:
-        raise UsageError(f"unknown GPU placement {placement!r}", f"choose one of {', '.join(PLACEMENTS)}")
+def model_devices(spec: BuildSpec) -> dict[str, ModelDevices]:
+    """``{"target": ModelDevices, "draft": ModelDevices}``: the GPUs and MPI ranks of each engine for the spec's
+    launch layout. ``placement: shared`` puts the draft on the target's first GPU(s) (best when both fit, per
+    NVIDIA's draft-target guide); ``separate`` gives the draft its own GPU(s) after the target's."""
+    mode = resolve_mode(spec)
+    fast_logits = spec.launch.fast_logits
     target_ranks, draft_ranks = spec.target.world_size, spec.draft.world_size
     target_gpus = tuple(range(target_ranks))
-    first_draft_gpu = target_ranks if placement == "separate" else 0
+    first_draft_gpu = target_ranks if spec.launch.placement == "separate" else 0
     draft_gpus = tuple(range(first_draft_gpu, first_draft_gpu + draft_ranks))
     if mode == "leader":
         target_ids: tuple[int, ...] | None = tuple(range(target_ranks))
         draft_ids: tuple[int, ...] | None = tuple(range(draft_ranks))
-    elif mode == "orchestrator" and not spawns:
+    elif mode == "orchestrator" and not _spawns(mode, fast_logits):
         # rank 0 is the orchestrator, then the draft's ranks, then the target's (NVIDIA's fast-logits layout)
         draft_ids = tuple(range(1, 1 + draft_ranks))
         target_ids = tuple(range(1 + draft_ranks, 1 + draft_ranks + target_ranks))
@@ -206,44 +188,67 @@ def _assign(spec: BuildSpec, mode: Mode, *, fast_logits: bool, spawns: bool | No
     }
 
 
-def model_devices(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
-                  spawn_processes: bool | None = None, placement: Placement = "shared") -> dict[str, ModelDevices]:
-    """``{"target": ModelDevices, "draft": ModelDevices}``: typed GPU and MPI-rank placement of each engine.
-
-    ``placement="shared"`` puts the draft on the target's first GPU(s) (best when both fit, per NVIDIA's
-    draft-target guide); ``"separate"`` gives the draft its own GPU(s) after the target's.
-    """
-    resolved = resolve_mode(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes)
-    spawns = _spawns(resolved, fast_logits, spawn_processes)
-    return _assign(spec, resolved, fast_logits=fast_logits, spawns=spawns, placement=placement)
+# Settings a launch may choose; everything else is the release's and is compiled into it.
+LAUNCH_SETTINGS = frozenset({"triton.host", "triton.http_port", "triton.grpc_port", "triton.metrics_port",
+                             "triton.image", "triton.repository_mount"})
 
 
-def device_assignment(spec: BuildSpec, mode: ModeChoice = "auto", *, fast_logits: bool = False,
-                      spawn_processes: bool | None = None,
-                      placement: Placement = "shared") -> dict[str, dict[str, str]]:
-    """``{"target": {...}, "draft": {...}}``: the ``gpu_device_ids``, ``participant_ids`` and
-    ``speculative_decoding_fast_logits`` parameters (string values) for each engine's ``config.pbtxt``."""
-    devices = model_devices(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes,
-                            placement=placement)
-    return {role: item.parameters() for role, item in devices.items()}
+def release_launch_spec(release: BuildSpec, overrides: dict[str, Any]) -> BuildSpec:
+    """The spec to launch a compiled release with: the release's own, with ``overrides`` (dotted keys) applied
+    only where a launch may choose (:data:`LAUNCH_SETTINGS`). Anything else that differs from the release
+    (tp/pp, the launch layout, engine mounts, ...) is refused, naming the fix: the engine configs were compiled
+    for the release's values."""
+    _require_trtllm(release)
+    data = release.model_dump(mode="json")
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        current = data.get(section, {}).get(name) if name else data.get(section)
+        if current == value:
+            continue
+        if key not in LAUNCH_SETTINGS:
+            raise SpecError(f"the release was compiled with {key}={current!r}, the launch asks for {value!r}",
+                            f"launch it as compiled, or compile again with --set {key}={value}")
+        data[section][name] = value
+    return BuildSpec.model_validate(data)
 
 
-def check_engine_parameters(expected: dict[str, dict[str, str]], rendered: dict[str, dict[str, str]]) -> None:
-    """Refuse engine configs whose device parameters differ from the launch plan's.
+def check_engine_configs(repository: Path, spec: BuildSpec) -> None:
+    """Refuse engine configs whose devices differ from the launch layout: a missing ``participant_ids`` would make
+    TensorRT-LLM drop fast logits without a word, or hang waiting for ranks; this names the model and the key."""
+    from specbuild.package.backend_contract import EngineParameters
+    from specbuild.package.repository import read_config
 
-    ``expected`` is :func:`device_assignment`'s result, ``rendered`` the parameters read back from the
-    ``target``/``draft`` configs. A missing ``participant_ids`` on either model would make TensorRT-LLM drop
-    fast logits without a word, or hang waiting for ranks; this names the model and the key instead.
-    """
     problems = []
-    for role, params in expected.items():
-        found = rendered.get(role, {})
-        for key, value in params.items():
-            if found.get(key) != value:
-                problems.append(f"{role}: {key} is {found.get(key)!r}, the launch plan needs {value!r}")
+    for role, devices in model_devices(spec).items():
+        config = read_config(repository / role)
+        rendered = EngineParameters.from_parameters({k: v.string_value for k, v in config.parameters.items()})
+        expected = {"gpu_device_ids": devices.gpu_device_ids, "participant_ids": devices.participant_ids,
+                    "speculative_decoding_fast_logits": devices.fast_logits}
+        for key, value in expected.items():
+            if getattr(rendered, key) != value:
+                problems.append(f"{role}: {key} is {getattr(rendered, key)!r}, the launch layout needs {value!r}")
     if problems:
-        raise SpecError("engine configs do not match the launch plan:\n  " + "\n  ".join(problems),
-                        "re-render the repository with the same launch mode and options as the launch")
+        raise SpecError("the release's engine configs do not match its launch layout:\n  " + "\n  ".join(problems),
+                        "package the release again (specbuild package) rather than editing its configs")
+
+
+def release_launch_plan(repository: str | Path, overrides: dict[str, Any], *, verify_files: bool = True,
+                        gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:
+    """The launch plan of the compiled release in ``repository`` (its manifest says how it was compiled), with
+    ``overrides`` allowed only where a launch may choose; the release is verified first unless told not to."""
+    from specbuild.errors import VerificationError
+    from specbuild.package.manifest import read_release, verify
+
+    release = read_release(repository)
+    if verify_files:
+        report = verify(release.manifest)
+        if not report.ok:
+            raise VerificationError(f"the release differs from its manifest ({len(report.changed)} changed, "
+                                    f"{len(report.missing)} missing, {len(report.extra)} extra files)",
+                                    "run `specbuild verify` to see which, and rebuild or restore them")
+    spec = release_launch_spec(release.spec, overrides)
+    check_engine_configs(release.repository, spec)
+    return launch_plan(spec, release.repository, release.engines, gpus=gpus, shm_gib=shm_gib)
 
 
 def _ports(spec: BuildSpec) -> dict[str, int]:
@@ -295,18 +300,18 @@ def _publish(host: str, port: int) -> str:
     return f"{_bracket(host)}:{port}:{port}"
 
 
-def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, mode: ModeChoice = "auto", *,
-                fast_logits: bool = False, spawn_processes: bool | None = None, placement: Placement = "shared",
-                gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:
+def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, *, gpus: int | None = None,
+                shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:
     """The full plan to serve ``repository`` + ``engines`` (host folders) in ``spec.triton.image``.
 
     ``gpus``: GPUs the host has; a layout needing more is refused. The engines and the repository are
     mounted read-only at ``spec.triton.engine_mount``/``repository_mount`` (the repository's engine paths
     must point there), ports are published on ``spec.triton.host`` (loopback unless the spec says otherwise).
     """
-    resolved = resolve_mode(spec, mode, fast_logits=fast_logits, spawn_processes=spawn_processes)
-    spawns = _spawns(resolved, fast_logits, spawn_processes)
-    devices = _assign(spec, resolved, fast_logits=fast_logits, spawns=spawns, placement=placement)
+    resolved = resolve_mode(spec)
+    fast_logits = spec.launch.fast_logits
+    spawns = _spawns(resolved, fast_logits)
+    devices = model_devices(spec)
     gpu_count = len(set(devices["target"].gpu_device_ids) | set(devices["draft"].gpu_device_ids))
     if gpus is not None and gpu_count > gpus:
         raise UsageError(
@@ -355,13 +360,11 @@ def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, mo
                       docker_argv=tuple(docker_argv))
 
 
-def format_launch(spec: BuildSpec, repository: str | Path, engines: str | Path, mode: ModeChoice = "auto",
-                  **options: Any) -> str:
+def format_launch(spec: BuildSpec, repository: str | Path, engines: str | Path, **options: Any) -> str:
     """:func:`launch_plan` as commented shell text (what ``specbuild serve --dry-run`` prints)."""
-    return launch_plan(spec, repository, engines, mode, **options).render()
+    return launch_plan(spec, repository, engines, **options).render()
 
 
-def launch_as_dict(spec: BuildSpec, repository: str | Path, engines: str | Path, mode: ModeChoice = "auto",
-                   **options: Any) -> dict[str, Any]:
+def launch_as_dict(spec: BuildSpec, repository: str | Path, engines: str | Path, **options: Any) -> dict[str, Any]:
     """:func:`launch_plan` as a JSON-ready dict (argv lists, env, devices, ports, mounts)."""
-    return launch_plan(spec, repository, engines, mode, **options).to_dict()
+    return launch_plan(spec, repository, engines, **options).to_dict()

@@ -1,6 +1,7 @@
 """Speculative decoding in one Python process: the loop of :mod:`specbuild.speculation.loop` over two
-:class:`~specbuild.speculation.torch_engine.TorchEngine` objects. Used by tests (exactness), by ``specbuild bench`` as
-the in-process baseline, and by anyone who wants the algorithm without a server.
+:class:`~specbuild.speculation.torch_engine.TorchEngine` objects, drafting as the server does
+(:func:`~specbuild.speculation.drafting.draft_sources`). Used by tests (exactness), by benchmarks as the
+in-process baseline, and by anyone who wants the algorithm without a server.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.speculation.loop import GenerationRequest, SpeculationStats, speculate
-from specbuild.speculation.torch_engine import EngineOutput, EngineRequest, TorchEngine
+from specbuild.speculation.drafting import DraftHealth, draft_sources
+from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.loop import GenerationRequest, speculate
+from specbuild.speculation.stats import SpeculationStats
+from specbuild.speculation.torch_engine import TorchEngine
 
 
 @dataclass
@@ -23,9 +27,11 @@ class Generated:
 class InProcessSpeculator:
     """Draft-target speculative decoding over two in-process engines (``draft`` None = target alone)."""
 
-    def __init__(self, target: TorchEngine, draft: TorchEngine | None) -> None:
+    def __init__(self, target: TorchEngine, draft: TorchEngine | None, *, lookup_draft_fallback: bool = True) -> None:
         self.target = target
         self.draft = draft
+        self.lookup_draft_fallback = lookup_draft_fallback
+        self.health = DraftHealth()
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path | None, *, max_draft_len: int = 8,
@@ -46,11 +52,12 @@ class InProcessSpeculator:
             return self.draft.run(engine_request)
 
         stats = SpeculationStats()
+        drafts = draft_sources(request, call_draft if self.draft else None, stats=stats, health=self.health,
+                               lookup_draft_fallback=self.lookup_draft_fallback)
         tokens: list[int] = []
         finish_reason = None
-        async for step in speculate(request, call_target, call_draft if self.draft else None,
-                                    max_draft_len=self.target.max_draft_len, stats=stats,
-                                    vocab_size=self.target.vocab_size):
+        async for step in speculate(request, call_target, drafts, max_draft_len=self.target.max_draft_len,
+                                    stats=stats):
             tokens.extend(step.tokens)
             finish_reason = step.finish_reason
         return Generated(tokens, stats, finish_reason)

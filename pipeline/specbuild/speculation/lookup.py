@@ -2,17 +2,15 @@
 context's final n-gram (Saxena 2023; TensorRT-LLM's and vLLM's "NGram" speculative decoding).
 
 The proposal costs no model call. Answers that quote, edit or repeat their prompt (code, summaries,
-structured output) often continue an earlier span, and the target verifies the proposal like any draft.
-Pure: token ids in, token ids out.
+structured output) often continue an earlier span, and the target verifies the proposal like any draft: by
+token matching, which for a deterministic proposal is exact rejection sampling (see
+:class:`specbuild.speculation.drafting.Draft`). Pure: token ids in, token ids out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
-
-import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -23,9 +21,7 @@ class PromptLookup:
     min_ngram: int = 2
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(f"prompt lookup needs max_ngram >= min_ngram >= 1, got max_ngram={self.max_ngram}, "
-                             f"min_ngram={self.min_ngram}")
+        propose((), 0, max_ngram=self.max_ngram, min_ngram=self.min_ngram)  # validates the range
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         return propose(context, k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
@@ -38,7 +34,12 @@ def propose(context: Sequence[int], k: int, *, max_ngram: int, min_ngram: int) -
     The proposal never runs past the end of ``context``. One vectorised pass over the positions whose
     token equals the last one, then at most ``max_ngram`` narrowing steps: linear in the context length.
     """
-    if k <= 0 or len(context) < 2 or not 1 <= min_ngram <= max_ngram:
+    import numpy as np  # here, not at the top: the spec validates n-gram ranges through PromptLookup
+
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"prompt lookup needs max_ngram >= min_ngram >= 1, got max_ngram={max_ngram}, "
+                         f"min_ngram={min_ngram}")
+    if k <= 0 or len(context) < 2:
         return []
     tokens = np.asarray(context, dtype=np.int64)
     last = len(tokens) - 1
@@ -60,17 +61,3 @@ def propose(context: Sequence[int], k: int, *, max_ngram: int, min_ngram: int) -
         return []
     end = int(ends[np.flatnonzero(lengths == best)[-1]])  # the most recent of the longest matches
     return [int(t) for t in tokens[end + 1:end + 1 + k]]
-
-
-# Far below any real logit, yet finite: softmax gives exactly 0 elsewhere in float32 and float64, and no
-# inf - inf arithmetic can make a NaN (engines running in float16 see it as -inf).
-OFF_TOKEN_LOGIT = -1e30
-
-
-def point_mass_logits(tokens: Sequence[int], vocab_size: int) -> torch.Tensor:
-    """Draft logits ``[len(tokens), vocab_size]`` (float32) of a deterministic proposal: all probability on
-    each proposed token. Rejection sampling with this ``q`` accepts ``x`` with probability ``p(x)`` and
-    otherwise samples ``p`` without ``x``: the output is distributed exactly as ``p``."""
-    logits = torch.full((len(tokens), vocab_size), OFF_TOKEN_LOGIT, dtype=torch.float32)
-    logits[torch.arange(len(tokens)), torch.as_tensor(list(tokens), dtype=torch.long)] = 0.0
-    return logits

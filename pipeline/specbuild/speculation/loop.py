@@ -1,31 +1,28 @@
 """The speculative loop for one request, independent of where the engines run.
 
-:func:`speculate` drives two engine calls (draft and target) that take an
-:class:`~specbuild.speculation.torch_engine.EngineRequest` and return an :class:`~specbuild.speculation.torch_engine.EngineOutput`.
-The Triton orchestrator passes calls that go through BLS to the ``draft``/``target`` models (TensorRT-LLM
-or torch), and the in-process generator passes :class:`~specbuild.speculation.torch_engine.TorchEngine` methods, so
-the server and the in-process baseline run the very same loop.
+:func:`speculate` drives a target engine call and a :class:`~specbuild.speculation.drafting.DraftSource`. The
+Triton orchestrator passes calls that go through BLS to the ``target``/``draft`` models (TensorRT-LLM or
+torch), the in-process speculator passes :class:`~specbuild.speculation.torch_engine.TorchEngine` methods,
+so the server and the in-process baseline run the very same loop.
 
-One round: the draft proposes ``k`` tokens, the target verifies them in one pass and returns the accepted
-prefix plus one token of its own. With prompt lookup on, the round's draft is first looked up in the
-request's own tokens (:mod:`specbuild.speculation.lookup`, no model call) and the draft model runs only when lookup
-finds nothing. With ``k == 0`` (speculation off, or no draft source) the target generates alone. Rounds
-are yielded as they finish so callers can stream them.
+One round: a source proposes up to ``k`` tokens; the target verifies them in one pass and returns the
+accepted prefix plus one token of its own (:mod:`specbuild.speculation.rules`). Without a proposal the target
+generates alone. Rounds are yielded as they finish so callers can stream them.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
-from specbuild.speculation.lookup import PromptLookup, point_mass_logits
+from specbuild.speculation.drafting import Draft, DraftSource
+from specbuild.speculation.engine import EngineCall, EngineRequest
+from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams, round_seed
-from specbuild.speculation.torch_engine import EngineOutput, EngineRequest
+from specbuild.speculation.stats import SpeculationStats
 
-EngineCall = Callable[[EngineRequest], Awaitable[EngineOutput]]
-
-DRAFT_ROLE, TARGET_ROLE = 0, 1
+TARGET_ROLE = 1  # the seed stream of target calls (the draft's is 0)
 
 
 @dataclass
@@ -45,50 +42,6 @@ class GenerationRequest:
     prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
     # Tokens the target makes per call when it runs alone: 1 streams token by token.
     target_only_chunk: int | None = None
-
-
-@dataclass
-class SpeculationStats:
-    """Acceptance and timing of one request (or, summed, of many)."""
-
-    rounds: int = 0
-    drafts: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    fallbacks: int = 0
-    # Of the totals above, what prompt lookup drafted (rounds, tokens) and what of it was accepted.
-    lookup_drafts: int = 0
-    lookup_drafted_tokens: int = 0
-    lookup_accepted_tokens: int = 0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per target step over speculative rounds: 1 + accepted / drafts (counts the bonus token)."""
-        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
-
-    def record_round(self, drafted: int, accepted: int, *, by_lookup: bool = False) -> None:
-        self.rounds += 1
-        if drafted == 0:
-            return
-        self.drafts += 1
-        self.drafted_tokens += drafted
-        self.accepted_tokens += accepted
-        if by_lookup:
-            self.lookup_drafts += 1
-            self.lookup_drafted_tokens += drafted
-            self.lookup_accepted_tokens += accepted
-        for counts, upto in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
-            counts.extend([0] * (upto - len(counts)))
-            for position in range(upto):
-                counts[position] += 1
 
 
 @dataclass
@@ -118,85 +71,34 @@ def next_draft_length(current: int, drafted: int, accepted: int, max_draft_len: 
     return max(1, current - 1)
 
 
-async def speculate(
-    request: GenerationRequest,
-    target: EngineCall,
-    draft: EngineCall | None,
-    *,
-    max_draft_len: int,
-    stats: SpeculationStats | None = None,
-    on_draft_failure: Callable[[Exception], None] | None = None,
-    vocab_size: int | None = None,
-) -> AsyncIterator[Round]:
+async def speculate(request: GenerationRequest, target: EngineCall, drafts: DraftSource | None, *,
+                    max_draft_len: int, stats: SpeculationStats | None = None) -> AsyncIterator[Round]:
     """Run the loop for one request, yielding each round's new tokens; ``stats`` is updated in place.
 
-    If a draft call fails, the request carries on with the target alone (exact, only slower), the
-    failure is counted in ``stats.fallbacks`` and reported to ``on_draft_failure``; prompt lookup, when
-    on, keeps drafting. ``vocab_size`` (the target's) is needed only for lookup drafts under draft-logits
-    acceptance, which carry point-mass logits so that rejection sampling stays exact.
+    ``drafts`` None (or K=0) runs the target alone; see :func:`~specbuild.speculation.drafting.draft_sources`.
     """
     stats = stats if stats is not None else SpeculationStats()
     generated: list[int] = []
     k_wanted = min(request.num_draft_tokens, max_draft_len)
-    draft_usable = draft is not None and k_wanted > 0
-    lookup = request.prompt_lookup if k_wanted > 0 else None
-    want_logits = request.use_draft_logits and not request.sampling.is_greedy
-    if lookup is not None and want_logits and vocab_size is None:
-        raise ValueError("prompt lookup under draft-logits acceptance needs the target's vocab_size")
+    if k_wanted <= 0:
+        drafts = None
     round_index = 0
     while True:
         remaining = request.max_tokens - len(generated)
-        sequence = request.prompt_ids + generated
-        k = min(k_wanted, remaining - 1) if draft_usable or lookup is not None else 0
-        drafted: list[int] = []
-        draft_logits = None
-        by_lookup = False
-        if k > 0 and lookup is not None:
-            drafted = lookup.propose(sequence, k)
-            by_lookup = bool(drafted)
-            if by_lookup and want_logits:
-                draft_logits = point_mass_logits(drafted, vocab_size)  # type: ignore[arg-type]
-        if k > 0 and not drafted and draft_usable:
-            started = time.perf_counter()
-            try:
-                proposal = await draft(EngineRequest(
-                    input_ids=sequence, max_new_tokens=k, sampling=request.sampling,
-                    seed=round_seed(request.seed, round_index, DRAFT_ROLE), end_id=request.end_id,
-                    return_logits=want_logits, bad_words=request.bad_words,
-                ))
-                drafted = proposal.tokens[:k]
-                draft_logits = proposal.logits[: len(drafted)] if want_logits and proposal.logits is not None else None
-            except Exception as exc:  # noqa: BLE001 - any draft failure falls back to the exact target-only path
-                draft_usable = False
-                stats.fallbacks += 1
-                if on_draft_failure is not None:
-                    on_draft_failure(exc)
-            stats.draft_seconds += time.perf_counter() - started
+        context = request.prompt_ids + generated
+        k = min(k_wanted, remaining - 1) if drafts is not None else 0
+        draft = await drafts.propose(context, k, round_index) if k > 0 else None
         started = time.perf_counter()
-        if drafted:
-            verdict = await target(EngineRequest(
-                input_ids=sequence, max_new_tokens=len(drafted) + 1, sampling=request.sampling,
-                seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
-                draft_tokens=drafted, draft_logits=draft_logits, bad_words=request.bad_words,
-            ))
-            new_tokens = verdict.tokens
-            accepted = _accepted_prefix(drafted, new_tokens)
-        else:
-            # With lookup on, the target makes one token so that the next round can look up again.
-            chunk = 1 if lookup is not None else request.target_only_chunk or remaining
-            verdict = await target(EngineRequest(
-                input_ids=sequence, max_new_tokens=min(chunk, remaining), sampling=request.sampling,
-                seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
-                bad_words=request.bad_words,
-            ))
-            new_tokens, accepted = verdict.tokens, 0
+        verdict = await target(_target_request(request, context, draft, remaining, round_index, drafts))
         stats.target_seconds += time.perf_counter() - started
-        stats.record_round(len(drafted), accepted, by_lookup=by_lookup)
+        drafted = len(draft.tokens) if draft else 0
+        accepted = _accepted_prefix(draft.tokens, verdict.tokens) if draft else 0
+        stats.record_round(drafted, accepted, by_lookup=draft is not None and draft.source == "lookup")
         round_index += 1
         if request.adaptive:
-            k_wanted = next_draft_length(k_wanted, len(drafted), accepted, max_draft_len)
+            k_wanted = next_draft_length(k_wanted, drafted, accepted, max_draft_len)
 
-        new_tokens = new_tokens[:remaining]
+        new_tokens = verdict.tokens[:remaining]
         finish_reason = None
         if request.end_id is not None and request.end_id in new_tokens:
             new_tokens = new_tokens[: new_tokens.index(request.end_id)]
@@ -215,6 +117,24 @@ async def speculate(
         yield Round(new_tokens, finish_reason is not None, finish_reason)
         if finish_reason is not None:
             return
+
+
+def _target_request(request: GenerationRequest, context: list[int], draft: Draft | None, remaining: int,
+                    round_index: int, drafts: DraftSource | None) -> EngineRequest:
+    """Verify ``draft`` (the accepted prefix plus one token of the target's own comes back), or, without one,
+    generate: one token while a source may still propose next round, else ``target_only_chunk`` (or all)."""
+    if draft is not None:
+        new_tokens = len(draft.tokens) + 1
+    elif drafts is not None and drafts.may_propose:
+        new_tokens = 1
+    else:
+        new_tokens = min(request.target_only_chunk or remaining, remaining)
+    return EngineRequest(
+        input_ids=context, max_new_tokens=new_tokens, sampling=request.sampling,
+        seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
+        draft_tokens=draft.tokens if draft else None, draft_logits=draft.logits if draft else None,
+        bad_words=request.bad_words,
+    )
 
 
 def _accepted_prefix(drafted: list[int], returned: list[int]) -> int:

@@ -66,6 +66,28 @@ class SamplingParams:
             top_p=1.0 if top_p is None or top_p == 0.0 else float(top_p),
         )
 
+    @classmethod
+    def from_backend(
+        cls, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None
+    ) -> SamplingParams:
+        """``temperature``/``runtime_top_k``/``runtime_top_p`` as TensorRT-LLM's ``tensorrtllm`` backend reads
+        them: a ``top_p`` of 0 or less is unset, ``top_k == 0`` with ``top_p`` unset is greedy whatever the
+        temperature (TensorRT-LLM ``samplingTopKKernels.h``, ``regularizeTopKTopP``), a ``top_k`` with
+        ``top_p`` unset has no nucleus limit, and the temperature defaults to 1."""
+        k = 0 if top_k is None else int(top_k)
+        p = 0.0 if top_p is None or top_p <= 0.0 else float(top_p)
+        if k in (0, 1) and p == 0.0:
+            return GREEDY
+        return cls(temperature=1.0 if temperature is None else float(temperature), top_k=k,
+                   top_p=1.0 if p == 0.0 else p)
+
+    def backend_values(self) -> dict[str, float | int]:
+        """The ``temperature``/``runtime_top_k``/``runtime_top_p`` that make the backend sample like this
+        (the inverse of :meth:`from_backend`): greedy as ``top_k=1``, "no limit" as ``top_p=1``."""
+        if self.is_greedy:
+            return {"runtime_top_k": 1}
+        return {"temperature": self.temperature, "runtime_top_k": self.top_k, "runtime_top_p": self.top_p}
+
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -11,41 +11,33 @@ the new tokens rather than the whole sequence.
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from specbuild.errors import RequestError
-from specbuild.speculation.rules import GREEDY, SamplingParams, make_generator, probabilities, sample, verify
+from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.rules import SamplingParams, make_generator, probabilities, sample, verify
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_CACHE_TOKENS = 16384  # KV-cache tokens kept for reuse (0: no reuse)
 
 
-@dataclass
-class EngineRequest:
-    """One call of an engine model, in the ``tensorrtllm`` backend's terms."""
-
-    input_ids: list[int]
-    max_new_tokens: int  # request_output_len
-    sampling: SamplingParams = GREEDY
-    seed: int | None = None
-    end_id: int | None = None
-    min_new_tokens: int = 0
-    draft_tokens: list[int] | None = None  # draft_input_ids
-    draft_logits: torch.Tensor | None = None  # [k, vocab], raw logits the draft sampled from
-    return_logits: bool = False  # return_generation_logits
-    bad_words: list[list[int]] = field(default_factory=list)
+def threads(requested: int) -> int:
+    """Intra-op threads for an engine: ``requested``, or for 0 every core this process may run on. Draft and
+    target of one request run one after the other, so each may use every core; their idle threads must then
+    sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``, set by the engine model before torch starts)."""
+    return requested or len(os.sched_getaffinity(0))
 
 
-@dataclass
-class EngineOutput:
-    tokens: list[int]  # generated tokens only (never the input)
-    logits: torch.Tensor | None = None  # [len(tokens), vocab] raw logits of each generated position
-    accepted_draft_tokens: int = 0
+def cache_keyword(model: Any) -> str:
+    """The forward argument that takes a KV cache: transformers 5.x renamed it; 4.57 (TensorRT-LLM 1.2 images)
+    only knows ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _common_prefix_length(a: list[int], b: tuple[int, ...]) -> int:
@@ -60,11 +52,12 @@ class PrefixCache:
     """An LRU of KV caches keyed by the tokens they hold; a lookup takes the entry sharing the longest prefix.
 
     Taking an entry removes it (the caller extends it in place and puts the grown cache back), so one
-    cache object is never used by two requests at once.
+    cache object is never used by two requests at once. The cache holds at most ``max_tokens`` tokens in all
+    (``max_tokens_in_paged_kv_cache``, as TensorRT-LLM bounds its KV cache); the oldest entries go first.
     """
 
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max(0, max_entries)
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max(0, max_tokens)
         self._entries: OrderedDict[int, tuple[tuple[int, ...], Any]] = OrderedDict()
         self._next_key = 0
         self._lock = threading.Lock()
@@ -96,12 +89,12 @@ class PrefixCache:
         return cache, length
 
     def put(self, tokens: list[int], cache: Any) -> None:
-        if self.max_entries == 0 or not tokens:
+        if not 0 < len(tokens) <= self.max_tokens:
             return
         with self._lock:
             self._entries[self._next_key] = (tuple(tokens), cache)
             self._next_key += 1
-            while len(self._entries) > self.max_entries:
+            while sum(len(cached) for cached, _ in self._entries.values()) > self.max_tokens:
                 self._entries.popitem(last=False)
 
     def __len__(self) -> int:
@@ -131,7 +124,7 @@ class TorchEngine:
         device: str = "cpu",
         max_seq_len: int | None = None,
         max_draft_len: int = 0,
-        cache_entries: int = 8,
+        cache_tokens: int = DEFAULT_CACHE_TOKENS,
         trust_remote_code: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM
@@ -143,14 +136,12 @@ class TorchEngine:
             str(model_dir), dtype=DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code
         ).to(self.device)
         self.model.eval()
-        # transformers 5.x renamed the forward's cache argument; 4.57 (TensorRT-LLM 1.2 images) only knows the old one.
-        forward_parameters = inspect.signature(self.model.forward).parameters
-        self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
+        self._cache_argument = cache_keyword(self.model)
         config = self.model.config
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_seq_len = int(max_seq_len or getattr(config, "max_position_embeddings", 2048))
         self.max_draft_len = max_draft_len
-        self.cache = PrefixCache(cache_entries)
+        self.cache = PrefixCache(cache_tokens)
         self._lock = threading.Lock()
 
     # -- public -----------------------------------------------------------------------------------
@@ -222,12 +213,15 @@ class TorchEngine:
         kept_logits: list[torch.Tensor] = []
         for step in range(request.max_new_tokens):
             logits = mask_bad_words(self._forward(feed, cache)[-1], sequence, request.bad_words)
+            if request.end_id is not None and step < request.min_new_tokens:
+                logits = logits.clone()
+                logits[request.end_id] = float("-inf")  # min_tokens: no end token before the minimum
             token = self._pick(logits, request.sampling, generator)
             tokens.append(token)
             sequence.append(token)
             if request.return_logits:
                 kept_logits.append(logits)
-            if token == request.end_id and step + 1 >= request.min_new_tokens:
+            if token == request.end_id:
                 break
             feed = [token]
         self.cache.put(sequence[:-1], cache)  # the last token was never fed
@@ -252,4 +246,4 @@ class TorchEngine:
         tokens = outcome.tokens
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]
-        return EngineOutput(tokens, logits[: len(tokens)] if request.return_logits else None, outcome.accepted)
+        return EngineOutput(tokens, logits[: len(tokens)] if request.return_logits else None)

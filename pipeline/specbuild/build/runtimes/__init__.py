@@ -1,4 +1,116 @@
-"""Runtimes: how each backend converts checkpoints, builds engines and describes its engine models."""
+"""Runtimes: how a release's engines are converted, built and served, behind one interface.
 
-# Written by both runtimes into every engine folder; packaging reads it (see repository.EngineInfo).
-BUILD_INFO = "build_info.json"
+A :class:`Runtime` knows which architectures it runs, the dtype it builds each model in, the conversion and
+build of a model (planned first, for ``--dry-run``; executed second), the build record of an engine it has
+only planned, and the parameters of the engine models the repository serves them with. The compile pipeline,
+``check`` and the repository renderer ask the runtime of a spec (:func:`runtime_for`) and never branch on its
+name. Each runtime's heavy dependencies (TensorRT-LLM, torch) are imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from specbuild.errors import SpecError
+
+if TYPE_CHECKING:
+    from specbuild.check.checkpoints import CheckpointInfo
+    from specbuild.package.backend_contract import EngineParameters
+    from specbuild.package.repository import EngineInfo
+    from specbuild.spec import BuildSpec
+
+Role = Literal["target", "draft"]
+ROLES: tuple[Role, ...] = ("target", "draft")
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What compile does for one model: a JSON-able description and the lines ``--dry-run`` prints."""
+
+    role: Role
+    data: dict[str, Any]
+    text: str
+
+
+@dataclass(frozen=True)
+class PackageContext:
+    """What the check step found that engine configs need: the memory plan's KV split and token caps."""
+
+    kv_fractions: Mapping[str, float]
+    kv_tokens: Mapping[str, int]
+
+
+class Runtime(abc.ABC):
+    """One way to run the target and draft engines; see the module notes."""
+
+    name: ClassVar[str]
+    engine_backend: ClassVar[str]  # the Triton backend of the engine models
+    engine_model_source: ClassVar[str | None] = None  # python model file of the engine models, if any
+    auto_priority: ClassVar[int]  # ``runtime: auto`` takes the available runtime with the highest
+    # Releases run in the runtime's container image (launch plans; serve --dry-run prints the commands), not on
+    # the Triton server bundled with specbuild.
+    container_launch: ClassVar[bool]
+
+    @abc.abstractmethod
+    def available(self) -> bool:
+        """Whether this machine can convert and build with this runtime."""
+
+    @abc.abstractmethod
+    def unsupported(self, architecture: str) -> str | None:
+        """Why this runtime cannot run a model of HF ``architecture`` (None when it can)."""
+
+    @abc.abstractmethod
+    def engine_dtype(self, requested: str, role: Role, checkpoint_dtype: str | None) -> str:
+        """The dtype the engine of ``role`` is built and run in, for the spec's ``requested`` dtype (``auto``
+        included) and the checkpoint's stored one; a :class:`~specbuild.errors.SpecError` if it cannot be."""
+
+    @abc.abstractmethod
+    def plan(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, converted: Path,
+             engine: Path) -> ModelPlan:
+        """Conversion and build of one model, without running them."""
+
+    @abc.abstractmethod
+    def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
+        """HF checkpoint -> the runtime's checkpoint in ``output``."""
+
+    @abc.abstractmethod
+    def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
+        """Converted checkpoint -> engine folder ``output`` (with its ``build_info.json``)."""
+
+    @abc.abstractmethod
+    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
+        """The ``build_info.json`` the engine of ``role`` would get: what packaging needs to render the
+        repository for engines not built here."""
+
+    @abc.abstractmethod
+    def engine_parameters(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+                          context: PackageContext) -> EngineParameters:
+        """The ``parameters`` of the engine model serving ``engine`` from ``repository``."""
+
+
+def runtimes() -> dict[str, Runtime]:
+    """Every runtime by name (imported here, when first asked for, so importing specbuild stays light)."""
+    from specbuild.build.runtimes.tensorrt_llm import TensorRTLLMRuntime
+    from specbuild.build.runtimes.torch import TorchRuntime
+
+    return {runtime.name: runtime for runtime in (TorchRuntime(), TensorRTLLMRuntime())}
+
+
+def runtime_for(name: str) -> Runtime:
+    """The runtime called ``name`` (a resolved name: ``auto`` is resolved by :meth:`BuildSpec.resolved`)."""
+    known = runtimes()
+    try:
+        return known[name]
+    except KeyError:
+        raise SpecError(f"unknown runtime {name!r}", f"choose one of {', '.join(known)}") from None
+
+
+def best_available() -> str:
+    """``runtime: auto``: of the runtimes this machine can build with, the one of highest ``auto_priority``
+    (GPU engines before the embedded torch runtime)."""
+    available = [runtime for runtime in runtimes().values() if runtime.available()]
+    return max(available, key=lambda runtime: runtime.auto_priority).name

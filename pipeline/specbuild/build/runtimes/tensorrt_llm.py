@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import shlex
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -30,19 +29,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import TypeAdapter
 
-from specbuild.package import contract
+from specbuild.build.runtimes import ModelPlan, PackageContext, Role, Runtime
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
+from specbuild.package.backend_contract import EngineParameters
+from specbuild.package.contract import BUILD_INFO
 from specbuild.spec import BuildSpec
-from specbuild.build.runtimes import BUILD_INFO
 
 if TYPE_CHECKING:
-    from tritonclient.grpc.model_config_pb2 import ModelConfig
+    from specbuild.check.checkpoints import CheckpointInfo
+    from specbuild.package.repository import EngineInfo
 
-Role = Literal["target", "draft"]
 EngineDtype = Literal["float16", "bfloat16"]
-SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
-
-ROLES: tuple[Role, ...] = ("target", "draft")
 TENSORRT_LLM_SERIES = "1.2"
 LOGITS_DTYPE = "float32"  # engine logits; the Triton config's logits tensors are TYPE_FP32 to match
 MIN_SM = (8, 0)
@@ -136,13 +133,12 @@ class EnginePlan:
     build: BuildPlan
 
 
-def resolve_dtype(spec: BuildSpec, role: Role, checkpoint_dtype: str | None) -> EngineDtype:
+def resolve_dtype(requested: str, role: Role, checkpoint_dtype: str | None) -> EngineDtype:
     """The engine dtype: the spec's, or for ``auto`` the checkpoint's ``torch_dtype``.
 
     ``auto`` follows ``convert_checkpoint.py --dtype auto``: a float32 (or unrecorded) checkpoint becomes
     float16. float32 engines are refused: this runtime builds fp16/bf16 engines only.
     """
-    requested = getattr(spec, role).dtype
     if requested == "float32":
         raise SpecError(
             f"{role}.dtype is float32, which the tensorrt-llm runtime does not build (fp16/bf16 engines only)",
@@ -190,7 +186,7 @@ def convert_plan(spec: BuildSpec, role: Role, architecture: str, output_dir: str
             f"{role}.pp_size is {model.pp_size}, but TensorRT-LLM converts {architecture} without pipeline parallelism",
             f"set {role}.pp_size: 1 (use tp_size to split the model over GPUs)",
         )
-    dtype = resolve_dtype(spec, role, checkpoint_dtype)
+    dtype = resolve_dtype(model.dtype, role, checkpoint_dtype)
     output = str(output_dir)
     argv = ("python3", f"{family.example_dir}/convert_checkpoint.py",
             _flag("model_dir", model.checkpoint), _flag("output_dir", output), _flag("dtype", dtype),
@@ -236,54 +232,29 @@ def build_plan(spec: BuildSpec, role: Role, checkpoint_dir: str | Path, output_d
                      argv=_build_argv(checkpoint, output, build_config))
 
 
-def default_dirs(spec: BuildSpec, role: Role) -> tuple[Path, Path]:
-    """Default folders for a role: checkpoint in ``build/tensorrt-llm/<role>``, engine in ``engines/<role>``."""
-    return Path(spec.outputs.build_dir) / "tensorrt-llm" / role, Path(spec.outputs.engines_dir) / role
-
-
-def engine_plan(spec: BuildSpec, role: Role, architecture: str, *, checkpoint_dtype: str | None = None) -> EnginePlan:
-    """Convert + build for one role, in the default folders."""
-    checkpoint_dir, engine_dir = default_dirs(spec, role)
-    return EnginePlan(convert_plan(spec, role, architecture, checkpoint_dir, checkpoint_dtype=checkpoint_dtype),
-                      build_plan(spec, role, checkpoint_dir, engine_dir))
-
-
 _PLAN_JSON = TypeAdapter(EnginePlan)
-
-
-def plan_as_dict(plans: Sequence[EnginePlan]) -> dict[str, Any]:
-    """What ``compile --dry-run --json`` emits for this runtime."""
-    return {
-        "runtime": "tensorrt-llm",
-        "tensorrt_llm": f"{TENSORRT_LLM_SERIES}.x",
-        "models": {plan.convert.role: _PLAN_JSON.dump_python(plan, mode="json") for plan in plans},
-    }
 
 
 def _call(name: str, kwargs: dict[str, Any]) -> str:
     return f"{name}({', '.join(f'{key}={value!r}' for key, value in kwargs.items())})"
 
 
-def format_plan(plans: Sequence[EnginePlan]) -> str:
-    """What ``compile --dry-run`` prints for this runtime: every rank, the Python calls and the equivalent CLI."""
-    lines = [f"tensorrt-llm runtime (TensorRT-LLM {TENSORRT_LLM_SERIES}.x, run in {plans[0].convert.image})"
-             if plans else "tensorrt-llm runtime: nothing to build"]
-    for plan in plans:
-        conv, bld = plan.convert, plan.build
-        lines += [
-            "",
-            f"{conv.role}: {conv.architecture} -> {conv.model_class}, {conv.dtype}, {len(conv.mappings)} rank(s)",
-            f"  convert {conv.checkpoint} -> {conv.output_dir}",
-            *(f"    rank {m.rank}: {conv.model_class}.from_hugging_face(dtype={conv.dtype!r}, "
-              f"mapping={_call('Mapping', asdict(m))}).save_checkpoint(save_config={m.rank == 0})"
-              for m in conv.mappings),
-            f"    $ {shlex.join(conv.argv)}",
-            f"  build {bld.checkpoint_dir} -> {bld.output_dir} ({bld.world_size} engine(s), logits {bld.logits_dtype})",
-            f"    {_call('BuildConfig', bld.build_config)}",
-            f"      plugin_config={_call('PluginConfig', bld.plugin_config)}",
-            f"    $ {shlex.join(bld.argv)}",
-        ]
-    return "\n".join(lines)
+def format_plan(plan: EnginePlan) -> str:
+    """What ``compile --dry-run`` prints for one model: every rank, the Python calls and the equivalent CLI."""
+    conv, bld = plan.convert, plan.build
+    return "\n".join([
+        f"{conv.role}: {conv.architecture} -> {conv.model_class}, {conv.dtype}, {len(conv.mappings)} rank(s), "
+        f"TensorRT-LLM {TENSORRT_LLM_SERIES}.x in {conv.image}",
+        f"  convert {conv.checkpoint} -> {conv.output_dir}",
+        *(f"    rank {m.rank}: {conv.model_class}.from_hugging_face(dtype={conv.dtype!r}, "
+          f"mapping={_call('Mapping', asdict(m))}).save_checkpoint(save_config={m.rank == 0})"
+          for m in conv.mappings),
+        f"    $ {shlex.join(conv.argv)}",
+        f"  build {bld.checkpoint_dir} -> {bld.output_dir} ({bld.world_size} engine(s), logits {bld.logits_dtype})",
+        f"    {_call('BuildConfig', bld.build_config)}",
+        f"      plugin_config={_call('PluginConfig', bld.plugin_config)}",
+        f"    $ {shlex.join(bld.argv)}",
+    ])
 
 
 # --- execution (needs TensorRT-LLM 1.2.x and a CUDA GPU) -----------------------------------------------
@@ -377,86 +348,71 @@ def build(plan: BuildPlan, into: str | Path | None = None) -> Path:
     return output
 
 
-# --- Triton model config for the tensorrtllm backend ---------------------------------------------------
-def _optional_str(value: int | None) -> str | None:
-    return None if value is None else str(value)
+# --- the runtime ---------------------------------------------------------------------------------------
+class TensorRTLLMRuntime(Runtime):
+    """TensorRT-LLM 1.2.x engines served by Triton's ``tensorrtllm`` backend (a CUDA GPU, the NGC image)."""
 
+    name = "tensorrt-llm"
+    engine_backend = "tensorrtllm"
+    container_launch = True
+    auto_priority = 20
 
-def _id_list(name: str, ids: list[int] | None) -> str | None:
-    if ids is None:
-        return None
-    if not ids or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in ids):
-        raise UsageError(f"{name} must be a non-empty list of non-negative integers, got {ids!r}",
-                         f"pass e.g. {name}=[0] or [0, 1]")
-    return ",".join(str(i) for i in ids)
+    def available(self) -> bool:
+        import importlib.util
 
+        return importlib.util.find_spec("tensorrt_llm") is not None
 
-def engine_model_config(
-    spec: BuildSpec,
-    role: Role,
-    *,
-    engine_path: str,
-    kv_cache_free_gpu_mem_fraction: float,
-    gpu_device_ids: list[int] | None = None,
-    participant_ids: list[int] | None = None,
-    max_tokens_in_paged_kv_cache: int | None = None,
-    max_attention_window_size: int | None = None,
-    batch_scheduler_policy: SchedulerPolicy = "guaranteed_no_evict",
-    fast_logits: bool = False,
-) -> ModelConfig:
-    """The ``config.pbtxt`` of one engine model as a ``model_config_pb2.ModelConfig`` message.
+    def unsupported(self, architecture: str) -> str | None:
+        if architecture in SUPPORTED_ARCHITECTURES:
+            return None
+        return (f"TensorRT-LLM {TENSORRT_LLM_SERIES}.x's engine flow does not convert {architecture} here "
+                f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})")
 
-    Non-decoupled (the orchestrator calls it with BLS and waits for the whole answer); one CPU instance
-    (the backend places the engine on its GPUs itself); the inputs/outputs of ``contract.ENGINE_*``.
-    ``engine_path`` is the engine folder as the server sees it (e.g. ``/engines/target``).
-    ``fast_logits`` (draft logits passed GPU to GPU) only works in orchestrator mode with
-    ``participant_ids`` on both models, so it is refused without them.
-    """
-    from tritonclient.grpc import model_config_pb2 as mc
+    def engine_dtype(self, requested: str, role: Role, checkpoint_dtype: str | None) -> str:
+        return resolve_dtype(requested, role, checkpoint_dtype)
 
-    if not engine_path.startswith("/"):
-        raise UsageError(f"engine_path {engine_path!r} must be absolute, as the server sees it",
-                         f"use e.g. {spec.triton.engine_mount}/{role}")
-    if not 0 < kv_cache_free_gpu_mem_fraction < 1:
-        raise UsageError(f"kv_cache_free_gpu_mem_fraction is outside (0, 1): {kv_cache_free_gpu_mem_fraction}",
-                         "split the GPU's free memory between draft and target, e.g. 0.1 and 0.8")
-    if fast_logits and not participant_ids:
-        raise UsageError("speculative_decoding_fast_logits needs participant_ids (orchestrator mode)",
-                         "pass participant_ids for both models, or leave fast logits off")
-    for name, value in (("max_tokens_in_paged_kv_cache", max_tokens_in_paged_kv_cache),
-                        ("max_attention_window_size", max_attention_window_size)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} must be positive, got {value}", f"leave {name} unset to use the engine's limit")
+    def plan(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, converted: Path,
+             engine: Path) -> ModelPlan:
+        plan = EnginePlan(convert_plan(spec, role, checkpoint.architecture, converted,
+                                       checkpoint_dtype=checkpoint.torch_dtype),
+                          build_plan(spec, role, converted, engine))
+        return ModelPlan(role, _PLAN_JSON.dump_python(plan, mode="json"), format_plan(plan))
 
-    config = mc.ModelConfig(name=role, backend="tensorrtllm", max_batch_size=spec.limits.max_batch_size)
-    config.model_transaction_policy.decoupled = False
-    config.dynamic_batching.SetInParent()
-    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    for tensor in contract.ENGINE_INPUTS:
-        entry = config.input.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype), dims=tensor.dims,
-                                 optional=tensor.optional)
-        if tensor.dims == (1,):
-            entry.reshape.SetInParent()  # per-request scalars: the backend reads them without the [1] dim
-        elif -1 in tensor.dims:
-            entry.allow_ragged_batch = True  # requests of different lengths batch without padding
-    for tensor in contract.ENGINE_OUTPUTS:
-        config.output.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype), dims=tensor.dims)
+    def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
+        convert(convert_plan(spec, role, checkpoint.architecture, output, checkpoint_dtype=checkpoint.torch_dtype),
+                into=output)
 
-    parameters: dict[str, str | None] = {
-        "gpt_model_path": engine_path,
-        "gpt_model_type": "inflight_fused_batching",
-        "batch_scheduler_policy": batch_scheduler_policy,
-        "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:.6g}",
-        "enable_kv_cache_reuse": "true",  # each round re-sends the whole sequence; reuse makes that cheap
-        "exclude_input_in_output": "true",  # only new tokens; requests may override per call
-        "enable_chunked_context": "true",  # long prompts in chunks; needs the paged context FMHA we build with
-        "max_tokens_in_paged_kv_cache": _optional_str(max_tokens_in_paged_kv_cache),
-        "max_attention_window_size": _optional_str(max_attention_window_size),
-        "gpu_device_ids": _id_list("gpu_device_ids", gpu_device_ids),
-        "participant_ids": _id_list("participant_ids", participant_ids),
-        "speculative_decoding_fast_logits": "true" if fast_logits else "false",
-    }
-    for key, value in parameters.items():
-        if value is not None:
-            config.parameters[key].string_value = value
-    return config
+    def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
+        build(build_plan(spec, role, converted, output), into=output)
+
+    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
+        plan = build_plan(spec, role, Path("."), Path("."))
+        build_config = dict(plan.build_config)
+        if role == "target":  # trtllm-build adds the draft tokens to max_seq_len itself
+            build_config["max_seq_len"] += build_config["max_draft_len"]
+        return {"runtime": self.name, "role": role, "dtype": self.engine_dtype(getattr(spec, role).dtype, role, checkpoint.torch_dtype),
+                "vocab_size": checkpoint.vocab_size, "architecture": checkpoint.architecture,
+                "build_config": build_config, "tensorrt_llm": None}
+
+    def engine_parameters(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+                          context: PackageContext) -> EngineParameters:
+        """Engines at ``engine_mount`` inside the container; the KV-cache split of the memory plan (or the spec's
+        total, split the same way), capped at the planned KV tokens (each fraction applies to the memory free
+        when that engine loads, so the cap keeps the first one honest); devices from the launch layout."""
+        from specbuild.serve.launch import model_devices
+
+        total = spec.triton.kv_cache_free_gpu_mem_fraction
+        fraction = context.kv_fractions[engine.role]
+        if total is not None:
+            fraction = total * fraction / max(1e-9, sum(context.kv_fractions.values()))
+        devices = model_devices(spec)[engine.role]
+        return EngineParameters(
+            gpt_model_path=f"{spec.triton.engine_mount.rstrip('/')}/{engine.role}",
+            kv_cache_free_gpu_mem_fraction=round(fraction, 4),
+            max_tokens_in_paged_kv_cache=context.kv_tokens[engine.role],
+            enable_chunked_context=True,  # long prompts in chunks; needs the paged context FMHA engines are built with
+            exclude_input_in_output=True,  # only new tokens; requests may override per call
+            gpu_device_ids=devices.gpu_device_ids,
+            participant_ids=devices.participant_ids,
+            speculative_decoding_fast_logits=devices.fast_logits,
+        )

@@ -1,10 +1,13 @@
-"""The embedded ``torch`` runtime: convert and build for engine models that run HF checkpoints with PyTorch.
+"""The embedded ``torch`` runtime: engine models that run HF checkpoints with PyTorch inside Triton python
+models (CPU, or any CUDA GPU), under the ``tensorrtllm`` backend's contract.
 
 * convert: HF checkpoint -> a normalized checkpoint (safetensors in the engine dtype, config, tokenizer),
   loaded with safetensors only unless the spec allows pickles, never with remote code unless allowed.
 * build: the normalized checkpoint -> an engine folder: the weights plus ``build_info.json`` holding the
   same build fields a TensorRT-LLM engine records (limits, ``max_draft_len``, speculative mode), so
   packaging does not care which runtime built it.
+* engine models: :class:`~specbuild.package.backend_contract.TorchEngineParameters`, the backend's keys
+  rendered as for TensorRT-LLM plus ``torch_device``/``torch_threads``.
 """
 
 from __future__ import annotations
@@ -13,21 +16,90 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any
 
+from specbuild.build.runtimes import ModelPlan, PackageContext, Role, Runtime
 from specbuild.errors import CheckpointError
-from specbuild.build.runtimes import BUILD_INFO
+from specbuild.package.backend_contract import TorchEngineParameters
+from specbuild.package.contract import BUILD_INFO
 from specbuild.spec import BuildSpec
 
-Role = Literal["target", "draft"]
+if TYPE_CHECKING:
+    from specbuild.check.checkpoints import CheckpointInfo
+    from specbuild.package.repository import EngineInfo
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 
 
 def resolve_dtype(spec: BuildSpec, role: Role) -> str:
     """``auto`` is float32 here: the torch runtime mostly runs on CPUs, where half precision is not faster."""
-    dtype = getattr(spec, role).dtype
-    return "float32" if dtype == "auto" else dtype
+    return TorchRuntime().engine_dtype(getattr(spec, role).dtype, role, None)
+
+
+def engine_dir_parameter(engine_dir: Path, repository_dir: Path) -> str:
+    """The engine folder relative to the release root (the repository's parent) when it lies inside it,
+    so a release moves as a whole; otherwise absolute."""
+    root = repository_dir.resolve().parent
+    engine_dir = engine_dir.resolve()
+    try:
+        return str(engine_dir.relative_to(root))
+    except ValueError:
+        return str(engine_dir)
+
+
+class TorchRuntime(Runtime):
+    name = "torch"
+    engine_backend = "python"
+    engine_model_source = "torch_engine_model.py"
+    container_launch = False
+    auto_priority = 0
+
+    def available(self) -> bool:
+        import importlib.util
+
+        return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+
+    def unsupported(self, architecture: str) -> str | None:
+        try:
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        except ImportError:
+            return "transformers is not installed (pip install 'specbuild[torch]')"
+
+        if architecture in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+            return None
+        return f"the installed transformers has no causal LM class {architecture!r}"
+
+    def engine_dtype(self, requested: str, role: Role, checkpoint_dtype: str | None) -> str:
+        return "float32" if requested == "auto" else requested
+
+    def plan(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, converted: Path,
+             engine: Path) -> ModelPlan:
+        data = {"checkpoint": getattr(spec, role).checkpoint, "converted": str(converted), "engine": str(engine),
+                "dtype": resolve_dtype(spec, role), "build_config": build_config(spec, role)}
+        text = (f"{role}: {data['checkpoint']} -> {converted} -> {engine} (dtype {data['dtype']}, "
+                f"{json.dumps(data['build_config'])})")
+        return ModelPlan(role, data, text)
+
+    def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
+        convert(spec, role, output)
+
+    def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
+        build(spec, role, converted, output)
+
+    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
+        return _build_info(spec, role, checkpoint.vocab_size, checkpoint.architecture, toolchain=None)
+
+    def engine_parameters(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+                          context: PackageContext) -> TorchEngineParameters:
+        return TorchEngineParameters(
+            gpt_model_path=engine_dir_parameter(engine.path, repository),
+            max_tokens_in_paged_kv_cache=context.kv_tokens[engine.role],
+            enable_chunked_context=True,
+            exclude_input_in_output=True,
+            torch_device=spec.torch.device,
+            torch_threads=getattr(spec.torch, f"{engine.role}_threads"),
+        )
 
 
 def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
@@ -100,13 +172,13 @@ def build(spec: BuildSpec, role: Role, checkpoint_dir: Path, output_dir: Path) -
             except OSError:
                 shutil.copy2(item, output_dir / item.name)
     config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
-    info = {
-        "runtime": "torch",
-        "role": role,
-        "dtype": resolve_dtype(spec, role),
-        "vocab_size": config.get("vocab_size"),
-        "architecture": (config.get("architectures") or ["?"])[0],
-        "build_config": build_config(spec, role),
-        "toolchain": {"torch": torch.__version__, "transformers": transformers.__version__},
-    }
+    info = _build_info(spec, role, config.get("vocab_size"), (config.get("architectures") or ["?"])[0],
+                       toolchain={"torch": torch.__version__, "transformers": transformers.__version__})
     (output_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def _build_info(spec: BuildSpec, role: Role, vocab_size: int | None, architecture: str,
+                toolchain: dict[str, str] | None) -> dict[str, Any]:
+    """An engine folder's record; ``toolchain`` None: planned, not built."""
+    return {"runtime": "torch", "role": role, "dtype": resolve_dtype(spec, role), "vocab_size": vocab_size,
+            "architecture": architecture, "build_config": build_config(spec, role), "toolchain": toolchain}

@@ -5,12 +5,20 @@ The tokenizer files are shipped in this model's version folder under ``tokenizer
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from pathlib import Path
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
-from specbuild.serve.text import incremental_text
-from specbuild.serve.triton_models.common import error_response, model_dir, required_input, row_scalar, tensor
+if not __name__.startswith("specbuild."):  # inside a repository: this release's own copy of specbuild first
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from specbuild.package.contract import POSTPROCESSING_INPUTS  # noqa: E402
+from specbuild.serve.batch import row_value  # noqa: E402
+from specbuild.serve.text import incremental_text  # noqa: E402
+from specbuild.serve.triton_models.common import error_response, model_dir, request_arrays, response  # noqa: E402
 
 
 class TritonPythonModel:
@@ -23,18 +31,16 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                ids = required_input(request, "output_ids")
-                lengths = required_input(request, "output_length")
-                skips = required_input(request, "skip_tokens")
-                finals = required_input(request, "is_final")
+                arrays = request_arrays(request, POSTPROCESSING_INPUTS)
+                ids, lengths, skips, finals = (arrays[name] for name in ("output_ids", "output_length", "skip_tokens",
+                                                                         "is_final"))
                 texts = []
                 for row in range(ids.shape[0]):
-                    tokens = ids[row].reshape(-1)[: int(row_scalar(lengths, row))].tolist()
-                    text = incremental_text(self.tokenizer, tokens, int(row_scalar(skips, row)),
-                                            bool(row_scalar(finals, row)))
+                    tokens = ids[row].reshape(-1)[: int(row_value(lengths, row))].tolist()
+                    text = incremental_text(self.tokenizer, tokens, int(row_value(skips, row)),
+                                            bool(row_value(finals, row)))
                     texts.append([text.encode("utf-8")])
-                responses.append(pb_utils.InferenceResponse(
-                    output_tensors=[tensor("text_output", np.array(texts, dtype=np.object_))]))
+                responses.append(response({"text_output": np.array(texts, dtype=np.object_)}))
             except ValueError as exc:
                 responses.append(error_response(f"postprocessing: {exc}"))
         return responses

@@ -1,24 +1,31 @@
 """Triton model ``preprocessing``: text -> token ids, stop/bad word lists, end id.
 
-Parameters: ``max_input_len``, ``end_id`` (the tokenizer's eos).
-The tokenizer files are shipped in this model's version folder under ``tokenizer/``.
+Parameters: :class:`specbuild.package.contract.PreprocessingParameters`. The tokenizer files are shipped in
+this model's version folder under ``tokenizer/``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from pathlib import Path
 
-import numpy as np
-from specbuild.errors import RequestError
-from specbuild.serve.text import decode_utf8, encode_word_list, pad_rows
-from specbuild.serve.triton_models.common import (
+if not __name__.startswith("specbuild."):  # inside a repository: this release's own copy of specbuild first
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from specbuild.errors import RequestError  # noqa: E402
+from specbuild.package.contract import PREPROCESSING_INPUTS, PreprocessingParameters  # noqa: E402
+from specbuild.serve.batch import row_value  # noqa: E402
+from specbuild.serve.text import decode_utf8, encode_word_list, pad_rows  # noqa: E402
+from specbuild.serve.triton_models.common import (  # noqa: E402
     error_response,
     model_dir,
     model_parameters,
-    optional_input,
-    required_input,
-    row_scalar,
-    tensor,
+    request_arrays,
+    response,
 )
 
 
@@ -26,22 +33,19 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         from transformers import AutoTokenizer
 
-        parameters = model_parameters(args)
+        self.parameters = PreprocessingParameters.from_parameters(model_parameters(args))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
-        self.max_input_len = int(parameters["max_input_len"])
-        self.default_end_id = int(parameters["end_id"])
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
-                responses.append(self._preprocess(request))
+                responses.append(response(self._preprocess(request_arrays(request, PREPROCESSING_INPUTS))))
             except (RequestError, ValueError) as exc:
                 responses.append(error_response(f"preprocessing: {exc}"))
         return responses
 
-    def _words(self, request: Any, name: str, rows: int) -> list[np.ndarray]:
-        raw = optional_input(request, name)
+    def _words(self, raw: np.ndarray | None, name: str, rows: int) -> list[np.ndarray]:
         lists = []
         for row in range(rows):
             words: list[list[int]] = []
@@ -53,35 +57,35 @@ class TritonPythonModel:
             lists.append(encode_word_list(words))
         return lists
 
-    def _preprocess(self, request: Any) -> Any:
-        texts = required_input(request, "text_input")
+    def _preprocess(self, arrays: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        texts = arrays["text_input"]
+        if texts is None:
+            raise RequestError("missing input 'text_input'")
         rows = texts.shape[0]
+        max_input_len = self.parameters.max_input_len
         ids = []
         for row in range(rows):
             text = decode_utf8(np.asarray(texts[row]).reshape(-1)[0], "text_input")
             if not text.strip():
                 raise RequestError("text_input is empty", "send a non-empty prompt")
             encoded = self.tokenizer.encode(text)
-            if len(encoded) > self.max_input_len:
+            if len(encoded) > max_input_len:
                 raise RequestError(
-                    f"prompt has {len(encoded)} tokens, more than max_input_len ({self.max_input_len})",
+                    f"prompt has {len(encoded)} tokens, more than max_input_len ({max_input_len})",
                     "shorten the prompt or rebuild with a larger limits.max_input_len",
                 )
             ids.append(encoded)
-        end_ids = optional_input(request, "end_id")
-        outputs = [
-            tensor("input_ids", pad_rows(ids, self.default_end_id)),
-            tensor("input_length", np.array([[len(row)] for row in ids], dtype=np.int32)),
-            tensor("end_id", np.array([[row_scalar(end_ids, r, self.default_end_id)] for r in range(rows)],
-                                      dtype=np.int32)),
-        ]
+        end_id = self.parameters.end_id
+        outputs = {
+            "input_ids": pad_rows(ids, end_id),
+            "input_length": np.array([[len(row)] for row in ids], dtype=np.int32),
+            "end_id": np.array([[row_value(arrays["end_id"], r, end_id)] for r in range(rows)], dtype=np.int32),
+        }
         for name, output in (("stop_words", "stop_words_ids"), ("bad_words", "bad_words_ids")):
-            lists = self._words(request, name, rows)
+            lists = self._words(arrays[name], name, rows)
             width = max(item.shape[1] for item in lists)
             stacked = np.stack([np.pad(item, ((0, 0), (0, width - item.shape[1])), constant_values=-1)
                                 for item in lists]).astype(np.int32)
             stacked[:, 0, :][stacked[:, 0, :] < 0] = 0
-            outputs.append(tensor(output, stacked))
-        import triton_python_backend_utils as pb_utils
-
-        return pb_utils.InferenceResponse(output_tensors=outputs)
+            outputs[output] = stacked
+        return outputs

@@ -1,112 +1,88 @@
-"""Triton model ``target`` / ``draft`` for the torch runtime: the ``tensorrtllm`` backend's tensor interface
-served by :class:`specbuild.speculation.torch_engine.TorchEngine`.
+"""Triton model ``target`` / ``draft`` for the torch runtime: the ``tensorrtllm`` backend's contract served by
+:class:`specbuild.speculation.torch_engine.TorchEngine`.
 
-Parameters: ``engine_dir`` (the built engine folder: absolute, or relative to the repository's parent
-folder and then confined to it), ``dtype``, ``max_seq_len``, ``max_draft_len``, ``cache_entries``,
-``device`` ("auto": CUDA when available).
+Parameters are :class:`specbuild.package.backend_contract.TorchEngineParameters`: the backend's own keys, read
+by the backend's rules (a config without a key the backend requires does not load here either), plus
+``torch_device`` and ``torch_threads``. ``gpt_model_path`` is the engine folder: absolute, or relative to the
+release folder (the repository's parent) and then confined to it. The engine's limits (``max_seq_len``,
+``max_draft_len``, dtype) come from its ``build_info.json``, as a TensorRT-LLM engine's come from its
+``config.json``.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import torch
-import triton_python_backend_utils as pb_utils
-from specbuild.errors import RequestError
-from specbuild.speculation.rules import SamplingParams
-from specbuild.serve.text import decode_word_list
-from specbuild.speculation.torch_engine import EngineRequest, TorchEngine
-from specbuild.serve.triton_models.common import error_response, model_parameters, optional_input, required_input, row_scalar
+if not __name__.startswith("specbuild."):  # inside a repository: this release's own copy of specbuild first
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Before torch starts its thread pool: threads that wait sleep instead of spinning on cores other models need.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import json  # noqa: E402
+from typing import Any  # noqa: E402
 
-def resolve_engine_dir(value: str, repository: Path) -> Path:
-    """``engine_dir`` as a path; a relative one may not climb out of the release folder."""
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from specbuild.errors import RequestError  # noqa: E402
+from specbuild.package.backend_contract import ENGINE_INPUTS, TorchEngineParameters  # noqa: E402
+from specbuild.package.contract import BUILD_INFO  # noqa: E402
+from specbuild.serve.engine_io import decode_requests, encode_outputs  # noqa: E402
+from specbuild.serve.triton_models.common import (  # noqa: E402
+    error_response,
+    model_parameters,
+    request_arrays,
+    response,
+)
+from specbuild.speculation.torch_engine import TorchEngine, threads  # noqa: E402
+
+def resolve_engine_dir(value: str, release_root: Path) -> Path:
+    """``gpt_model_path`` as a folder; a relative one may not climb out of the release folder."""
     path = Path(value)
     if path.is_absolute():
-        return path
-    release_root = repository.parent.resolve()
-    resolved = (release_root / path).resolve()
-    if release_root != resolved and release_root not in resolved.parents:
-        raise ValueError(f"engine_dir {value!r} escapes the release folder {release_root}")
+        resolved = path.resolve()
+    else:
+        resolved = (release_root / path).resolve()
+        if release_root != resolved and release_root not in resolved.parents:
+            raise ValueError(f"gpt_model_path {value!r} escapes the release folder {release_root}")
+    if not (resolved / BUILD_INFO).is_file():
+        raise ValueError(f"gpt_model_path {value!r}: no engine at {resolved} (its {BUILD_INFO} is missing)")
     return resolved
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        parameters = model_parameters(args)
-        repository = Path(args["model_repository"]).parent
-        device = parameters.get("device", "auto")
+        warnings: list[str] = []
+        self.parameters = TorchEngineParameters.from_parameters(model_parameters(args), warnings)
+        for warning in warnings:
+            pb_utils.Logger.log_warn(warning)
+        release_root = Path(args["model_repository"]).resolve().parent.parent
+        engine_dir = resolve_engine_dir(self.parameters.gpt_model_path, release_root)
+        build = json.loads((engine_dir / BUILD_INFO).read_text(encoding="utf-8"))
+        device = self.parameters.torch_device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.set_num_threads(threads(self.parameters.torch_threads))
         self.engine = TorchEngine(
-            resolve_engine_dir(parameters["engine_dir"], repository),
-            dtype=parameters.get("dtype", "float32"),
+            engine_dir,
+            dtype=build["dtype"],
             device=device,
-            max_seq_len=int(parameters["max_seq_len"]),
-            max_draft_len=int(parameters.get("max_draft_len", "0")),
-            cache_entries=int(parameters.get("cache_entries", "8")),
+            max_seq_len=int(build["build_config"]["max_seq_len"]),
+            max_draft_len=int(build["build_config"].get("max_draft_len") or 0),
+            cache_tokens=(self.parameters.max_tokens_in_paged_kv_cache or 0)
+            if self.parameters.enable_kv_cache_reuse else 0,
         )
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
-                responses.append(self._run(request))
+                rows = decode_requests(request_arrays(request, ENGINE_INPUTS),
+                                       exclude_input_default=self.parameters.exclude_input_in_output)
+                outputs = [self.engine.run(row.request) for row in rows]
+                responses.append(response(encode_outputs(rows, outputs, self.engine.vocab_size)))
             except (RequestError, ValueError) as exc:
-                responses.append(error_response(f"{exc}"))
+                responses.append(error_response(str(exc)))
         return responses
-
-    def _run(self, request: Any) -> Any:
-        input_ids = required_input(request, "input_ids")
-        lengths = optional_input(request, "input_lengths")
-        output_len = required_input(request, "request_output_len")
-        fields = {name: optional_input(request, name) for name in (
-            "end_id", "runtime_top_k", "runtime_top_p", "temperature", "random_seed", "min_length",
-            "return_generation_logits", "exclude_input_in_output", "beam_width")}
-        draft_ids = optional_input(request, "draft_input_ids")
-        draft_logits = optional_input(request, "draft_logits")
-        bad_words = optional_input(request, "bad_words_list")
-        rows, sequences, logits = input_ids.shape[0], [], []
-        want_logits = False
-        for row in range(rows):
-            get = lambda name, default=None: row_scalar(fields[name], row, default)  # noqa: E731
-            if int(get("beam_width", 1)) != 1:
-                raise RequestError("beam_width must be 1 for the torch runtime")
-            length = int(row_scalar(lengths, row, input_ids.shape[1]))
-            prompt = input_ids[row].reshape(-1)[:length].tolist()
-            drafts = draft_ids[row].reshape(-1).tolist() if draft_ids is not None and draft_ids.size else None
-            want_logits = bool(get("return_generation_logits", False))
-            output = self.engine.run(EngineRequest(
-                input_ids=prompt,
-                max_new_tokens=int(row_scalar(output_len, row)),
-                sampling=SamplingParams.from_request(get("temperature"), get("runtime_top_k"), get("runtime_top_p")),
-                seed=get("random_seed"),
-                end_id=get("end_id"),
-                min_new_tokens=int(get("min_length", 0)),
-                draft_tokens=drafts,
-                draft_logits=None if draft_logits is None or not draft_logits.size
-                else torch.from_numpy(np.asarray(draft_logits[row], dtype=np.float32)),
-                return_logits=want_logits,
-                bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
-            ))
-            keep_input = not bool(get("exclude_input_in_output", False))
-            sequences.append((prompt if keep_input else []) + output.tokens)
-            logits.append(output.logits)
-        width = max(len(seq) for seq in sequences)
-        ids = np.zeros((rows, 1, width), dtype=np.int32)
-        for row, seq in enumerate(sequences):
-            ids[row, 0, : len(seq)] = seq
-        outputs = [
-            pb_utils.Tensor("output_ids", ids),
-            pb_utils.Tensor("sequence_length", np.array([[len(seq)] for seq in sequences], dtype=np.int32)),
-        ]
-        if want_logits:
-            steps = max(item.shape[0] for item in logits if item is not None)
-            array = np.zeros((rows, 1, steps, self.engine.vocab_size), dtype=np.float32)
-            for row, item in enumerate(logits):
-                if item is not None:
-                    array[row, 0, : item.shape[0]] = item.numpy()
-            outputs.append(pb_utils.Tensor("generation_logits", array))
-        return pb_utils.InferenceResponse(output_tensors=outputs)

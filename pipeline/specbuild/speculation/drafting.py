@@ -1,0 +1,161 @@
+"""Where a round's draft comes from: the draft model, prompt lookup, or the first of them that proposes.
+
+A :class:`DraftSource` proposes up to ``k`` tokens after a context, with the distribution they were drawn
+from (Hugging Face's ``candidate_generator.py`` has the same split: the loop verifies, a source proposes).
+Both callers of the loop, the Triton orchestrator and the in-process speculator, build their sources with
+:func:`draft_sources`, so the policy (lookup first, draft-model fallback, draft down-time after a failure)
+is the same wherever the loop runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
+
+import torch
+
+from specbuild.speculation.engine import EngineCall, EngineRequest
+from specbuild.speculation.lookup import PromptLookup
+from specbuild.speculation.rules import round_seed
+from specbuild.speculation.stats import SpeculationStats
+
+if TYPE_CHECKING:
+    from specbuild.speculation.loop import GenerationRequest
+
+DRAFT_ROLE = 0  # the seed stream of draft calls (the target's is 1; see rules.round_seed)
+DRAFT_RETRY_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens and the raw logits they were sampled from.
+
+    ``logits`` None means the proposal is deterministic given the context (prompt lookup): the target then
+    accepts by token matching, which for a point-mass draft is exactly rejection sampling (accept ``x`` with
+    probability ``p(x)``, else draw from ``p`` without ``x``), so no logits need to be sent at all.
+    """
+
+    tokens: list[int]
+    logits: torch.Tensor | None
+    source: Literal["model", "lookup"]
+
+
+class DraftSource(Protocol):
+    async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
+        """Up to ``k`` tokens to follow ``context``, or None when this source has nothing to offer."""
+
+    @property
+    def may_propose(self) -> bool:
+        """False once this source will propose nothing more for the request (the target may then run ahead)."""
+
+
+class DraftHealth:
+    """Shared across requests: after a draft-model failure, new requests skip the draft for ``retry_seconds``
+    (a dead draft makes every call wait for its failure), then try it again."""
+
+    def __init__(self, retry_seconds: float = DRAFT_RETRY_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self.retry_seconds = retry_seconds
+        self._clock = clock
+        self._down_until = 0.0
+
+    @property
+    def available(self) -> bool:
+        return self._clock() >= self._down_until
+
+    def failed(self) -> None:
+        self._down_until = self._clock() + self.retry_seconds
+
+
+class LookupDrafts:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's suffix n-gram."""
+
+    may_propose = True
+
+    def __init__(self, lookup: PromptLookup) -> None:
+        self.lookup = lookup
+
+    async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
+        tokens = self.lookup.propose(context, k)
+        return Draft(tokens, None, "lookup") if tokens else None
+
+
+class ModelDrafts:
+    """The draft model, called as an engine. A failure ends its use for the request (the loop goes on with the
+    target alone, exactly) and is reported to ``health`` and ``on_failure``; its time counts in ``stats``."""
+
+    def __init__(self, call: EngineCall, request: GenerationRequest, stats: SpeculationStats, health: DraftHealth,
+                 on_failure: Callable[[Exception], None] | None = None) -> None:
+        self.call = call
+        self.request = request
+        # rejection sampling on the draft's own distribution needs its logits; greedy and token matching do not
+        self.with_logits = request.use_draft_logits and not request.sampling.is_greedy
+        self.stats = stats
+        self.health = health
+        self.on_failure = on_failure
+        self.may_propose = health.available
+        if not self.may_propose:
+            stats.fallbacks += 1
+
+    async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
+        if not self.may_propose:
+            return None
+        request = self.request
+        started = time.perf_counter()
+        try:
+            output = await self.call(EngineRequest(
+                input_ids=list(context), max_new_tokens=k, sampling=request.sampling,
+                seed=round_seed(request.seed, round_index, DRAFT_ROLE), end_id=request.end_id,
+                # NVIDIA's draft-target BLS asks for exactly k tokens (the end token suppressed before that), so a
+                # draft does not stop short. Not under rejection sampling: the logits returned must be those the
+                # tokens were drawn from, and an engine may report them before the end-token suppression.
+                min_new_tokens=0 if self.with_logits else k,
+                return_logits=self.with_logits, bad_words=request.bad_words,
+            ))
+        except Exception as exc:  # noqa: BLE001 - any draft failure falls back to the exact target-only path
+            self.may_propose = False
+            self.stats.fallbacks += 1
+            self.health.failed()
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            return None
+        finally:
+            self.stats.draft_seconds += time.perf_counter() - started
+        tokens = output.tokens[:k]
+        logits = output.logits[: len(tokens)] if self.with_logits and output.logits is not None else None
+        return Draft(tokens, logits, "model") if tokens else None
+
+
+class FirstProposal:
+    """The first proposal of several sources, in order (prompt lookup first: it costs no model call)."""
+
+    def __init__(self, *sources: DraftSource) -> None:
+        self.sources = sources
+
+    @property
+    def may_propose(self) -> bool:
+        return any(source.may_propose for source in self.sources)
+
+    async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
+        for source in self.sources:
+            draft = await source.propose(context, k, round_index)
+            if draft is not None:
+                return draft
+        return None
+
+
+def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, stats: SpeculationStats,
+                  health: DraftHealth, lookup_draft_fallback: bool = True,
+                  on_failure: Callable[[Exception], None] | None = None) -> DraftSource | None:
+    """The sources a request drafts from: prompt lookup first when it is on, then the draft model (unless the
+    release drafts by lookup only, ``lookup_draft_fallback=False``); None when nothing drafts (K=0)."""
+    if request.num_draft_tokens <= 0:
+        return None
+    sources: list[DraftSource] = []
+    if request.prompt_lookup is not None:
+        sources.append(LookupDrafts(request.prompt_lookup))
+    if draft is not None and (request.prompt_lookup is None or lookup_draft_fallback):
+        sources.append(ModelDrafts(draft, request, stats, health, on_failure))
+    if not sources:
+        return None
+    return sources[0] if len(sources) == 1 else FirstProposal(*sources)

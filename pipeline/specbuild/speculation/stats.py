@@ -1,0 +1,102 @@
+"""Acceptance statistics: what one request (or, summed, many) drafted and accepted, and the Prometheus counters
+the orchestrator exports them as. This module owns the names: the orchestrator writes these counters and
+``specbuild bench`` reads them back (:class:`specbuild.bench.metrics.Counters`). Names follow vLLM's
+``spec_decode`` metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class SpeculationStats:
+    """Acceptance and timing of one request (or, summed with ``+=``, of many)."""
+
+    rounds: int = 0  # target calls
+    drafts: int = 0  # rounds that verified at least one draft token
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    fallbacks: int = 0  # requests that went on with the target alone because the draft model failed
+    # Of the totals above, what prompt lookup drafted (rounds, tokens) and what of it was accepted.
+    lookup_drafts: int = 0
+    lookup_drafted_tokens: int = 0
+    lookup_accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per target step over speculative rounds: 1 + accepted / drafts (counts the bonus token)."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
+
+    def record_round(self, drafted: int, accepted: int, *, by_lookup: bool = False) -> None:
+        self.rounds += 1
+        if drafted == 0:
+            return
+        self.drafts += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        if by_lookup:
+            self.lookup_drafts += 1
+            self.lookup_drafted_tokens += drafted
+            self.lookup_accepted_tokens += accepted
+        for counts, upto in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
+            counts.extend([0] * (upto - len(counts)))
+            for position in range(upto):
+                counts[position] += 1
+
+    def __iadd__(self, other: SpeculationStats) -> SpeculationStats:
+        for item in fields(self):
+            mine, theirs = getattr(self, item.name), getattr(other, item.name)
+            if isinstance(mine, list):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for position, count in enumerate(theirs):
+                    mine[position] += count
+            else:
+                setattr(self, item.name, mine + theirs)
+        return self
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One Prometheus counter: ``key`` is the :class:`SpeculationStats` field it counts (or a request total)."""
+
+    key: str
+    name: str
+    description: str
+    per_position: bool = False  # one series per draft position, label ``position``
+
+
+REQUEST_METRICS = (
+    Metric("requests", "specbuild_requests_total", "Generation requests finished by the orchestrator"),
+    Metric("output_tokens", "specbuild_output_tokens_total", "Tokens generated"),
+    Metric("errors", "specbuild_request_errors_total", "Requests rejected or failed"),
+    Metric("cancelled", "specbuild_cancelled_requests_total", "Requests whose client went away before the end"),
+)
+SPECULATION_METRICS = (
+    Metric("rounds", "specbuild_spec_decode_rounds_total", "Target calls (speculative rounds)"),
+    Metric("drafts", "specbuild_spec_decode_num_drafts_total", "Rounds with at least one draft token"),
+    Metric("drafted_tokens", "specbuild_spec_decode_num_draft_tokens_total", "Draft tokens proposed"),
+    Metric("accepted_tokens", "specbuild_spec_decode_num_accepted_tokens_total", "Draft tokens accepted"),
+    Metric("accepted_per_position", "specbuild_spec_decode_num_accepted_tokens_per_pos_total",
+           "Draft tokens accepted, by position in the draft", per_position=True),
+    Metric("drafted_per_position", "specbuild_spec_decode_num_draft_tokens_per_pos_total",
+           "Draft tokens proposed, by position in the draft", per_position=True),
+    Metric("draft_seconds", "specbuild_draft_seconds_total", "Time spent in draft calls"),
+    Metric("target_seconds", "specbuild_target_seconds_total", "Time spent in target calls"),
+    Metric("fallbacks", "specbuild_draft_fallbacks_total",
+           "Requests that fell back to the target alone because the draft failed"),
+    Metric("lookup_drafts", "specbuild_prompt_lookup_drafts_total", "Rounds drafted by prompt lookup"),
+    Metric("lookup_drafted_tokens", "specbuild_prompt_lookup_draft_tokens_total",
+           "Draft tokens proposed by prompt lookup"),
+    Metric("lookup_accepted_tokens", "specbuild_prompt_lookup_accepted_tokens_total",
+           "Draft tokens proposed by prompt lookup and accepted"),
+)
+METRICS = REQUEST_METRICS + SPECULATION_METRICS
