@@ -8,7 +8,6 @@ the demo pair's recipe (which truncation to keep).
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,9 +38,11 @@ class StepTimer:
         import torch
         from transformers import DynamicCache
 
+        from specbuild.speculation.torch_engine import cache_keyword
+
         self.model = model
         self.generator = torch.Generator().manual_seed(0)
-        self.cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_argument = cache_keyword(model)
         self.cache = DynamicCache()
         with torch.inference_mode():
             model(input_ids=self._tokens(context), use_cache=True, **{self.cache_argument: self.cache})
@@ -49,15 +50,21 @@ class StepTimer:
     def _tokens(self, count: int) -> Any:
         import torch
 
-        return torch.randint(0, self.model.config.vocab_size, (1, count), generator=self.generator)
+        ids = torch.randint(0, self.model.config.vocab_size, (1, count), generator=self.generator)
+        return ids.to(self.model.device)
 
     def seconds(self, new_tokens: int) -> float:
         import torch
 
         step = self._tokens(new_tokens)
+        on_gpu = step.device.type == "cuda"  # kernels run asynchronously there: time them to completion
         with torch.inference_mode():
+            if on_gpu:
+                torch.cuda.synchronize()
             began = time.perf_counter()
             self.model(input_ids=step, use_cache=True, **{self.cache_argument: self.cache})
+            if on_gpu:
+                torch.cuda.synchronize()
             elapsed = time.perf_counter() - began
         self.cache.crop(-new_tokens)
         return elapsed

@@ -4,8 +4,8 @@ For a machine that has a CUDA GPU, PyTorch and transformers and nothing else: it
 nothing (the tiny pair is made from the Python standard library's sources). It checks that greedy speculative
 decoding is token-identical to the target alone at K = 0, 2 and 4, and measures what decides the speedup:
 the target's step, the verification cost V(K) of K+1 tokens and the draft's per-token cost c (both in target
-steps, at a realistic context), tokens/s at each K, and the speedup the analytic model expects from them
-(:func:`specbuild.bench.metrics.expected_speedup`). Besides the tiny pair it times a sized pair with random
+steps, at a realistic context; :func:`specbuild.bench.estimate.measure_step_costs`), tokens/s at each K, and the
+speedup the analytic model expects from them (:func:`specbuild.bench.metrics.expected_speedup`). Besides the tiny pair it times a sized pair with random
 weights (the shapes of a ~1B target and a 2-layer draft of the same width), where only the costs mean anything.
 
     python -m specbuild.bench.gpu_check --device cuda [--json report.json]
@@ -17,68 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-CONTEXT = 200  # tokens of context the step costs are measured at
 KS = (0, 2, 4)
 SIZED = {"target": {"layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "intermediate": 8192},
          "draft": {"layers": 2, "hidden": 2048, "heads": 16, "kv_heads": 8, "intermediate": 8192}}
-
-
-def _timer(device: str) -> Callable[[Callable[[], Any], int], float]:
-    import torch
-
-    def median_seconds(call: Callable[[], Any], repeats: int) -> float:
-        times = []
-        for _ in range(repeats):
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            call()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
-    return median_seconds
-
-
-def step_costs(target: Any, draft: Any, vocab: int, device: str, repeats: int = 15) -> dict[str, float]:
-    """Target step (s), c (draft token / target step) and V(K) (K+1 verified tokens / target step) at CONTEXT."""
-    import torch
-    from transformers import DynamicCache
-
-    from specbuild.speculation.torch_engine import cache_keyword
-
-    time_it = _timer(device)
-    context = torch.randint(0, vocab, (1, CONTEXT), generator=torch.Generator().manual_seed(0)).to(device)
-
-    def extend(model: Any, new: int) -> Callable[[], Any]:
-        """Feed ``new`` tokens after a cached context, then drop them again (the cache stays at CONTEXT)."""
-        keyword = cache_keyword(model)
-        with torch.inference_mode():
-            cache = DynamicCache()
-            model(input_ids=context, use_cache=True, **{keyword: cache})
-        tokens = context[:, :new]
-
-        def call() -> None:
-            with torch.inference_mode():
-                model(input_ids=tokens, use_cache=True, **{keyword: cache})
-                cache.crop(-new)
-
-        return call
-
-    target_step = time_it(extend(target, 1), repeats)
-    costs = {"target_step_ms": round(1000 * target_step, 3),
-             "c": round(time_it(extend(draft, 1), repeats) / target_step, 4)}
-    for k in KS[1:]:
-        costs[f"V({k})"] = round(time_it(extend(target, k + 1), repeats) / target_step, 4)
-    return costs
 
 
 def _sized_model(sizes: dict[str, int], vocab: int, device: str) -> Any:
@@ -123,6 +69,7 @@ def speculation(target_dir: Path, draft_dir: Path, device: str, prompts: list[li
 def run(device: str, cache: Path, prompts: int = 12, max_tokens: int = 48, sized: bool = True) -> dict[str, Any]:
     import torch
 
+    from specbuild.bench.estimate import COST_CONTEXT, measure_step_costs
     from specbuild.bench.metrics import expected_speedup, leviathan_tokens_per_step
     from specbuild.drafts.tiny_models import build_tiny_pair
     from specbuild.speculation.torch_engine import TorchEngine
@@ -135,16 +82,19 @@ def run(device: str, cache: Path, prompts: int = 12, max_tokens: int = 48, sized
     report["tiny_pair"] = speculation(pair.target_dir, pair.draft_dir, device, tokenizer_prompts, max_tokens, None)
     identical = all(row["identical_to_k0"] == row["prompts"] for row in report["tiny_pair"].values())
     engines = [TorchEngine(path, device=device) for path in (pair.target_dir, pair.draft_dir)]
-    costs = {"tiny_pair": step_costs(engines[0].model, engines[1].model, engines[0].vocab_size, device)}
+    pairs = {"tiny_pair": (engines[0].model, engines[1].model)}
     if sized:
-        sized_vocab = 32000
-        models = {role: _sized_model(shape, sized_vocab, device) for role, shape in SIZED.items()}
-        costs["sized_random_pair"] = step_costs(models["target"], models["draft"], sized_vocab, device)
-    for pair_costs in costs.values():  # what the analytic model expects at a per-token acceptance of 0.6
-        pair_costs["expected_speedup_at_a=0.6"] = {
-            f"K={k}": round(expected_speedup(leviathan_tokens_per_step(0.6, k), k, pair_costs["c"],
-                                             pair_costs[f"V({k})"]), 3) for k in KS[1:]}
-    report["step_costs"] = {**costs, "sized_shapes": SIZED if sized else None, "context_tokens": CONTEXT}
+        pairs["sized_random_pair"] = tuple(_sized_model(SIZED[role], 32000, device) for role in ("target", "draft"))
+    costs = {}
+    for name, (target, draft) in pairs.items():
+        measured = measure_step_costs(target, draft, max(KS))
+        costs[name] = {"target_step_ms": round(measured.target_step_ms, 3), "c": round(measured.cost_ratio, 4),
+                       **{f"V({k})": round(measured.verify_cost[k], 4) for k in KS[1:]},
+                       # what the analytic model expects from these costs at a per-token acceptance of 0.6
+                       "expected_speedup_at_a=0.6": {
+                           f"K={k}": round(expected_speedup(leviathan_tokens_per_step(0.6, k), k, measured.cost_ratio,
+                                                            measured.verify_cost[k]), 3) for k in KS[1:]}}
+    report["step_costs"] = {**costs, "sized_shapes": SIZED if sized else None, "context_tokens": COST_CONTEXT}
     report["greedy_identical"] = identical
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
