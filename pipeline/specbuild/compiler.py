@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 StepName = Literal["check", "convert", "build", "package"]
 STEPS: tuple[StepName, ...] = ("check", "convert", "build", "package")
 STATE_FILE = ".specbuild-state.json"
+ENGINE_STEPS: tuple[StepName, ...] = ("convert", "build")
+
+
+def pipeline_steps(builds_engines: bool) -> tuple[StepName, ...]:
+    """The steps of a runtime's pipeline: all of them, or without convert and build for a runtime without engines."""
+    return tuple(step for step in STEPS if builds_engines or step not in ENGINE_STEPS)
 
 
 @dataclass
@@ -134,10 +140,8 @@ def planned_engines(spec: BuildSpec) -> dict[Role, EngineInfo]:
 
 
 def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, EngineInfo], output: Path) -> None:
-    from specbuild.package.repository import render_repository
-
     context = PackageContext(kv_fractions=check["kv_fractions"], kv_tokens=check["kv_tokens"])
-    render_repository(spec, engines, Path(spec.target.checkpoint), output, runtime_for(spec.runtime), context)
+    runtime_for(spec.runtime).render_repository(spec, engines, Path(spec.target.checkpoint), output, context)
 
 
 def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
@@ -145,8 +149,10 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
     """The pipeline's stages from ``check`` through ``upto``; later stages read the check's findings from
     ``runner.results`` (also when the check itself was skipped). ``package_only``: check, then package the
     engines already in ``outputs.engines_dir``, or, where none are built, the engines the runtime would build
-    (a release without engines, for inspection: see :func:`run`)."""
+    (a release without engines, for inspection: see :func:`run`). A runtime that builds no engines has no
+    convert and build stages: check and package are its whole pipeline."""
     build_dir, engines_dir, repository = _dirs(spec)
+    builds_engines = runtime_for(spec.runtime).builds_engines
     converted = build_dir / spec.runtime
     models = {role: getattr(spec, role) for role in ROLES}
     # What engines are built for; the default K and adaptive K only change the orchestrator's config.
@@ -159,6 +165,8 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
         return with_checked_limits(spec, check_data())
 
     def engines() -> dict[Role, EngineInfo]:
+        if not builds_engines:
+            return planned_engines(checked())
         return (built_engines(spec) if not package_only else built_engines(spec) or planned_engines(checked())) or {}
 
     # Stages after the check hash the limits as the user set them: the resolved ones are in the check's
@@ -170,23 +178,24 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
                   build_dir / "check", lambda tmp: _check_action(spec, tmp))
     package = Stage("package", {"spec": spec.model_dump(mode="json", exclude={"outputs"}),
                                 # the build stage's output counts upstream; built elsewhere, by its content
-                                "engines": (engines_dir.resolve() if engines_dir.is_dir() else None)
+                                "engines": None if not builds_engines
+                                else (engines_dir.resolve() if engines_dir.is_dir() else None)
                                 if package_only else str(engines_dir.resolve()),
                                 "repository": str(repository.resolve())},
                     repository, lambda tmp: _package_action(checked(), check_data(), engines(), tmp),
                     exclude=("manifest.json",))
     if package_only:
         return [check, package]
-    all_stages = [
-        check,
-        Stage("convert", {"runtime": spec.runtime, "models": models, "security": spec.security},
-              converted, lambda tmp, progress: _convert_action(checked(), tmp, progress)),
-        Stage("build", {"runtime": spec.runtime, "models": models, "engine_speculation": engine_speculation,
-                        "limits": spec.limits},
-              engines_dir, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
-        package,
-    ]
-    return all_stages[: STEPS.index(upto) + 1]
+    by_step = {
+        "check": check,
+        "convert": Stage("convert", {"runtime": spec.runtime, "models": models, "security": spec.security},
+                         converted, lambda tmp, progress: _convert_action(checked(), tmp, progress)),
+        "build": Stage("build", {"runtime": spec.runtime, "models": models, "engine_speculation": engine_speculation,
+                                 "limits": spec.limits},
+                       engines_dir, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
+        "package": package,
+    }
+    return [by_step[step] for step in pipeline_steps(builds_engines) if STEPS.index(step) <= STEPS.index(upto)]
 
 
 def check_outputs(spec: BuildSpec) -> None:
@@ -224,7 +233,8 @@ def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, jso
     results = runner.run(stages(spec, runner, upto, package_only=package_only))
     check_data = results[0].data
     spec = with_checked_limits(spec, check_data)
-    engines_built = not package_only or built_engines(spec) is not None
+    # a runtime without engines has nothing left to build; else, packaged alone, the engines may be missing
+    engines_built = not runtime_for(spec.runtime).builds_engines or not package_only or built_engines(spec) is not None
     result = CompileResult(spec=spec, steps=results, repository=repository, engines=engines,
                            engines_built=engines_built, check=check_data)
     if upto == "package" and write_manifest:
@@ -234,14 +244,24 @@ def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, jso
 
 def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dict[str, Any],
                     engines_built: bool) -> Path:
+    """The manifest of the release: its repository and engines, or, for a runtime without engines, its
+    repository and the checkpoints it serves (with the limits the runtime records for them)."""
     from specbuild.package import manifest
 
+    runtime = runtime_for(spec.runtime)
     _, engines, repository = _dirs(spec)
-    build_info = {role: _read_json(engines / role / BUILD_INFO) for role in ROLES} if engines_built else None
+    checkpoints = None
+    if not runtime.builds_engines:
+        checkpoints = {role: getattr(spec, role).checkpoint for role in ROLES}
+        build_info = {role: runtime.planned_build_info(spec, role, checkpoint)
+                      for role, checkpoint in _checkpoints(spec).items()}
+    else:
+        build_info = {role: _read_json(engines / role / BUILD_INFO) for role in ROLES} if engines_built else None
     try:
         return manifest.write_manifest(
-            repository, engines if engines_built else None, spec=spec, inputs=check_data.get("inputs", {}),
-            steps=results, compatibility=check_data.get("compatibility"), extra={"build_info": build_info},
+            repository, engines if runtime.builds_engines and engines_built else None, spec=spec,
+            inputs=check_data.get("inputs", {}), steps=results, compatibility=check_data.get("compatibility"),
+            extra={"build_info": build_info}, checkpoints=checkpoints,
         )
     except SpecbuildError as exc:
         raise StageError("manifest", exc.message, exc.fix) from exc
@@ -273,5 +293,6 @@ def plan(spec: BuildSpec) -> dict[str, Any]:
     plans = [runtime.plan(spec, role, checkpoint, build_dir / spec.runtime / role, engines / role)
              for role, checkpoint in checkpoints.items()]
     return {"name": spec.name, "runtime": spec.runtime, "engines": str(engines), "repository": str(repository),
-            "steps": list(STEPS) + ["manifest"], "models": {item.role: item.data for item in plans},
+            "steps": [*pipeline_steps(runtime.builds_engines), "manifest"],
+            "models": {item.role: item.data for item in plans},
             "text": "\n\n".join([f"{spec.runtime} runtime: {spec.name}"] + [item.text for item in plans])}

@@ -132,7 +132,10 @@ class TritonSpec(_Strict):
     http_port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = pick a free port)")
     grpc_port: int = Field(8001, ge=0, le=65535, description="gRPC port (0 = pick a free port)")
     metrics_port: int = Field(8002, ge=0, le=65535, description="Prometheus metrics port (0 = pick a free port)")
-    image: str = Field(DEFAULT_TRITON_IMAGE, description="NGC image for the tensorrt-llm runtime (TensorRT-LLM 1.2.x)")
+    image: str = Field(DEFAULT_TRITON_IMAGE, description="NGC image for the tensorrt-llm runtimes (TensorRT-LLM 1.2.x)")
+    tensorrt_llm: Literal["1.2", "main"] = Field(
+        "1.2", description="the TensorRT-LLM in the image: 1.2 (NGC 26.04-26.07) or main (engine-free, built from "
+        "source after July 2026)")
     engine_mount: str = Field("/engines", description="where engines are mounted inside the container")
     repository_mount: str = Field("/triton_repo", description="where the repository is mounted inside the container")
     gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory to check the memory plan against "

@@ -41,9 +41,13 @@ class PairParams(BaseModel):
 
     @classmethod
     def from_spec(cls, spec: BuildSpec) -> PairParams:
-        return cls(acceptance=spec.speculation.acceptance, max_seq_len=spec.limits.max_seq_len,
-                   max_input_len=spec.limits.max_input_len,
-                   runtime=spec.resolved_runtime(), target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype)
+        """The spec's settings as the release will run them (an acceptance rule the runtime does not have falls
+        back to its own: :meth:`Runtime.spec_findings` says so)."""
+        runtime = runtime_for(spec.resolved_runtime())
+        acceptance = spec.speculation.acceptance
+        return cls(acceptance=acceptance if acceptance in runtime.acceptances else runtime.acceptances[0],
+                   max_seq_len=spec.limits.max_seq_len, max_input_len=spec.limits.max_input_len,
+                   runtime=runtime.name, target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype)
 
 
 class CompatibilityReport(BaseModel):
@@ -62,7 +66,8 @@ class CompatibilityReport(BaseModel):
 
 def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
                spec_or_params: BuildSpec | PairParams | None = None) -> CompatibilityReport:
-    """Every reason the pair cannot be built or served, with its fix, and what the user should know."""
+    """Every reason the pair cannot be built or served, with its fix, and what the user should know (given a
+    spec, also the settings its runtime cannot honour)."""
     params = spec_or_params if isinstance(spec_or_params, PairParams) else (
         PairParams.from_spec(spec_or_params) if spec_or_params is not None else PairParams())
     report = CompatibilityReport(
@@ -71,6 +76,10 @@ def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
     )
     for check in (_tokenizers, _special_ids, _vocab_widths, _architectures, _dtypes, _sizes, _positions, _rope):
         check(target, draft, params, report)
+    if isinstance(spec_or_params, BuildSpec):
+        for finding in runtime_for(params.runtime).spec_findings(spec_or_params):
+            (report.reasons if finding.blocking else report.warnings).append(
+                Finding(code=finding.code, message=finding.message, fix=finding.fix))
     return report
 
 

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from specbuild.build.runtimes import runtimes
 from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.check.compatibility import CompatibilityReport, Finding, check_pair, cost_meaning
+from specbuild.check.compatibility import CompatibilityReport, Finding, PairParams, check_pair, cost_meaning
 from specbuild.errors import UsageError
 from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
 from specbuild.spec import BuildSpec, LimitsSpec, ModelSpec
@@ -94,7 +94,7 @@ def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | Non
     return CheckReport(
         target=target, draft=draft, limits=resolved.limits, compatibility=check_pair(target, draft, spec),
         memory=plan_memory(resolved, target, draft, gpu_memory_gib, refuse=False),
-        acceptance=spec.speculation.acceptance, runtime=spec.resolved_runtime(),
+        acceptance=PairParams.from_spec(spec).acceptance, runtime=spec.resolved_runtime(),
     )
 
 

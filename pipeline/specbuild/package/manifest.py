@@ -6,6 +6,10 @@ engines: file paths are relative to the two trees' common folder (``root``, stor
 manifest's own folder, e.g. ``".."`` for the default ``engines/`` + ``triton_repo/`` side by side), so a
 release moved or copied as a whole still verifies. The manifest itself is not in its file list.
 
+A release of a runtime that builds no engines (``tensorrt-llm-llmapi``: TensorRT-LLM loads the checkpoints
+itself) names the checkpoints it serves under ``checkpoints`` (absolute paths); :func:`verify` re-hashes them
+against their identities in ``inputs``, as it re-hashes the trees.
+
 It never records environment variables, tokens or credentials: only the resolved spec, the inputs'
 identities the caller passes, package versions and GPU names.
 """
@@ -132,13 +136,16 @@ def write_manifest(
     compatibility: Mapping[str, Any] | None = None,
     toolchain_info: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    checkpoints: Mapping[str, str | Path] | None = None,
 ) -> Path:
     """Hash the release and write ``<repository_dir>/manifest.json`` atomically; returns its path.
 
     ``spec``: the resolved BuildSpec (or its dict). ``inputs``: the checkpoints' identities (paths, config,
     tokenizer and weight hashes). ``steps``: the :class:`StageResult` list of the run (or dicts).
-    ``toolchain_info`` defaults to :func:`toolchain`. ``engines_dir`` None: a release packaged without engines
-    (``specbuild package`` where the runtime cannot build), marked so that it is never served.
+    ``toolchain_info`` defaults to :func:`toolchain`. ``checkpoints``: ``{role: folder}`` a runtime without
+    engines serves (their identities must be in ``inputs``). ``engines_dir`` None without ``checkpoints``: a
+    release packaged without the engines its runtime builds (``specbuild package`` where the runtime cannot
+    build), marked so that it is never served.
     """
     repository_dir = Path(repository_dir)
     manifest_path = repository_dir.resolve() / MANIFEST_NAME
@@ -150,8 +157,10 @@ def write_manifest(
         "profile_id": profile_id(files),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "root": os.path.relpath(root, manifest_path.parent),
-        "engines_built": engines_dir is not None,
+        "engines_built": engines_dir is not None or checkpoints is not None,
         "trees": trees,
+        **({"checkpoints": {role: str(Path(path).resolve()) for role, path in checkpoints.items()}}
+           if checkpoints is not None else {}),
         "files": files,
         "spec": spec.model_dump(mode="json") if hasattr(spec, "model_dump") else dict(spec),
         "inputs": dict(inputs),
@@ -242,13 +251,15 @@ def _require_engines(manifest: Mapping[str, Any], manifest_path: Path) -> None:
 
 @dataclass(frozen=True)
 class Release:
-    """What a compiled release says about itself: the spec it was compiled from and its engines' build records."""
+    """What a compiled release says about itself: the spec it was compiled from, its engines' build records, and
+    the checkpoints it serves where its runtime builds no engines (empty otherwise)."""
 
     manifest: Path
     spec: BuildSpec
     build_info: dict[str, Any]
     repository: Path
     engines: Path
+    checkpoints: dict[str, Path]
 
 
 def read_release(path: str | Path) -> Release:
@@ -268,7 +279,32 @@ def read_release(path: str | Path) -> Release:
     root = (manifest_path.parent / _relative_or_fail(manifest.get("root", "."), "root", parents_only=True)).resolve()
     engines = root / _relative_or_fail(manifest["trees"].get("engines", ""), "tree")
     return Release(manifest_path, spec, dict(manifest.get("extra", {}).get("build_info") or {}),
-                   manifest_path.parent, engines)
+                   manifest_path.parent, engines, {role: Path(path) for role, path in _checkpoints(manifest).items()})
+
+
+def _checkpoints(manifest: Mapping[str, Any]) -> dict[str, str]:
+    checkpoints = manifest.get("checkpoints") or {}
+    if not isinstance(checkpoints, dict) or not all(isinstance(path, str) and PurePosixPath(path).is_absolute()
+                                                    for path in checkpoints.values()):
+        raise VerificationError("manifest checkpoints must map roles to absolute folders", "regenerate the manifest")
+    return checkpoints
+
+
+def _checkpoint_files(manifest: Mapping[str, Any], *, recorded: bool) -> dict[str, str]:
+    """The served checkpoints' files as ``"<role> checkpoint/<path>": sha256``: as the manifest's ``inputs``
+    recorded them, or as they are now."""
+    files: dict[str, str] = {}
+    for role, folder in _checkpoints(manifest).items():
+        if recorded:
+            identity = manifest.get("inputs", {}).get(role) or {}
+            hashes = identity.get("files") if isinstance(identity, dict) else None
+            if not isinstance(hashes, dict):
+                raise VerificationError(f"the manifest serves the {role} checkpoint but records no identity for it",
+                                        "regenerate the manifest")
+        else:
+            hashes = hash_tree(Path(folder), symlinks="follow") if Path(folder).is_dir() else {}
+        files.update({f"{role} checkpoint/{relative}": digest for relative, digest in hashes.items()})
+    return files
 
 
 def verify(path: str | Path) -> VerifyReport:
@@ -280,6 +316,8 @@ def verify(path: str | Path) -> VerifyReport:
     trees = {role: _relative_or_fail(tree, "tree") for role, tree in manifest["trees"].items()}
     recorded = {_relative_or_fail(relative, "file"): digest for relative, digest in manifest["files"].items()}
     current = _hash_release(root, trees, manifest_path)
+    recorded.update(_checkpoint_files(manifest, recorded=True))
+    current.update(_checkpoint_files(manifest, recorded=False))
     return VerifyReport(
         manifest=manifest_path,
         root=root,

@@ -69,7 +69,7 @@ class EngineInfo:
 
 
 # --- config builders -----------------------------------------------------------------------------------
-def _io(message_type: Any, tensors: tuple[Tensor, ...]) -> list[Any]:
+def tensor_io(message_type: Any, tensors: tuple[Tensor, ...]) -> list[Any]:
     items = []
     for item in tensors:
         kwargs = {"name": item.name, "data_type": mc.DataType.Value(item.dtype), "dims": list(item.dims)}
@@ -84,7 +84,7 @@ def python_model_config(name: str, spec: BuildSpec, inputs: tuple[Tensor, ...], 
                         instances: int = 1) -> mc.ModelConfig:
     config = mc.ModelConfig(
         name=name, backend="python", max_batch_size=spec.limits.max_batch_size,
-        input=_io(mc.ModelInput, inputs), output=_io(mc.ModelOutput, outputs),
+        input=tensor_io(mc.ModelInput, inputs), output=tensor_io(mc.ModelOutput, outputs),
         instance_group=[mc.ModelInstanceGroup(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)],
     )
     if decoupled:
@@ -124,7 +124,8 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     """preprocessing -> orchestrator -> postprocessing, keeping NVIDIA's ensemble tensor names."""
     config = mc.ModelConfig(
         name=contract.ENSEMBLE_MODEL, platform="ensemble", max_batch_size=spec.limits.max_batch_size,
-        input=_io(mc.ModelInput, contract.ENSEMBLE_INPUTS), output=_io(mc.ModelOutput, contract.ENSEMBLE_OUTPUTS),
+        input=tensor_io(mc.ModelInput, contract.ENSEMBLE_INPUTS),
+        output=tensor_io(mc.ModelOutput, contract.ENSEMBLE_OUTPUTS),
     )
     public = {t.name for t in contract.ENSEMBLE_INPUTS}
 
@@ -180,7 +181,7 @@ def write_config(model_dir: Path, config: mc.ModelConfig) -> None:
     (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
 
 
-def _copy_model_source(source_name: str, model_dir: Path) -> None:
+def ship_model_source(source_name: str, model_dir: Path) -> None:
     """The model's source as ``1/model.py``, with the specbuild modules it imports beside it."""
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +194,7 @@ def _copy_model_source(source_name: str, model_dir: Path) -> None:
 PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 
-def _copy_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
+def ship_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
     """The target's tokenizer files into the model's folder, its class named so that every image loads it."""
     from specbuild.build.runtimes.torch import copy_tokenizer
 
@@ -242,12 +243,12 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], tokeni
         write_config(output_dir / name, config)
     (output_dir / contract.ENSEMBLE_MODEL / "1").mkdir(exist_ok=True)
     for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL):
-        _copy_model_source(f"{name}.py", output_dir / name)
+        ship_model_source(f"{name}.py", output_dir / name)
     for name in (contract.PREPROCESSING_MODEL, contract.POSTPROCESSING_MODEL):
-        _copy_tokenizer(tokenizer_dir, output_dir / name)
+        ship_tokenizer(tokenizer_dir, output_dir / name)
     for role in engines:
         if runtime.engine_model_source:
-            _copy_model_source(runtime.engine_model_source, output_dir / role)
+            ship_model_source(runtime.engine_model_source, output_dir / role)
         else:
             (output_dir / role / "1").mkdir(parents=True, exist_ok=True)
     problems = validate_repository(output_dir)
@@ -267,14 +268,15 @@ def _dims_compatible(a: list[int], b: list[int]) -> bool:
     return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
 
 
-def validate_repository(repository: Path) -> list[str]:
-    """Parse every ``config.pbtxt`` with Triton's ``ModelConfig`` and cross-check the ensemble.
+def validate_repository(repository: Path, models: tuple[str, ...] = contract.MODEL_NAMES) -> list[str]:
+    """Parse the ``config.pbtxt`` of each of ``models`` with Triton's ``ModelConfig`` and cross-check the ensemble.
 
-    Returns the problems found (empty when the repository is consistent).
+    Returns the problems found (empty when the repository is consistent). A python model's ``model.py`` may be a
+    link into the serving image (the LLM-API model's is).
     """
     problems: list[str] = []
     configs: dict[str, mc.ModelConfig] = {}
-    for name in contract.MODEL_NAMES:
+    for name in models:
         path = repository / name / "config.pbtxt"
         if not path.is_file():
             problems.append(f"{name}: config.pbtxt is missing")
@@ -286,7 +288,8 @@ def validate_repository(repository: Path) -> list[str]:
             continue
         if configs[name].name != name:
             problems.append(f"{name}: config name is {configs[name].name!r}")
-        if configs[name].backend == "python" and not (repository / name / "1" / "model.py").is_file():
+        source = repository / name / "1" / "model.py"
+        if configs[name].backend == "python" and not (source.is_file() or source.is_symlink()):
             problems.append(f"{name}: 1/model.py is missing")
     ensemble = configs.get(contract.ENSEMBLE_MODEL)
     if ensemble is None:

@@ -48,9 +48,9 @@ def _imports(source: Path) -> set[str]:
     return names
 
 
-def closure(entry: Path) -> dict[str, Path]:
+def closure(entry: Path, allowed: frozenset[str] = ALLOWED_THIRD_PARTY) -> dict[str, Path]:
     """``{module name: source}`` of the specbuild modules ``entry`` needs; third-party imports outside
-    :data:`ALLOWED_THIRD_PARTY` are refused (naming the module that makes them)."""
+    ``allowed`` (:data:`ALLOWED_THIRD_PARTY`) are refused (naming the module that makes them)."""
     found: dict[str, Path] = {}
     pending = [(entry, "model.py")]
     while pending:
@@ -63,16 +63,16 @@ def closure(entry: Path) -> dict[str, Path]:
                 if module_file is not None and module_file.name != "__init__.py" and imported not in found:
                     found[imported] = module_file
                     pending.append((module_file, imported))
-            elif top not in sys.stdlib_module_names and top not in ALLOWED_THIRD_PARTY:
+            elif top not in sys.stdlib_module_names and top not in allowed:
                 raise StageError("package", f"{name} imports {imported!r}, which the Triton image does not have",
                                  "keep the serving modules to numpy, torch and transformers (a specbuild bug)")
     return found
 
 
-def vendor(entry: Path, version_dir: Path) -> list[Path]:
+def vendor(entry: Path, version_dir: Path, allowed: frozenset[str] = ALLOWED_THIRD_PARTY) -> list[Path]:
     """Copy ``entry``'s closure into ``version_dir/specbuild/``, package folders marked; returns the files."""
     written = []
-    for module, source in sorted(closure(entry).items()):
+    for module, source in sorted(closure(entry, allowed).items()):
         destination = version_dir / Path(*module.split(".")).with_suffix(".py")
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, destination)

@@ -72,6 +72,12 @@ def incremental_text(tokenizer: Any, tokens: Sequence[int], skip: int, final: bo
     """
     full = tokenizer.decode(list(tokens), skip_special_tokens=True)
     sent = tokenizer.decode(list(tokens[:skip]), skip_special_tokens=True) if skip > 0 else ""
+    return text_after(full, sent, final)
+
+
+def text_after(full: str, sent: str, final: bool) -> str:
+    """What ``full`` (the whole text so far) adds to ``sent`` (the text already sent, as it was decoded then),
+    holding back a trailing U+FFFD until ``final``."""
     sent = sent.rstrip(REPLACEMENT_CHARACTER)
     if not final:
         full = full.rstrip(REPLACEMENT_CHARACTER)

@@ -7,12 +7,13 @@ in-process baseline, and by anyone who wants the algorithm without a server.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.speculation.drafting import DraftHealth, draft_sources
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.loop import GenerationRequest, speculate
+from specbuild.speculation.loop import GenerationRequest, Round, speculate
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.speculation.torch_engine import TorchEngine
 
@@ -44,20 +45,28 @@ class InProcessSpeculator:
         return asyncio.run(self._generate(request))
 
     async def _generate(self, request: GenerationRequest) -> Generated:
-        async def call_target(engine_request: EngineRequest) -> EngineOutput:
-            return self.target.run(engine_request)
-
-        async def call_draft(engine_request: EngineRequest) -> EngineOutput:
-            assert self.draft is not None
-            return self.draft.run(engine_request)
-
         stats = SpeculationStats()
-        drafts = draft_sources(request, call_draft if self.draft else None, stats=stats, health=self.health,
-                               lookup_draft_fallback=self.lookup_draft_fallback)
         tokens: list[int] = []
         finish_reason = None
-        async for step in speculate(request, call_target, drafts, max_draft_len=self.target.max_draft_len,
-                                    stats=stats):
+        async for step in self.rounds(request, stats):
             tokens.extend(step.tokens)
             finish_reason = step.finish_reason
         return Generated(tokens, stats, finish_reason)
+
+    def rounds(self, request: GenerationRequest, stats: SpeculationStats, *,
+               offload: bool = False) -> AsyncIterator[Round]:
+        """The request's rounds as they finish (``stats`` updated in place); ``offload`` runs each engine call in
+        a worker thread, so requests sharing an event loop overlap (the engines take one call at a time)."""
+        async def call(engine: TorchEngine, engine_request: EngineRequest) -> EngineOutput:
+            return await asyncio.to_thread(engine.run, engine_request) if offload else engine.run(engine_request)
+
+        async def call_target(engine_request: EngineRequest) -> EngineOutput:
+            return await call(self.target, engine_request)
+
+        async def call_draft(engine_request: EngineRequest) -> EngineOutput:
+            assert self.draft is not None
+            return await call(self.draft, engine_request)
+
+        drafts = draft_sources(request, call_draft if self.draft else None, stats=stats, health=self.health,
+                               lookup_draft_fallback=self.lookup_draft_fallback)
+        return speculate(request, call_target, drafts, max_draft_len=self.target.max_draft_len, stats=stats)

@@ -2,9 +2,11 @@
 
 A :class:`Runtime` knows which architectures it runs, the dtype it builds each model in, the conversion and
 build of a model (planned first, for ``--dry-run``; executed second), the build record of an engine it has
-only planned, and the parameters of the engine models the repository serves them with. The compile pipeline,
-``check`` and the repository renderer ask the runtime of a spec (:func:`runtime_for`) and never branch on its
-name. Each runtime's heavy dependencies (TensorRT-LLM, torch) are imported only when it runs.
+only planned, the parameters of the engine models the repository serves them with, and the spec settings it
+cannot honour. A runtime that builds no engines (``builds_engines`` false: TensorRT-LLM's LLM API loads the
+checkpoints itself) renders a repository of its own and is never asked to convert or build. The compile
+pipeline, ``check`` and the repository renderer ask the runtime of a spec (:func:`runtime_for`) and never
+branch on its name. Each runtime's heavy dependencies (TensorRT-LLM, torch) are imported only when it runs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from specbuild.errors import SpecError
+from specbuild.errors import SpecError, UsageError
 
 if TYPE_CHECKING:
     from specbuild.check.checkpoints import CheckpointInfo
@@ -37,6 +39,16 @@ class ModelPlan:
 
 
 @dataclass(frozen=True)
+class SpecFinding:
+    """A spec setting a runtime cannot honour: ``blocking`` ones make the pair check fail, others warn."""
+
+    code: str
+    message: str
+    fix: str | None = None
+    blocking: bool = True
+
+
+@dataclass(frozen=True)
 class PackageContext:
     """What the check step found that engine configs need: the memory plan's KV split and token caps."""
 
@@ -54,6 +66,13 @@ class Runtime(abc.ABC):
     # Releases run in the runtime's container image (launch plans; serve --dry-run prints the commands), not on
     # the Triton server bundled with specbuild.
     container_launch: ClassVar[bool]
+    # Compile converts and builds engines (else the stages are check and package, and the release serves the
+    # checkpoints themselves).
+    builds_engines: ClassVar[bool] = True
+    # Verification rules the runtime can run, preferred first (speculation.acceptance falls back to the first).
+    acceptances: ClassVar[tuple[str, ...]] = ("draft-logits", "token-match")
+    # A container release's gauge of requests in flight (Prometheus name, labels): what autoscaling follows.
+    inflight_metric: ClassVar[tuple[str, Mapping[str, str]] | None] = None
 
     @abc.abstractmethod
     def available(self) -> bool:
@@ -73,23 +92,38 @@ class Runtime(abc.ABC):
              engine: Path) -> ModelPlan:
         """Conversion and build of one model, without running them."""
 
-    @abc.abstractmethod
     def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
-        """HF checkpoint -> the runtime's checkpoint in ``output``."""
+        """HF checkpoint -> the runtime's checkpoint in ``output`` (runtimes that build engines)."""
+        raise self._no_engines()
 
-    @abc.abstractmethod
     def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
         """Converted checkpoint -> engine folder ``output`` (with its ``build_info.json``)."""
+        raise self._no_engines()
+
+    def engine_parameters(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+                          context: PackageContext) -> EngineParameters:
+        """The ``parameters`` of the engine model serving ``engine`` from ``repository``."""
+        raise self._no_engines()
+
+    def _no_engines(self) -> UsageError:
+        return UsageError(f"the {self.name} runtime builds no engines", "run `specbuild compile` (check and package)")
 
     @abc.abstractmethod
     def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
         """The ``build_info.json`` the engine of ``role`` would get: what packaging needs to render the
-        repository for engines not built here."""
+        repository for engines not built here (for a runtime without engines: the model's limits)."""
 
-    @abc.abstractmethod
-    def engine_parameters(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
-                          context: PackageContext) -> EngineParameters:
-        """The ``parameters`` of the engine model serving ``engine`` from ``repository``."""
+    def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
+        """Spec settings this runtime cannot honour (``check`` reports them with the pair's findings)."""
+        return []
+
+    def render_repository(self, spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path,
+                          output_dir: Path, context: PackageContext) -> None:
+        """Write the whole Triton repository into ``output_dir``: by default the engine-model layout of
+        :func:`specbuild.package.repository.render_repository`."""
+        from specbuild.package.repository import render_repository
+
+        render_repository(spec, engines, tokenizer_dir, output_dir, self, context)
 
 
 def runtimes() -> dict[str, Runtime]:

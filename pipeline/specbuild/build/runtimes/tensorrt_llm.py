@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import TypeAdapter
 
-from specbuild.build.runtimes import ModelPlan, PackageContext, Role, Runtime
+from specbuild.build.runtimes import ModelPlan, PackageContext, Role, Runtime, SpecFinding
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import EngineParameters
 from specbuild.package.contract import BUILD_INFO
@@ -133,15 +133,16 @@ class EnginePlan:
     build: BuildPlan
 
 
-def resolve_dtype(requested: str, role: Role, checkpoint_dtype: str | None) -> EngineDtype:
+def resolve_dtype(requested: str, role: Role, checkpoint_dtype: str | None, *,
+                  runtime: str = "tensorrt-llm") -> EngineDtype:
     """The engine dtype: the spec's, or for ``auto`` the checkpoint's ``torch_dtype``.
 
     ``auto`` follows ``convert_checkpoint.py --dtype auto``: a float32 (or unrecorded) checkpoint becomes
-    float16. float32 engines are refused: this runtime builds fp16/bf16 engines only.
+    float16. float32 is refused: TensorRT-LLM runs fp16/bf16 models only here.
     """
     if requested == "float32":
         raise SpecError(
-            f"{role}.dtype is float32, which the tensorrt-llm runtime does not build (fp16/bf16 engines only)",
+            f"{role}.dtype is float32, which the {runtime} runtime does not run (fp16/bf16 only)",
             f"set {role}.dtype to bfloat16, float16 or auto, or use --runtime torch for float32",
         )
     if requested != "auto":
@@ -349,6 +350,22 @@ def build(plan: BuildPlan, into: str | Path | None = None) -> Path:
 
 
 # --- the runtime ---------------------------------------------------------------------------------------
+def installed_package_dir() -> Path | None:
+    """The folder of the installed ``tensorrt_llm`` package, found without importing it (an import loads CUDA)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorrt_llm")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def engine_flow_installed() -> bool:
+    """Whether the installed TensorRT-LLM still has the engine flow: ``tensorrt_llm/builder.py`` went with
+    ``trtllm-build`` in TensorRT-LLM PR #15918 (July 2026)."""
+    package = installed_package_dir()
+    return package is not None and (package / "builder.py").is_file()
+
+
 class TensorRTLLMRuntime(Runtime):
     """TensorRT-LLM 1.2.x engines served by Triton's ``tensorrtllm`` backend (a CUDA GPU, the NGC image)."""
 
@@ -356,11 +373,18 @@ class TensorRTLLMRuntime(Runtime):
     engine_backend = "tensorrtllm"
     container_launch = True
     auto_priority = 20
+    inflight_metric = ("nv_trt_llm_request_metrics", {"model": "target", "request_type": "active"})  # the backend's
 
     def available(self) -> bool:
-        import importlib.util
+        return engine_flow_installed()
 
-        return importlib.util.find_spec("tensorrt_llm") is not None
+    def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
+        if spec.triton.tensorrt_llm == TENSORRT_LLM_SERIES:
+            return []
+        return [SpecFinding("tensorrt-llm-line", f"triton.tensorrt_llm is {spec.triton.tensorrt_llm}, whose "
+                            "TensorRT-LLM has no engine flow (removed in July 2026)",
+                            f"use --runtime tensorrt-llm-llmapi, or an image with TensorRT-LLM {TENSORRT_LLM_SERIES}.x "
+                            f"and --set triton.tensorrt_llm={TENSORRT_LLM_SERIES}")]
 
     def unsupported(self, architecture: str) -> str | None:
         if architecture in SUPPORTED_ARCHITECTURES:

@@ -29,50 +29,17 @@ from specbuild.package.contract import ORCHESTRATOR_INPUTS, OrchestratorParamete
 from specbuild.serve.engine_io import decode_output, encode_request  # noqa: E402
 from specbuild.serve.orchestration import RowRequest, parse_rows, response_arrays  # noqa: E402
 from specbuild.serve.triton_models.common import model_parameters, request_arrays, response  # noqa: E402
+from specbuild.serve.triton_models.metrics import Metrics  # noqa: E402
 from specbuild.speculation.drafting import DraftHealth, draft_sources  # noqa: E402
 from specbuild.speculation.engine import EngineOutput, EngineRequest  # noqa: E402
 from specbuild.speculation.loop import speculate  # noqa: E402
-from specbuild.speculation.stats import METRICS, SpeculationStats  # noqa: E402
+from specbuild.speculation.stats import SpeculationStats  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class EngineCallError(RuntimeError):
     """An engine model returned an error (its message is kept)."""
-
-
-class Metrics:
-    """The counters of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint."""
-
-    def __init__(self, model_name: str) -> None:
-        self._labels = {"model": model_name}
-        self._families = {metric.key: pb_utils.MetricFamily(name=metric.name, description=metric.description,
-                                                            kind=pb_utils.MetricFamily.COUNTER)
-                          for metric in METRICS}
-        self._metrics = {metric.key: self._families[metric.key].Metric(labels=self._labels)
-                         for metric in METRICS if not metric.per_position}
-        self._per_position: dict[tuple[str, int], Any] = {}
-
-    def count(self, key: str, value: float = 1.0) -> None:
-        if value:
-            self._metrics[key].increment(value)
-
-    def record(self, stats: SpeculationStats, output_tokens: int) -> None:
-        self.count("requests")
-        self.count("output_tokens", output_tokens)
-        for metric in METRICS:
-            value = getattr(stats, metric.key, None)
-            if value is None:
-                continue
-            if not metric.per_position:
-                self.count(metric.key, value)
-                continue
-            for position, count in enumerate(value):
-                if (metric.key, position) not in self._per_position:
-                    labels = dict(self._labels, position=str(position))
-                    self._per_position[metric.key, position] = self._families[metric.key].Metric(labels=labels)
-                if count:
-                    self._per_position[metric.key, position].increment(count)
 
 
 class TritonPythonModel:

@@ -1,0 +1,44 @@
+"""The counters of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint (python backend
+metrics API), for the models that serve a release's requests (the orchestrator, the LLM-API adapter)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from specbuild.speculation.stats import METRICS, SpeculationStats
+
+
+class Metrics:
+    """The counters of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint."""
+
+    def __init__(self, model_name: str) -> None:
+        self._labels = {"model": model_name}
+        self._families = {metric.key: pb_utils.MetricFamily(name=metric.name, description=metric.description,
+                                                            kind=pb_utils.MetricFamily.COUNTER)
+                          for metric in METRICS}
+        self._metrics = {metric.key: self._families[metric.key].Metric(labels=self._labels)
+                         for metric in METRICS if not metric.per_position}
+        self._per_position: dict[tuple[str, int], Any] = {}
+
+    def count(self, key: str, value: float = 1.0) -> None:
+        if value:
+            self._metrics[key].increment(value)
+
+    def record(self, stats: SpeculationStats, output_tokens: int) -> None:
+        self.count("requests")
+        self.count("output_tokens", output_tokens)
+        for metric in METRICS:
+            value = getattr(stats, metric.key, None)
+            if value is None:
+                continue
+            if not metric.per_position:
+                self.count(metric.key, value)
+                continue
+            for position, count in enumerate(value):
+                if (metric.key, position) not in self._per_position:
+                    labels = dict(self._labels, position=str(position))
+                    self._per_position[metric.key, position] = self._families[metric.key].Metric(labels=labels)
+                if count:
+                    self._per_position[metric.key, position].increment(count)
