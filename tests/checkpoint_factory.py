@@ -131,24 +131,28 @@ def _cached_build(basetemp: Path) -> Checkpoints:
     return _BUILT[basetemp]
 
 
-def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | None = None):
-    """A tensorrt-llm release of the factory pair whose engines were "built on a GPU host": each engine folder
-    holds the build record TensorRT-LLM's runtime plans for it (and a stand-in engine file), then
-    ``specbuild package`` renders and hashes the repository here. Returns the ``CompileResult``."""
-    import json
-
-    from specbuild import compiler
-    from specbuild.build.runtimes import runtime_for
-    from specbuild.check.checkpoints import read_checkpoint
-    from specbuild.package.contract import BUILD_INFO
+def release_spec(checkpoints: Checkpoints, root: Path, runtime: str, overrides: dict | None = None):
+    """A spec of the factory pair for ``runtime``, its release under ``root/release``."""
     from specbuild.spec import load_spec
 
-    spec = load_spec(None, {
-        "name": "gpu", "runtime": "tensorrt-llm", "target.checkpoint": str(checkpoints.target),
+    return load_spec(None, {
+        "name": "gpu", "runtime": runtime, "target.checkpoint": str(checkpoints.target),
         "draft.checkpoint": str(checkpoints.draft), "limits.max_input_len": 64, "limits.max_seq_len": 192,
         "outputs.build_dir": str(root / "build"), "outputs.engines_dir": str(root / "release" / "engines"),
         "outputs.repository_dir": str(root / "release" / "triton_repo"), **(overrides or {}),
     })
+
+
+def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | None = None):
+    """A tensorrt-llm release of the factory pair whose engines were "built on a GPU host": each engine folder
+    holds the build record TensorRT-LLM's runtime plans for it (and a stand-in engine file), then
+    ``specbuild package`` renders and hashes the repository here. Returns the ``CompileResult``."""
+    from specbuild import compiler
+    from specbuild.build.runtimes import runtime_for
+    from specbuild.check.checkpoints import read_checkpoint
+    from specbuild.package.contract import BUILD_INFO
+
+    spec = release_spec(checkpoints, root, "tensorrt-llm", overrides)
     runtime = runtime_for("tensorrt-llm")
     for role in ("target", "draft"):
         folder = Path(spec.outputs.engines_dir) / role
@@ -157,3 +161,10 @@ def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | 
         (folder / BUILD_INFO).write_text(json.dumps(record), encoding="utf-8")
         (folder / "rank0.engine").write_bytes(b"stand-in engine")
     return compiler.run(spec, json_mode=True, package_only=True)
+
+
+def package_llmapi_release(checkpoints: Checkpoints, root: Path, overrides: dict | None = None):
+    """A tensorrt-llm-llmapi release of the factory pair, compiled here (it builds nothing): the ``CompileResult``."""
+    from specbuild import compiler
+
+    return compiler.run(release_spec(checkpoints, root, "tensorrt-llm-llmapi", overrides), json_mode=True)

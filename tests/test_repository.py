@@ -1,5 +1,5 @@
 """Contract tests of the rendered Triton repository: every config parses with Triton's own ModelConfig,
-the ensemble's mappings agree with the composing models, and both runtimes give the same public interface."""
+the ensemble's mappings agree with the composing models, and every runtime gives the same public interface."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from checkpoint_factory import Checkpoints, checkpoints, package_gpu_release  # noqa: F401 - the fixture
+from checkpoint_factory import (  # noqa: F401 - the fixture
+    Checkpoints,
+    checkpoints,
+    package_gpu_release,
+    package_llmapi_release,
+)
 from specbuild import compiler
 from specbuild.errors import StageError, VerificationError
 from specbuild.package import contract
@@ -91,6 +96,27 @@ def test_both_runtimes_render_the_same_engine_configs(torch_release: Path, tmp_p
         torch_config.ClearField("parameters")
         gpu_config.ClearField("parameters")
         assert torch_config == gpu_config  # inputs, outputs, batching, instances: identical
+
+
+def test_every_runtime_serves_the_same_public_interface(torch_release: Path, tmp_path: Path,
+                                                       checkpoints: Checkpoints) -> None:  # noqa: F811
+    """The ensemble of a torch, a tensorrt-llm and a tensorrt-llm-llmapi release: the same inputs and outputs
+    (names, types, shapes, optional), batching and streaming; only what sits behind it differs."""
+    releases = {"torch": torch_release, "tensorrt-llm": package_gpu_release(checkpoints, tmp_path / "gpu").repository,
+                "tensorrt-llm-llmapi": package_llmapi_release(checkpoints, tmp_path / "llmapi").repository}
+
+    def interface(repository: Path) -> tuple[list[str], list[str], int]:
+        ensemble = read_config(repository / contract.ENSEMBLE_MODEL)
+        return ([text_format.MessageToString(t, as_one_line=True) for t in ensemble.input],
+                [text_format.MessageToString(t, as_one_line=True) for t in ensemble.output], ensemble.max_batch_size)
+
+    interfaces = {name: interface(repository) for name, repository in releases.items()}
+    assert interfaces["torch"] == interfaces["tensorrt-llm"] == interfaces["tensorrt-llm-llmapi"]
+    inputs, outputs, _ = interfaces["torch"]
+    assert len(inputs) == len(contract.ENSEMBLE_INPUTS) and len(outputs) == len(contract.ENSEMBLE_OUTPUTS)
+    steps = {name: [step.model_name for step in read_config(repository / contract.ENSEMBLE_MODEL)
+                    .ensemble_scheduling.step] for name, repository in releases.items()}
+    assert steps["tensorrt-llm-llmapi"] == ["llmapi_adapter"] != steps["torch"]
 
 
 def test_prompt_lookup_flows_like_adaptive_draft(torch_release: Path) -> None:

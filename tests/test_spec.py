@@ -86,7 +86,7 @@ def test_overrides_beat_the_file_and_parse_yaml_values(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("overrides", "expected"), [
     ({"speculation.acceptanc": "x"}, "speculation.acceptanc: unknown key"),
     ({"speculation.acceptance": "greedy"}, "'token-match' or 'draft-logits'"),
-    ({"runtime": "vllm"}, "runtime: Input should be 'torch', 'tensorrt-llm' or 'auto'"),
+    ({"runtime": "vllm"}, "runtime: Input should be 'torch', 'tensorrt-llm', 'tensorrt-llm-llmapi' or 'auto'"),
     ({"target.tp_size": 0}, "target.tp_size"),
     ({"speculation.num_draft_tokens": 9, "speculation.max_draft_len": 4}, "raise max_draft_len"),
     ({"limits.max_seq_len": 100, "limits.max_input_len": 100}, "must be larger than max_input_len"),

@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from specbuild.errors import SpecbuildError
-from specbuild.spec import DEFAULT_SPEC_FILE, load_spec, parse_override
+from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec, parse_override
 
 console = Console(stderr=True)
 
@@ -48,7 +48,7 @@ def spec_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help=f"build spec (default: ./{DEFAULT_SPEC_FILE} if it exists)"),
         click.option("--target", "target", default=None, help="target HF checkpoint folder"),
         click.option("--draft", "draft", default=None, help="draft HF checkpoint folder"),
-        click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm", "auto"]), default=None),
+        click.option("--runtime", type=click.Choice(RUNTIME_CHOICES), default=None),
         click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default=None,
                      help="dtype of both models"),
         click.option("--max-draft-len", type=int, default=None),
@@ -100,7 +100,7 @@ def main() -> None:
 @click.argument("draft", required=False, type=click.Path(file_okay=False))
 @click.option("--out", "-o", "path", type=click.Path(dir_okay=False), default=DEFAULT_SPEC_FILE, show_default=True,
               help="the spec file to write")
-@click.option("--runtime", type=click.Choice(["torch", "tensorrt-llm", "auto"]), default="auto", show_default=True)
+@click.option("--runtime", type=click.Choice(RUNTIME_CHOICES), default="auto", show_default=True)
 @click.option("--measure/--no-measure", default=True, show_default=True,
               help="time the pair in process (under a minute for the demo pair) to choose the starting K")
 @click.option("--force", is_flag=True, help="overwrite an existing file")
@@ -195,21 +195,34 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
               help="launch settings of a GPU release (triton.image, ...); the rest is the release's")
 @click.option("--dry-run", is_flag=True, help="print the commands instead of running them")
 @click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json")
+@click.option("--rehearse", is_flag=True, help="a tensorrt-llm-llmapi release: serve it here on the bundled Triton, "
+              "a CPU stand-in in place of TensorRT-LLM's LLM-API model")
 @reports_errors
 def serve(repository: str, host: str | None, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, timeout: float, log_file: str | None, assignments: tuple[str, ...],
-          dry_run: bool, no_verify: bool) -> None:
+          dry_run: bool, no_verify: bool, rehearse: bool) -> None:
     """Serve the release in REPOSITORY (default: triton_repo) with Triton until Ctrl-C.
 
-    A torch release runs on the Triton server bundled with specbuild (loopback by default); a tensorrt-llm
-    release in its NGC container, laid out as it was compiled (`--dry-run` prints the docker/mpirun commands).
+    A torch release runs on the Triton server bundled with specbuild (loopback by default); a tensorrt-llm or
+    tensorrt-llm-llmapi release in its NGC container, laid out as it was compiled (`--dry-run` prints the
+    docker/mpirun commands), or, rehearsed, a tensorrt-llm-llmapi release on the bundled server.
     """
+    import atexit
+    import shutil
+    import tempfile
+
     from specbuild.build.runtimes import runtime_for
     from specbuild.package.manifest import read_release
 
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
     release = read_release(repository) if _has_manifest(repository) else None
-    if release is not None and runtime_for(release.spec.runtime).container_launch:
+    if rehearse:
+        from specbuild.serve.rehearsal import rehearsal_repository
+
+        workdir = tempfile.mkdtemp(prefix="specbuild-rehearsal-")
+        atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+        repository = str(rehearsal_repository(repository, workdir))
+    elif release is not None and runtime_for(release.spec.runtime).container_launch:
         from specbuild.serve.launch import release_launch_plan
         from specbuild.serve.server import run_foreground
 
@@ -304,11 +317,11 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
     """
     from specbuild.package.manifest import read_release
     from specbuild.serve.k8s import DeployOptions, manifests, write_manifests
-    from specbuild.serve.launch import check_engine_configs, release_launch_spec
+    from specbuild.serve.launch import check_compiled_layout, release_launch_spec
 
     release = read_release(repository)
     spec = release_launch_spec(release.spec, launch_overrides(assignments))
-    check_engine_configs(release.repository, spec)
+    check_compiled_layout(release.repository, spec)
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
                             release_image=release_image)
     for path in write_manifests(out_dir, manifests(spec, options, kserve=kserve)):
@@ -318,6 +331,7 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
 def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:
     """Shared body of compile/convert/build/package: the spec from file + flags, then the pipeline."""
     from specbuild import compiler
+    from specbuild.build.runtimes import runtime_for
 
     spec = spec_from_options(**options)
     if dry_run:
@@ -332,8 +346,9 @@ def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool
     if json_mode:
         print_json(result.to_dict())
     elif result.manifest:
-        console.print(f"[green]release ready:[/] repository {result.repository}, engines {result.engines}, "
-                      f"manifest {result.manifest}")
+        served = (f"engines {result.engines}" if runtime_for(result.spec.runtime).builds_engines else
+                  f"checkpoints {result.spec.target.checkpoint} and {result.spec.draft.checkpoint}")
+        console.print(f"[green]release ready:[/] repository {result.repository}, {served}, manifest {result.manifest}")
 
 
 def pipeline_command(upto: str, summary: str) -> Callable[..., Any]:

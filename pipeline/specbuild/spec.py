@@ -19,7 +19,8 @@ from pydantic.fields import FieldInfo
 from specbuild.errors import SpecError
 from specbuild.speculation.lookup import PromptLookup
 
-Runtime = Literal["torch", "tensorrt-llm", "auto"]
+Runtime = Literal["torch", "tensorrt-llm", "tensorrt-llm-llmapi", "auto"]
+RUNTIME_CHOICES: tuple[str, ...] = get_args(Runtime)
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 Acceptance = Literal["token-match", "draft-logits"]
 
@@ -135,8 +136,10 @@ class TritonSpec(_Strict):
     image: str = Field(DEFAULT_TRITON_IMAGE, description="NGC image for the tensorrt-llm runtimes (TensorRT-LLM 1.2.x)")
     tensorrt_llm: Literal["1.2", "main"] = Field(
         "1.2", description="the TensorRT-LLM in the image: 1.2 (NGC 26.04-26.07) or main (engine-free, built from "
-        "source after July 2026)")
+        "source after July 2026: tensorrt-llm-llmapi only)")
     engine_mount: str = Field("/engines", description="where engines are mounted inside the container")
+    checkpoint_mount: str = Field("/checkpoints", description="tensorrt-llm-llmapi: where the target and draft "
+                                  "checkpoints are mounted inside the container (as <mount>/target, <mount>/draft)")
     repository_mount: str = Field("/triton_repo", description="where the repository is mounted inside the container")
     gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory to check the memory plan against "
                                          "(e.g. 80); null = not checked")
@@ -148,7 +151,7 @@ class TritonSpec(_Strict):
                                         "loop)")
     engine_instances: int = Field(1, ge=1, le=64, description="torch runtime: instances per engine model")
 
-    @field_validator("engine_mount", "repository_mount")
+    @field_validator("engine_mount", "checkpoint_mount", "repository_mount")
     @classmethod
     def _absolute_mount(cls, value: str) -> str:
         if not value.startswith("/") or ".." in Path(value).parts:
@@ -201,7 +204,9 @@ class BuildSpec(_Strict):
                       description="release name (letters, digits, _ . -)")
     runtime: Runtime = Field("auto", description="torch: HF checkpoints run with PyTorch inside Triton python models "
                              "(CPU or CUDA); tensorrt-llm: TensorRT-LLM 1.2.x engines on Triton's tensorrtllm backend "
-                             "(CUDA GPU, NGC image); auto: the best runtime installed here (GPU engines first)")
+                             "(CUDA GPU, NGC image); tensorrt-llm-llmapi: no engines, TensorRT-LLM's LLM-API model "
+                             "loads the checkpoints (CUDA GPU, NGC image); auto: the best runtime installed here "
+                             "(GPU engines, then the LLM API, then torch)")
     target: ModelSpec = Field(description="the model whose output is served")
     draft: ModelSpec = Field(description="the small model that proposes tokens; it must share the target's tokenizer")
     speculation: SpeculationSpec = Field(SpeculationSpec(), description="speculative decoding")

@@ -5,13 +5,15 @@ environment, ports, mount points and GPU count), so what ``specbuild serve --dry
 host is what each replica runs. Two variants:
 
 * Deployment + Service + HorizontalPodAutoscaler (``autoscaling/v2``, on a Prometheus pods metric served
-  through an adapter such as prometheus-adapter; the default is the target engine's in-flight requests,
-  ``nv_trt_llm_request_metrics{model="target",request_type="active"}``);
+  through an adapter such as prometheus-adapter; the default is the runtime's gauge of requests in flight:
+  ``nv_trt_llm_request_metrics{model="target",request_type="active"}`` for engines,
+  ``specbuild_requests_in_flight{model="llmapi_adapter"}`` for TensorRT-LLM's LLM API);
 * KServe ``ServingRuntime`` + ``InferenceService`` (RawDeployment mode: Triton needs GPUs and several ports).
 
-The release (engines + repository folders, as ``specbuild compile`` wrote them) reaches the pod either as
-a read-only PersistentVolumeClaim holding both folders, or through an init container that copies them out
-of a release image (see ``docker/Dockerfile.release``) into an ``emptyDir``.
+The release (the folders the launch plan mounts: engines + repository as ``specbuild compile`` wrote them, or,
+for ``tensorrt-llm-llmapi``, the repository and the two checkpoint folders) reaches the pod either as a
+read-only PersistentVolumeClaim holding those folders side by side, or through an init container that copies
+them out of a release image (see ``docker/Dockerfile.release``) into an ``emptyDir``.
 """
 
 from __future__ import annotations
@@ -24,16 +26,15 @@ from typing import Any
 
 import yaml
 
-from specbuild.package.contract import TARGET_MODEL
+from specbuild.build.runtimes import ROLES, runtime_for
 from specbuild.errors import UsageError
-from specbuild.serve.launch import DEFAULT_SHM_GIB, LaunchPlan, launch_plan
+from specbuild.serve.launch import DEFAULT_SHM_GIB, LaunchPlan, release_plan
 from specbuild.spec import BuildSpec
 
 IMAGE_USER_ID = 1000  # the NGC tritonserver images' non-root "triton-server" user
 RELEASE_IMAGE_ROOT = "/release"  # where a release image holds the engines and repository folders
 HEALTH_READY = "/v2/health/ready"
 HEALTH_LIVE = "/v2/health/live"
-DEFAULT_HPA_METRIC = "nv_trt_llm_request_metrics"
 KSERVE_CONTAINER = "kserve-container"  # the name KServe requires for a runtime's serving container
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -48,7 +49,7 @@ class DeployOptions:
     pvc: str | None = None  # claim holding <engines>/ and <repository>/ side by side
     release_image: str | None = None  # image with /release/<engines> and /release/<repository>
     shm_gib: int = DEFAULT_SHM_GIB
-    hpa_metric: str = DEFAULT_HPA_METRIC
+    hpa_metric: str | None = None  # a pods metric; None: the runtime's gauge of requests in flight
     hpa_target: float | None = None  # in-flight requests per pod; None: 3/4 of limits.max_batch_size
     startup_timeout_s: int = 1800  # engine load (a 70B target takes minutes)
     termination_grace_s: int = 120
@@ -81,7 +82,9 @@ def _check(options: DeployOptions) -> None:
 
 
 def _plan(spec: BuildSpec, options: DeployOptions) -> LaunchPlan:
-    return launch_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir, shm_gib=options.shm_gib)
+    checkpoints = {role: getattr(spec, role).checkpoint for role in ROLES}
+    return release_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir, checkpoints,
+                        shm_gib=options.shm_gib)
 
 
 def _labels(spec: BuildSpec) -> dict[str, str]:
@@ -93,19 +96,15 @@ def _meta(spec: BuildSpec, options: DeployOptions, name: str | None = None) -> d
     return {"name": name or k8s_name(spec.name), "namespace": options.namespace, "labels": _labels(spec)}
 
 
-def _subpaths(spec: BuildSpec) -> dict[str, str]:
-    """Folder names of the engines and the repository inside the release volume, as compile named them."""
-    return {"engines": Path(spec.outputs.engines_dir).name, "repository": Path(spec.outputs.repository_dir).name}
-
-
-def _volume_mounts(spec: BuildSpec) -> list[dict[str, Any]]:
-    sub = _subpaths(spec)
-    return [
-        {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "release", "mountPath": spec.triton.engine_mount, "subPath": sub["engines"], "readOnly": True},
-        {"name": "release", "mountPath": spec.triton.repository_mount, "subPath": sub["repository"],
-         "readOnly": True},
-    ]
+def _volume_mounts(plan: LaunchPlan) -> list[dict[str, Any]]:
+    """The launch plan's mounts, each folder found in the release volume by its name (as compile named it)."""
+    names = [Path(mount.source).name for mount in plan.mounts]
+    if len(set(names)) != len(names):
+        raise UsageError(f"the release's folders {', '.join(m.source for m in plan.mounts)} must have different "
+                         "names to sit side by side in one volume", "rename the folders (and package again)")
+    return [{"name": "dshm", "mountPath": "/dev/shm"}] + [
+        {"name": "release", "mountPath": mount.target, "subPath": name, "readOnly": mount.read_only}
+        for mount, name in zip(plan.mounts, names)]
 
 
 def _volumes(options: DeployOptions) -> list[dict[str, Any]]:
@@ -131,7 +130,7 @@ def _triton_container(spec: BuildSpec, plan: LaunchPlan, name: str) -> dict[str,
         "env": [{"name": key, "value": value} for key, value in plan.env.items()],
         "ports": [{"name": kind, "containerPort": port, "protocol": "TCP"} for kind, port in plan.ports.items()],
         "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
-        "volumeMounts": _volume_mounts(spec),
+        "volumeMounts": _volume_mounts(plan),
         "securityContext": _container_security(),
     }
 
@@ -213,8 +212,9 @@ def _hpa_target(spec: BuildSpec, options: DeployOptions) -> str:
 
 def autoscaler(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
     metric: dict[str, Any] = {"name": options.hpa_metric}
-    if options.hpa_metric == DEFAULT_HPA_METRIC:
-        metric["selector"] = {"matchLabels": {"model": TARGET_MODEL, "request_type": "active"}}
+    inflight = runtime_for(spec.runtime).inflight_metric
+    if options.hpa_metric is None and inflight is not None:  # every container runtime names its gauge
+        metric = {"name": inflight[0], "selector": {"matchLabels": dict(inflight[1])}}
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",

@@ -21,22 +21,35 @@ NVIDIA's tensorrtllm_backend (``scripts/launch_triton_server.py``, ``docs/llama_
 guide (TensorRT-LLM ``examples/draft_target_model/README.md``) says ``--multi-model`` (orchestrator mode)
 is necessary once tensor parallelism is used, because two TensorRT-LLM models share the MPI world; so
 ``leader`` (the slurm-friendly mode) is refused when either model uses tensor parallelism.
+
+A ``tensorrt-llm-llmapi`` release (no engines; TensorRT-LLM's LLM-API model loads the checkpoints, mounted at
+``triton.checkpoint_mount``) has two layouts, as TensorRT-LLM's ``triton_backend/scripts/launch_triton_server.py``
+and tensorrtllm_backend ``docs/llmapi.md`` run it (:func:`llmapi_launch_plan`):
+
+* ``single`` (``auto``): one ``tritonserver`` under ``mpirun -n 1``; the LLM spawns its tp x pp GPU workers.
+* ``leader``: ``mpirun -n <tp x pp> trtllm-llmapi-launch tritonserver ...``: MPI starts every rank,
+  ``trtllm-llmapi-launch`` runs Triton on rank 0 and an LLM-API worker on the others (TensorRT-LLM
+  ``tensorrt_llm/llmapi/trtllm-llmapi-launch``); the form that spans nodes (``srun`` in place of ``mpirun``).
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
+from specbuild.build.runtimes import runtime_for
+from specbuild.build.runtimes.tensorrt_llm_llmapi import container_checkpoint
 from specbuild.errors import SpecError, UsageError
+from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
 from specbuild.spec import BuildSpec
 
 Mode = Literal["single", "leader", "orchestrator"]
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
+LLMAPI_LAUNCH = "trtllm-llmapi-launch"  # on the NGC image's PATH with TensorRT-LLM
 CONTAINER_BIND = "0.0.0.0"  # inside the container; the host side is published on spec.triton.host
 ENGINE_MODELS = (TARGET_MODEL, DRAFT_MODEL)
 DEFAULT_SHM_GIB = 2  # /dev/shm for the python backend's tensors (Docker default 64 MiB is too small)
@@ -67,7 +80,7 @@ class LaunchPlan:
     world_size: int  # MPI processes started by mpirun (1 for single and spawning orchestrator mode)
     gpu_count: int
     fast_logits: bool
-    spawn_processes: bool | None  # orchestrator mode only
+    spawn_processes: bool | None  # TensorRT-LLM starts its GPU workers itself (orchestrator mode; LLM API single)
     devices: dict[str, ModelDevices]
     server_argv: tuple[str, ...]  # run inside the container
     env: dict[str, str]
@@ -77,6 +90,7 @@ class LaunchPlan:
     shm_gib: int
     mounts: tuple[Mount, ...]
     docker_argv: tuple[str, ...]
+    runtime: str = "tensorrt-llm"
 
     @property
     def server_command(self) -> str:
@@ -96,7 +110,7 @@ class LaunchPlan:
         """A commented, copy-pasteable shell rendering (``shlex.join``) of the plan."""
         url_host = _bracket(self.host)
         lines = [
-            f"# specbuild launch plan (tensorrt-llm runtime): {self.mode} mode, "
+            f"# specbuild launch plan ({self.runtime} runtime): {self.mode} mode, "
             f"MPI world size {self.world_size}, {self.gpu_count} GPU(s)"
             + (", fast logits" if self.fast_logits else ""),
         ]
@@ -123,17 +137,17 @@ def _csv(values: tuple[int, ...]) -> str:
 
 
 def _require_trtllm(spec: BuildSpec) -> None:
-    from specbuild.build.runtimes import runtime_for
-
     if not runtime_for(spec.runtime).container_launch:
-        raise UsageError(f"launch plans are for GPU releases (tensorrt-llm); this release uses runtime "
-                         f"{spec.runtime!r}", "serve it with `specbuild serve` (the bundled Triton, CPU or any CUDA "
-                         "GPU), or compile it with --runtime tensorrt-llm")
+        raise UsageError(f"launch plans are for GPU releases (tensorrt-llm, tensorrt-llm-llmapi); this release uses "
+                         f"runtime {spec.runtime!r}", "serve it with `specbuild serve` (the bundled Triton, CPU or any "
+                         "CUDA GPU), or compile it with --runtime tensorrt-llm")
 
 
 def resolve_mode(spec: BuildSpec) -> Mode:
     """The process layout of ``spec.launch``; raises when it cannot work (see the module notes)."""
     _require_trtllm(spec)
+    if not runtime_for(spec.runtime).builds_engines:
+        return _llmapi_mode(spec)
     mode, fast_logits = spec.launch.mode, spec.launch.fast_logits
     ranks = max(spec.target.world_size, spec.draft.world_size)
     if fast_logits:
@@ -212,6 +226,40 @@ def release_launch_spec(release: BuildSpec, overrides: dict[str, Any]) -> BuildS
     return BuildSpec.model_validate(data)
 
 
+def check_compiled_layout(repository: Path, spec: BuildSpec) -> None:
+    """Refuse a release whose compiled configs do not match the layout it is launched with (see
+    :func:`check_engine_configs` and :func:`check_llmapi_config`), naming the model and the key."""
+    if runtime_for(spec.runtime).builds_engines:
+        check_engine_configs(repository, spec)
+    else:
+        check_llmapi_config(repository, spec)
+
+
+def check_llmapi_config(repository: Path, spec: BuildSpec) -> None:
+    """The LLM-API model's ``model.yaml`` must read back through its typed model and name the checkpoints and
+    the parallel layout this launch mounts and reserves GPUs for."""
+    from specbuild.package.llmapi_config import ModelYaml, parse
+    from specbuild.package.llmapi_contract import LLMAPI_MODEL, MODEL_YAML
+
+    path = repository / LLMAPI_MODEL / "1" / MODEL_YAML
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc}", "package the release again (specbuild package)") from None
+    config = parse(ModelYaml, text, str(path))
+    compared = {  # key: (model.yaml's value, what the launch mounts and reserves GPUs for)
+        "model": (config.model, container_checkpoint(spec, TARGET_MODEL)),
+        "speculative_model": (config.speculative_config.speculative_model, container_checkpoint(spec, DRAFT_MODEL)),
+        "tensor_parallel_size": (config.tensor_parallel_size, spec.target.tp_size),
+        "pipeline_parallel_size": (config.pipeline_parallel_size, spec.target.pp_size),
+    }
+    problems = [f"{key} is {found!r}, the launch needs {needed!r}" for key, (found, needed) in compared.items()
+                if found != needed]
+    if problems:
+        raise SpecError(f"{path} does not match the launch:\n  " + "\n  ".join(problems),
+                        "package the release again (specbuild package) rather than editing model.yaml")
+
+
 def check_engine_configs(repository: Path, spec: BuildSpec) -> None:
     """Refuse engine configs whose devices differ from the launch layout: a missing ``participant_ids`` would make
     TensorRT-LLM drop fast logits without a word, or hang waiting for ranks; this names the model and the key."""
@@ -247,8 +295,17 @@ def release_launch_plan(repository: str | Path, overrides: dict[str, Any], *, ve
                                     f"{len(report.missing)} missing, {len(report.extra)} extra files)",
                                     "run `specbuild verify` to see which, and rebuild or restore them")
     spec = release_launch_spec(release.spec, overrides)
-    check_engine_configs(release.repository, spec)
-    return launch_plan(spec, release.repository, release.engines, gpus=gpus, shm_gib=shm_gib)
+    check_compiled_layout(release.repository, spec)
+    return release_plan(spec, release.repository, release.engines, release.checkpoints, gpus=gpus, shm_gib=shm_gib)
+
+
+def release_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, checkpoints: Mapping[str, str | Path],
+                 **options: Any) -> LaunchPlan:
+    """The launch plan of a release of ``spec``'s runtime: its ``engines`` folder, or, for a runtime without
+    engines, the ``checkpoints`` TensorRT-LLM's LLM API loads."""
+    if runtime_for(spec.runtime).builds_engines:
+        return launch_plan(spec, repository, engines, **options)
+    return llmapi_launch_plan(spec, repository, checkpoints, **options)
 
 
 def _ports(spec: BuildSpec) -> dict[str, int]:
@@ -343,21 +400,63 @@ def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, *,
 
     mounts = (Mount(_host_path(engines, "engines"), spec.triton.engine_mount),
               Mount(_host_path(repository, "repository"), spec.triton.repository_mount))
-    docker_argv = ["docker", "run", "--rm", "--name", f"specbuild-{spec.name}", "--gpus", str(gpu_count),
-                   "--shm-size", f"{shm_gib}g", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
-    for kind in PORT_KINDS:
-        docker_argv += ["-p", _publish(spec.triton.host, ports[kind])]
-    for mount in mounts:
-        docker_argv += ["--mount", f"type=bind,source={mount.source},target={mount.target}"
-                        + (",readonly" if mount.read_only else "")]
-    for key, value in env.items():
-        docker_argv += ["-e", f"{key}={value}"]
-    docker_argv += [spec.triton.image, *server_argv]
-
     return LaunchPlan(mode=resolved, world_size=world_size, gpu_count=gpu_count, fast_logits=fast_logits,
                       spawn_processes=spawns, devices=devices, server_argv=tuple(server_argv), env=env,
                       image=spec.triton.image, host=spec.triton.host, ports=ports, shm_gib=shm_gib, mounts=mounts,
-                      docker_argv=tuple(docker_argv))
+                      docker_argv=_docker_argv(spec, gpu_count, shm_gib, ports, mounts, env, server_argv),
+                      runtime=spec.runtime)
+
+
+def _docker_argv(spec: BuildSpec, gpu_count: int, shm_gib: int, ports: dict[str, int], mounts: tuple[Mount, ...],
+                 env: dict[str, str], server_argv: list[str]) -> tuple[str, ...]:
+    """``docker run`` of the image with ``server_argv``: GPUs, shared memory, published ports, read-only mounts."""
+    argv = ["docker", "run", "--rm", "--name", f"specbuild-{spec.name}", "--gpus", str(gpu_count),
+            "--shm-size", f"{shm_gib}g", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+    for kind in PORT_KINDS:
+        argv += ["-p", _publish(spec.triton.host, ports[kind])]
+    for mount in mounts:
+        argv += ["--mount", f"type=bind,source={mount.source},target={mount.target}"
+                 + (",readonly" if mount.read_only else "")]
+    for key, value in env.items():
+        argv += ["-e", f"{key}={value}"]
+    return tuple(argv + [spec.triton.image, *server_argv])
+
+
+# --- tensorrt-llm-llmapi: TensorRT-LLM's LLM-API model ---------------------------------------------------
+def _llmapi_mode(spec: BuildSpec) -> Mode:
+    mode = spec.launch.mode
+    if mode == "orchestrator" or spec.launch.fast_logits:
+        raise SpecError("TensorRT-LLM's orchestrator mode and fast logits lay out engines; the LLM API starts its "
+                        "own workers", "set launch.mode to auto, single or leader (and fast_logits: false), and "
+                        "package again")
+    return "leader" if mode == "leader" else "single"
+
+
+def llmapi_launch_plan(spec: BuildSpec, repository: str | Path, checkpoints: Mapping[str, str | Path], *,
+                       gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:
+    """The plan to serve a ``tensorrt-llm-llmapi`` release: ``repository`` and the ``checkpoints`` (host folders
+    by role) mounted read-only, the draft on the target's GPUs (the LLM API runs it with the target's layout)."""
+    resolved = resolve_mode(spec)
+    gpu_count = spec.target.world_size
+    if gpus is not None and gpu_count > gpus:
+        raise UsageError(f"the target needs {gpu_count} GPUs (tp_size x pp_size), but only {gpus} are available",
+                         "use smaller tp_size/pp_size, or a host with more GPUs")
+    if shm_gib < 1:
+        raise UsageError(f"shm_gib must be at least 1, got {shm_gib}", "give /dev/shm 1 GiB or more")
+    ports = _ports(spec)
+    server = _server_args(spec, ports, rank=0, mpi=True, gpu_count=gpu_count, spawns=None)
+    ranks = 1 if resolved == "single" else gpu_count
+    server_argv = ["mpirun", "--allow-run-as-root", "-n", str(ranks),
+                   *([LLMAPI_LAUNCH] if resolved == "leader" else []), *server]
+    mounts = (*(Mount(_host_path(checkpoints[role], f"{role} checkpoint"), container_checkpoint(spec, role))
+                for role in ENGINE_MODELS),
+              Mount(_host_path(repository, "repository"), spec.triton.repository_mount))
+    devices = {role: ModelDevices(tuple(range(gpu_count)), None, False) for role in ENGINE_MODELS}
+    return LaunchPlan(mode=resolved, world_size=ranks, gpu_count=gpu_count, fast_logits=False,
+                      spawn_processes=resolved == "single", devices=devices, server_argv=tuple(server_argv), env={},
+                      image=spec.triton.image, host=spec.triton.host, ports=ports, shm_gib=shm_gib, mounts=mounts,
+                      docker_argv=_docker_argv(spec, gpu_count, shm_gib, ports, mounts, {}, server_argv),
+                      runtime=spec.runtime)
 
 
 def format_launch(spec: BuildSpec, repository: str | Path, engines: str | Path, **options: Any) -> str:

@@ -129,9 +129,10 @@ class Runtime(abc.ABC):
 def runtimes() -> dict[str, Runtime]:
     """Every runtime by name (imported here, when first asked for, so importing specbuild stays light)."""
     from specbuild.build.runtimes.tensorrt_llm import TensorRTLLMRuntime
+    from specbuild.build.runtimes.tensorrt_llm_llmapi import TensorRTLLMLLMAPIRuntime
     from specbuild.build.runtimes.torch import TorchRuntime
 
-    return {runtime.name: runtime for runtime in (TorchRuntime(), TensorRTLLMRuntime())}
+    return {runtime.name: runtime for runtime in (TorchRuntime(), TensorRTLLMRuntime(), TensorRTLLMLLMAPIRuntime())}
 
 
 def runtime_for(name: str) -> Runtime:
@@ -145,6 +146,6 @@ def runtime_for(name: str) -> Runtime:
 
 def best_available() -> str:
     """``runtime: auto``: of the runtimes this machine can build with, the one of highest ``auto_priority``
-    (GPU engines before the embedded torch runtime)."""
+    (TensorRT-LLM engines, then TensorRT-LLM's LLM API where the engine flow is gone, then embedded torch)."""
     available = [runtime for runtime in runtimes().values() if runtime.available()]
     return max(available, key=lambda runtime: runtime.auto_priority).name

@@ -10,4 +10,6 @@ MODEL_SOURCES = {
     "orchestrator": "orchestrator.py",
     "postprocessing": "postprocessing.py",
     "torch_engine": "torch_engine_model.py",
+    "llmapi_adapter": "llmapi_adapter.py",
+    "llmapi_stand_in": "llmapi_stand_in_model.py",
 }

@@ -1,0 +1,144 @@
+"""Triton model ``llmapi_adapter``: specbuild's public interface in front of TensorRT-LLM's LLM-API model.
+
+The ensemble of a ``tensorrt-llm-llmapi`` release routes the public inputs here unchanged; this decoupled
+model turns each row into a request to the ``tensorrt_llm`` model (BLS, decoupled), whose draft-target
+speculation runs inside TensorRT-LLM, and answers with the public outputs: the text (as deltas when streamed,
+the LLM API sending the whole text each time), the acceptance figures TensorRT-LLM reports, and the generated
+token count (the LLM-API model returns text only: the text is re-tokenized with the target's tokenizer, shipped
+under ``tokenizer/``). The request handling is in :mod:`specbuild.serve.llmapi_requests` and
+:mod:`specbuild.serve.llmapi_io` (pure, unit-tested); this file only moves tensors. Parameters:
+:class:`specbuild.package.llmapi_contract.LLMAPIAdapterParameters`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __name__.startswith("specbuild."):  # inside a repository: this release's own copy of specbuild first
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import asyncio  # noqa: E402
+from typing import Any  # noqa: E402
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from specbuild.errors import RequestError  # noqa: E402
+from specbuild.package.contract import ENSEMBLE_INPUTS  # noqa: E402
+from specbuild.package.llmapi_contract import ADAPTER_WANTS, IN_FLIGHT_METRIC, LLMAPIAdapterParameters  # noqa: E402
+from specbuild.serve.llmapi_io import decode_answer, encode_request  # noqa: E402
+from specbuild.serve.llmapi_requests import RowProgress, parse_rows, response_arrays  # noqa: E402
+from specbuild.serve.triton_models.common import model_dir, model_parameters, request_arrays, response  # noqa: E402
+from specbuild.serve.triton_models.metrics import Metrics  # noqa: E402
+from specbuild.speculation.stats import SpeculationStats  # noqa: E402
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class LLMAPIError(RuntimeError):
+    """The LLM-API model answered with an error (its message is kept)."""
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        from transformers import AutoTokenizer
+
+        self.settings = LLMAPIAdapterParameters.from_parameters(model_parameters(args))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
+        self.metrics = Metrics(args["model_name"])
+        self.in_flight = pb_utils.MetricFamily(name=IN_FLIGHT_METRIC, description="Requests being answered",
+                                               kind=pb_utils.MetricFamily.GAUGE).Metric(
+                                                   labels={"model": args["model_name"]})
+        self.logger = pb_utils.Logger
+
+    async def execute(self, requests: list[Any]) -> None:
+        await asyncio.gather(*(self._serve(request) for request in requests))
+        return None
+
+    async def _serve(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        self.in_flight.increment(1)
+        try:
+            rows = parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)
+            progress = [RowProgress(row) for row in rows]
+            if await self._answer(request, sender, progress):
+                stats = SpeculationStats()
+                for item in progress:
+                    answer = item.answer
+                    stats.drafted_tokens += (answer and answer.total_draft_tokens) or 0
+                    stats.accepted_tokens += (answer and answer.total_accepted_draft_tokens) or 0
+                self.metrics.record(stats, sum(item.tokens for item in progress))
+        except RequestError as exc:
+            self.metrics.count("errors")
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"llmapi_adapter: {exc}")), flags=FINAL)
+        except Exception as exc:  # noqa: BLE001 - a failed generation must end this request, never the model
+            self.metrics.count("errors")
+            self.logger.log_error(f"llmapi_adapter: request failed: {exc!r}")
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"llmapi_adapter: {exc}")), flags=FINAL)
+        finally:
+            self.in_flight.increment(-1)
+
+    async def _answer(self, request: Any, sender: Any, progress: list[RowProgress]) -> bool:
+        """Run every row; streamed, one response whenever a row has new text; else one at the end. False when
+        the client cancelled."""
+        stream = any(item.row.stream for item in progress)
+        events: asyncio.Queue[BaseException | None] = asyncio.Queue()
+        tasks = [asyncio.create_task(self._run_row(item, events)) for item in progress]
+        try:
+            while True:
+                event = await events.get()
+                if event is not None:
+                    raise event
+                if request.is_cancelled():
+                    self.metrics.count("cancelled")
+                    cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+                    sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+                    return False
+                done = all(item.finished for item in progress)
+                if stream:
+                    texts = [item.take_new_text() for item in progress]
+                    if done or any(texts):
+                        sender.send(response(response_arrays(texts, progress)), flags=FINAL if done else 0)
+                elif done:
+                    texts = [(item.row.llm.prompt if item.row.include_prompt else "") + item.take_new_text()
+                             for item in progress]
+                    sender.send(response(response_arrays(texts, progress)), flags=FINAL)
+                if done:
+                    return True
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _run_row(self, item: RowProgress, events: asyncio.Queue[BaseException | None]) -> None:
+        """Ask the LLM-API model for one row, recording each of its answers in ``item``; an event per answer."""
+        answers = None
+        try:
+            inputs = [pb_utils.Tensor(name, value) for name, value in encode_request(item.row.llm).items()]
+            bls = pb_utils.InferenceRequest(model_name=self.settings.llmapi_model,
+                                            requested_output_names=list(ADAPTER_WANTS), inputs=inputs)
+            answers = await bls.async_exec(decoupled=True)
+            loop = asyncio.get_running_loop()
+            while True:  # the iterator blocks until the next answer: wait for it off the event loop
+                answer = await loop.run_in_executor(None, next, answers, None)
+                if answer is None:
+                    break
+                if answer.has_error():
+                    raise LLMAPIError(answer.error().message())
+                arrays = {name: tensor.as_numpy() for name in ADAPTER_WANTS
+                          if (tensor := pb_utils.get_output_tensor_by_name(answer, name)) is not None}
+                if arrays:  # the final answer may come empty
+                    item.update(decode_answer(arrays))
+                    self._count(item)
+                    events.put_nowait(None)
+            item.finished = True
+            self._count(item)
+            events.put_nowait(None)
+        except asyncio.CancelledError:  # the client went away, or another row failed: stop the generation too
+            if answers is not None:
+                answers.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the sending loop
+            events.put_nowait(exc)
+
+    def _count(self, item: RowProgress) -> None:
+        item.tokens = len(self.tokenizer.encode(item.generated(), add_special_tokens=False))
