@@ -53,6 +53,23 @@ def tiny_release(tiny_pair):
 
 
 @pytest.fixture(scope="session")
+def tiny_llmapi_release(tiny_pair):
+    """The tiny pair packaged for the tensorrt-llm-llmapi runtime (nothing to build), with the limits of
+    ``tiny_release``, into the cache folder (``tiny-llmapi-release/``). Its CPU rehearsal serves it here."""
+    from specbuild import compiler
+    from specbuild.spec import load_spec
+
+    root = CACHE_DIR / "tiny-llmapi-release"
+    spec = load_spec(None, {
+        "name": "tiny-llmapi", "runtime": "tensorrt-llm-llmapi",
+        "target.checkpoint": str(tiny_pair.target_dir), "draft.checkpoint": str(tiny_pair.draft_dir),
+        "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8,
+        "outputs.build_dir": "build", "outputs.repository_dir": "release/triton_repo",
+    }, base_dir=root)
+    return compiler.run(spec, json_mode=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_server(tiny_release):
     """One Triton server on the tiny release for the whole session, on free loopback ports; stopped (with
     its python model processes and shared memory) at the end. Tests must leave its models loaded."""

@@ -4,10 +4,10 @@ The ensemble of a ``tensorrt-llm-llmapi`` release routes the public inputs here 
 model turns each row into a request to the ``tensorrt_llm`` model (BLS, decoupled), whose draft-target
 speculation runs inside TensorRT-LLM, and answers with the public outputs: the text (as deltas when streamed,
 the LLM API sending the whole text each time), the acceptance figures TensorRT-LLM reports, and the generated
-token count (the LLM-API model returns text only: the text is re-tokenized with the target's tokenizer, shipped
-under ``tokenizer/``). The request handling is in :mod:`specbuild.serve.llmapi_requests` and
-:mod:`specbuild.serve.llmapi_io` (pure, unit-tested); this file only moves tensors. Parameters:
-:class:`specbuild.package.llmapi_contract.LLMAPIAdapterParameters`.
+token count (the LLM-API model returns text only: ``max_tokens`` when the answer ran to it, else the text
+re-tokenized with the target's tokenizer, shipped under ``tokenizer/``). The request handling is in
+:mod:`specbuild.serve.llmapi_requests` and :mod:`specbuild.serve.llmapi_io` (pure, unit-tested); this file only
+moves tensors. Parameters: :class:`specbuild.package.llmapi_contract.LLMAPIAdapterParameters`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ class TritonPythonModel:
         self.settings = LLMAPIAdapterParameters.from_parameters(model_parameters(args))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
         self.metrics = Metrics(args["model_name"])
-        self.in_flight = pb_utils.MetricFamily(name=IN_FLIGHT_METRIC, description="Requests being answered",
-                                               kind=pb_utils.MetricFamily.GAUGE).Metric(
-                                                   labels={"model": args["model_name"]})
+        # the family must outlive its metric (the python backend deletes a metric with its family)
+        self.in_flight_family = pb_utils.MetricFamily(name=IN_FLIGHT_METRIC, description="Requests being answered",
+                                                      kind=pb_utils.MetricFamily.GAUGE)
+        self.in_flight = self.in_flight_family.Metric(labels={"model": args["model_name"]})
         self.logger = pb_utils.Logger
 
     async def execute(self, requests: list[Any]) -> None:
@@ -141,4 +142,10 @@ class TritonPythonModel:
             events.put_nowait(exc)
 
     def _count(self, item: RowProgress) -> None:
-        item.tokens = len(self.tokenizer.encode(item.generated(), add_special_tokens=False))
+        """output_token_count: ``max_tokens`` for an answer that ran to it, else the text re-tokenized (the
+        LLM-API model returns no token ids; re-tokenizing may merge what was generated as several tokens)."""
+        answer = item.answer
+        if item.finished and answer is not None and answer.finish_reason == "length":
+            item.tokens = item.row.llm.max_tokens
+        else:
+            item.tokens = len(self.tokenizer.encode(item.generated(), add_special_tokens=False))
