@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild.serve.launch import launch_plan
+from specbuild.serve.launch import launch_plan, llmapi_launch_plan
 from specbuild.spec import DEFAULT_TRITON_IMAGE, BuildSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +100,25 @@ def default_plan():
 def default_of(value: str) -> str:
     """``${VAR:-default}`` -> ``default`` (compose interpolation)."""
     return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+@pytest.fixture(scope="module")
+def llmapi_plan():
+    spec = BuildSpec.model_validate({"runtime": "tensorrt-llm-llmapi", "target": {"checkpoint": "models/target"},
+                                     "draft": {"checkpoint": "models/draft"}})
+    return llmapi_launch_plan(spec, "triton_repo", {"target": "models/target", "draft": "models/draft"})
+
+
+def test_compose_llmapi_service_runs_the_single_gpu_plan_on_the_checkpoints(compose, llmapi_plan):
+    service = compose["services"]["triton-llmapi"]
+    assert tuple(service["command"]) == llmapi_plan.server_argv
+    assert service["image"] == DEFAULT_TRITON_IMAGE and service["ports"] == compose["services"]["triton-gpu"]["ports"]
+    volumes = [default_of(v).split(":") for v in service["volumes"]]
+    assert all(mode == "ro" for *_rest, mode in volumes)
+    assert {(Path(source).name, target) for source, target, _ in volumes} == {
+        (Path(m.source).name, m.target) for m in llmapi_plan.mounts}
+    [device] = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["count"] == llmapi_plan.gpu_count
 
 
 def test_compose_gpu_service_runs_the_single_gpu_plan(compose, default_plan):
