@@ -34,39 +34,33 @@ def demo_pair():
     return build_demo_pair(pair_dir("demo", REPO_ROOT))
 
 
-@pytest.fixture(scope="session")
-def tiny_release(tiny_pair):
-    """The tiny pair compiled with the torch runtime into the cache folder (``tiny-release/``); a rerun
-    skips every stage whose inputs are unchanged. Returns the :class:`specbuild.compiler.CompileResult`."""
+def compile_tiny(tiny_pair, runtime: str, folder: str, **outputs: str):
+    """The tiny pair compiled for ``runtime`` into the cache folder ``folder`` (limits shared by every tiny
+    release); a rerun skips every stage whose inputs are unchanged. Returns the ``CompileResult``."""
     from specbuild import compiler
     from specbuild.spec import load_spec
 
-    root = CACHE_DIR / "tiny-release"
     spec = load_spec(None, {
-        "name": "tiny", "runtime": "torch",
+        "name": folder.removesuffix("-release"), "runtime": runtime,
         "target.checkpoint": str(tiny_pair.target_dir), "draft.checkpoint": str(tiny_pair.draft_dir),
         "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8,
-        "outputs.build_dir": "build", "outputs.engines_dir": "release/engines",
-        "outputs.repository_dir": "release/triton_repo",
-    }, base_dir=root)
+        "outputs.build_dir": "build", "outputs.repository_dir": "release/triton_repo",
+        **{f"outputs.{key}": value for key, value in outputs.items()},
+    }, base_dir=CACHE_DIR / folder)
     return compiler.run(spec, json_mode=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_release(tiny_pair):
+    """The tiny pair compiled with the torch runtime into the cache folder (``tiny-release/``)."""
+    return compile_tiny(tiny_pair, "torch", "tiny-release", engines_dir="release/engines")
 
 
 @pytest.fixture(scope="session")
 def tiny_llmapi_release(tiny_pair):
-    """The tiny pair packaged for the tensorrt-llm-llmapi runtime (nothing to build), with the limits of
-    ``tiny_release``, into the cache folder (``tiny-llmapi-release/``). Its CPU rehearsal serves it here."""
-    from specbuild import compiler
-    from specbuild.spec import load_spec
-
-    root = CACHE_DIR / "tiny-llmapi-release"
-    spec = load_spec(None, {
-        "name": "tiny-llmapi", "runtime": "tensorrt-llm-llmapi",
-        "target.checkpoint": str(tiny_pair.target_dir), "draft.checkpoint": str(tiny_pair.draft_dir),
-        "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8,
-        "outputs.build_dir": "build", "outputs.repository_dir": "release/triton_repo",
-    }, base_dir=root)
-    return compiler.run(spec, json_mode=True)
+    """The tiny pair packaged for the tensorrt-llm-llmapi runtime (nothing to build) into the cache folder
+    (``tiny-llmapi-release/``). Its CPU rehearsal serves it here."""
+    return compile_tiny(tiny_pair, "tensorrt-llm-llmapi", "tiny-llmapi-release")
 
 
 @pytest.fixture(scope="session")

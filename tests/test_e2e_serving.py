@@ -113,8 +113,8 @@ def scalars(value: Any, dtype: Any, rows: int = 1) -> np.ndarray:
     return np.array([[value]] * rows, dtype=dtype)
 
 
-def metrics(server: TritonServer) -> dict[str, float]:
-    """The orchestrator's counters, by name (per-position ones summed)."""
+def metrics(server: TritonServer, model: str = ORCHESTRATOR_MODEL) -> dict[str, float]:
+    """The ``specbuild_*`` series of ``model`` (the orchestrator's counters), by name (per-position ones summed)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
@@ -122,7 +122,7 @@ def metrics(server: TritonServer) -> dict[str, float]:
     totals: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.startswith("specbuild_") and sample.labels.get("model") == ORCHESTRATOR_MODEL:
+            if sample.name.startswith("specbuild_") and sample.labels.get("model") == model:
                 totals[sample.name] += sample.value
     return dict(totals)
 

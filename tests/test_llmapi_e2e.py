@@ -5,9 +5,7 @@ runtime sits behind the ensemble."""
 
 from __future__ import annotations
 
-import urllib.request
-from collections import Counter
-from pathlib import Path
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +15,16 @@ from specbuild.package.llmapi_contract import ADAPTER_MODEL
 from specbuild.serve.client import GenerationRequest, SpecbuildClient
 from specbuild.serve.rehearsal import rehearsal_repository
 from specbuild.serve.server import TritonServer
-from test_e2e_serving import infer_stream, scalars, target_alone, text_array, texts_of, tokenizer  # noqa: F401
+from served_tiny import raw_stream
+from test_e2e_serving import (  # noqa: F401 - fixtures
+    infer_stream,
+    metrics,
+    scalars,
+    target_alone,
+    text_array,
+    texts_of,
+    tokenizer,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,17 +45,7 @@ def llmapi_client(llmapi_server) -> SpecbuildClient:
 
 
 def adapter_metrics(server: TritonServer) -> dict[str, float]:
-    """The adapter's ``specbuild_*`` series, by name."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    totals: Counter[str] = Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("specbuild_") and sample.labels.get("model") == ADAPTER_MODEL:
-                totals[sample.name] += sample.value
-    return dict(totals)
+    return metrics(server, ADAPTER_MODEL)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -74,21 +71,42 @@ def test_a_streamed_request_on_the_1_2_line_gets_the_whole_text(llmapi_client, t
     assert [chunk.text for chunk in served.chunks if chunk.text] == [served.text]
 
 
-def test_on_the_main_line_chunks_stream_as_deltas(tiny_llmapi_release, tiny_client, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def main_line_server(tiny_llmapi_release, tmp_path_factory):
+    """The same release packaged for TensorRT-LLM main (``triton.tensorrt_llm: main``), whose model streams."""
     from specbuild import compiler
 
+    root = tmp_path_factory.mktemp("main-line")
     spec = tiny_llmapi_release.spec.model_copy(deep=True)
     spec.triton.tensorrt_llm = "main"
-    spec.outputs.repository_dir = str(tmp_path / "main" / "triton_repo")
-    spec.outputs.build_dir = str(tmp_path / "main" / "build")
-    release = compiler.run(spec, json_mode=True)
-    repository = rehearsal_repository(release.repository, tmp_path / "rehearsal")
+    spec.outputs.repository_dir, spec.outputs.build_dir = str(root / "triton_repo"), str(root / "build")
+    repository = rehearsal_repository(compiler.run(spec, json_mode=True).repository, root / "rehearsal")
     with TritonServer(repository, startup_timeout=300) as server:
-        served = SpecbuildClient(server.grpc_url, timeout=300).run(GenerationRequest(PROMPTS[2], MAX_TOKENS,
-                                                                                     stream=True))
+        yield server
+
+
+def test_on_the_main_line_chunks_stream_as_deltas(main_line_server, tiny_client) -> None:
+    client = SpecbuildClient(main_line_server.grpc_url, timeout=300)
+    served = client.run(GenerationRequest(PROMPTS[2], MAX_TOKENS, stream=True))
     assert served.text == tiny_client.run(GenerationRequest(PROMPTS[2], MAX_TOKENS)).text
     texts = [chunk.text for chunk in served.chunks if chunk.text]
     assert len(texts) > 1 and "".join(texts) == served.text
+
+
+def test_a_cancelled_stream_stops_the_adapter_and_the_server_keeps_serving(main_line_server) -> None:
+    before = adapter_metrics(main_line_server)
+    arrays = {"text_input": text_array(PROMPTS[0]), "max_tokens": scalars(400, np.int32),
+              "stream": scalars(True, bool)}
+    responses, error = raw_stream(main_line_server, ADAPTER_MODEL, arrays, chunks=2)
+    assert len(responses) == 2 and error is None
+    deadline = time.monotonic() + 60
+    while adapter_metrics(main_line_server).get("specbuild_cancelled_requests_total", 0) == before.get(
+            "specbuild_cancelled_requests_total", 0):
+        assert time.monotonic() < deadline, "the adapter never saw the cancellation"
+        time.sleep(0.2)
+    assert adapter_metrics(main_line_server)["specbuild_requests_in_flight"] == 0
+    client = SpecbuildClient(main_line_server.grpc_url, timeout=300)
+    assert client.run(GenerationRequest(PROMPTS[1], 4)).output_token_count == 4
 
 
 def test_stop_words_end_the_text_as_on_the_torch_release(llmapi_client, tiny_client, target_alone,  # noqa: F811

@@ -12,6 +12,8 @@ import triton_python_backend_utils as pb_utils
 
 from specbuild.package.contract import Tensor
 
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL  # the flag of a decoupled request's last response
+
 
 def model_parameters(args: dict[str, Any]) -> dict[str, str]:
     """The ``parameters`` of a model's config as a plain ``{key: string_value}`` dict (an empty value may come
@@ -41,3 +43,14 @@ def response(arrays: dict[str, np.ndarray]) -> Any:
 
 def error_response(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def send_error(sender: Any, message: str) -> None:
+    """End a decoupled request with an error response."""
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+
+
+def send_cancelled(sender: Any) -> None:
+    """End a decoupled request whose client went away (Triton's CANCELLED status)."""
+    cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+    sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)

@@ -28,11 +28,18 @@ from specbuild.package.contract import ENSEMBLE_INPUTS  # noqa: E402
 from specbuild.package.llmapi_contract import ADAPTER_WANTS, IN_FLIGHT_METRIC, LLMAPIAdapterParameters  # noqa: E402
 from specbuild.serve.llmapi_io import decode_answer, encode_request  # noqa: E402
 from specbuild.serve.llmapi_requests import RowProgress, parse_rows, response_arrays  # noqa: E402
-from specbuild.serve.triton_models.common import model_dir, model_parameters, request_arrays, response  # noqa: E402
+from specbuild.serve.triton_models.common import (  # noqa: E402
+    FINAL,
+    model_dir,
+    model_parameters,
+    request_arrays,
+    response,
+    send_cancelled,
+    send_error,
+)
 from specbuild.serve.triton_models.metrics import Metrics  # noqa: E402
 from specbuild.speculation.stats import SpeculationStats  # noqa: E402
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class LLMAPIError(RuntimeError):
@@ -69,13 +76,11 @@ class TritonPythonModel:
                     stats.drafted_tokens += (answer and answer.total_draft_tokens) or 0
                     stats.accepted_tokens += (answer and answer.total_accepted_draft_tokens) or 0
                 self.metrics.record(stats, sum(item.tokens for item in progress))
-        except RequestError as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad or failed request must end, never the model
             self.metrics.count("errors")
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"llmapi_adapter: {exc}")), flags=FINAL)
-        except Exception as exc:  # noqa: BLE001 - a failed generation must end this request, never the model
-            self.metrics.count("errors")
-            self.logger.log_error(f"llmapi_adapter: request failed: {exc!r}")
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"llmapi_adapter: {exc}")), flags=FINAL)
+            if not isinstance(exc, RequestError):
+                self.logger.log_error(f"llmapi_adapter: request failed: {exc!r}")
+            send_error(sender, f"llmapi_adapter: {exc}")
         finally:
             self.in_flight.increment(-1)
 
@@ -92,8 +97,7 @@ class TritonPythonModel:
                     raise event
                 if request.is_cancelled():
                     self.metrics.count("cancelled")
-                    cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-                    sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+                    send_cancelled(sender)
                     return False
                 done = all(item.finished for item in progress)
                 if stream:

@@ -27,9 +27,14 @@ from specbuild.package.llmapi_config import ModelYaml, parse  # noqa: E402
 from specbuild.package.llmapi_contract import LLMAPI_INPUTS, MODEL_YAML, STAND_IN_MOUNTS  # noqa: E402
 from specbuild.serve.llmapi_io import decode_request, encode_answer  # noqa: E402
 from specbuild.serve.llmapi_stand_in import LLMAPIStandIn  # noqa: E402
-from specbuild.serve.triton_models.common import model_dir, request_arrays, response  # noqa: E402
+from specbuild.serve.triton_models.common import (  # noqa: E402
+    FINAL,
+    model_dir,
+    request_arrays,
+    response,
+    send_cancelled,
+)
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class TritonPythonModel:
@@ -55,8 +60,7 @@ class TritonPythonModel:
                 final = answer.finish_reason is not None
                 sender.send(response(encode_answer(answer, llm_request)), flags=FINAL if final else 0)
                 if not final and request.is_cancelled():  # (after the final response the request is gone)
-                    cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-                    sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+                    send_cancelled(sender)
                     return
         except Exception as exc:  # noqa: BLE001 - one failed request must not take the model down
             message = str(exc) if isinstance(exc, RequestError) else repr(exc)

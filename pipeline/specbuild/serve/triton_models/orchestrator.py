@@ -28,14 +28,20 @@ from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.contract import ORCHESTRATOR_INPUTS, OrchestratorParameters  # noqa: E402
 from specbuild.serve.engine_io import decode_output, encode_request  # noqa: E402
 from specbuild.serve.orchestration import RowRequest, parse_rows, response_arrays  # noqa: E402
-from specbuild.serve.triton_models.common import model_parameters, request_arrays, response  # noqa: E402
+from specbuild.serve.triton_models.common import (  # noqa: E402
+    FINAL,
+    model_parameters,
+    request_arrays,
+    response,
+    send_cancelled,
+    send_error,
+)
 from specbuild.serve.triton_models.metrics import Metrics  # noqa: E402
 from specbuild.speculation.drafting import DraftHealth, draft_sources  # noqa: E402
 from specbuild.speculation.engine import EngineOutput, EngineRequest  # noqa: E402
 from specbuild.speculation.loop import speculate  # noqa: E402
 from specbuild.speculation.stats import SpeculationStats  # noqa: E402
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class EngineCallError(RuntimeError):
@@ -85,11 +91,11 @@ class TritonPythonModel:
                 await self._complete(request, sender, rows)
         except (RequestError, ValueError) as exc:
             self.metrics.count("errors")
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"orchestrator: {exc}")), flags=FINAL)
+            send_error(sender, f"orchestrator: {exc}")
         except Exception as exc:  # noqa: BLE001 - an engine failure must end this request, never the model
             self.metrics.count("errors")
             self.logger.log_error(f"orchestrator: request failed: {exc!r}")
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"orchestrator: {exc}")), flags=FINAL)
+            send_error(sender, f"orchestrator: {exc}")
 
     async def _run_row(self, row: RowRequest, stats: SpeculationStats, request: Any, collected: list[int],
                        on_round: Any = None) -> None:
@@ -150,8 +156,7 @@ class TritonPythonModel:
                 if request.is_cancelled():
                     self.logger.log_info("orchestrator: client cancelled a streamed request; stopping its work")
                     self.metrics.count("cancelled")
-                    cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-                    sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+                    send_cancelled(sender)
                     return
                 done = len(finished) == len(rows)
                 if done or any(len(g) > n for g, n in zip(generated, sent)):
