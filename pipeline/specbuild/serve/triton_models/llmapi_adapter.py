@@ -64,29 +64,45 @@ class TritonPythonModel:
         return None
 
     async def _serve(self, request: Any) -> None:
+        """Answer one request; its last response goes out after the counters and the gauge are updated, so a
+        client that reads the metrics next finds its request there."""
         sender = request.get_response_sender()
         self.in_flight.increment(1)
+        last: Any = None  # the final response, or an error message
         try:
             rows = parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)
             progress = [RowProgress(row) for row in rows]
-            if await self._answer(request, sender, progress):
-                stats = SpeculationStats()
-                for item in progress:
-                    answer = item.answer
-                    stats.drafted_tokens += (answer and answer.total_draft_tokens) or 0
-                    stats.accepted_tokens += (answer and answer.total_accepted_draft_tokens) or 0
-                self.metrics.record(stats, sum(item.tokens for item in progress))
+            texts = await self._answer(request, sender, progress)
+            if texts is None:
+                self.metrics.count("cancelled")
+            else:
+                self._record(progress)
+                last = response(response_arrays(texts, progress))
         except Exception as exc:  # noqa: BLE001 - a bad or failed request must end, never the model
             self.metrics.count("errors")
             if not isinstance(exc, RequestError):
                 self.logger.log_error(f"llmapi_adapter: request failed: {exc!r}")
-            send_error(sender, f"llmapi_adapter: {exc}")
+            last = f"llmapi_adapter: {exc}"
         finally:
             self.in_flight.increment(-1)
+        if last is None:
+            send_cancelled(sender)
+        elif isinstance(last, str):
+            send_error(sender, last)
+        else:
+            sender.send(last, flags=FINAL)
 
-    async def _answer(self, request: Any, sender: Any, progress: list[RowProgress]) -> bool:
-        """Run every row; streamed, one response whenever a row has new text; else one at the end. False when
-        the client cancelled."""
+    def _record(self, progress: list[RowProgress]) -> None:
+        stats = SpeculationStats()
+        for item in progress:
+            answer = item.answer
+            stats.drafted_tokens += (answer and answer.total_draft_tokens) or 0
+            stats.accepted_tokens += (answer and answer.total_accepted_draft_tokens) or 0
+        self.metrics.record(stats, sum(item.tokens for item in progress))
+
+    async def _answer(self, request: Any, sender: Any, progress: list[RowProgress]) -> list[str] | None:
+        """Run every row; streamed, one response whenever a row has new text. Returns the final response's texts
+        (the rest of a stream, else the whole answer), or None when the client cancelled."""
         stream = any(item.row.stream for item in progress)
         events: asyncio.Queue[BaseException | None] = asyncio.Queue()
         tasks = [asyncio.create_task(self._run_row(item, events)) for item in progress]
@@ -96,20 +112,14 @@ class TritonPythonModel:
                 if event is not None:
                     raise event
                 if request.is_cancelled():
-                    self.metrics.count("cancelled")
-                    send_cancelled(sender)
-                    return False
-                done = all(item.finished for item in progress)
+                    return None
+                if all(item.finished for item in progress):
+                    return [(item.row.llm.prompt if item.row.include_prompt and not stream else "")
+                            + item.take_new_text() for item in progress]
                 if stream:
                     texts = [item.take_new_text() for item in progress]
-                    if done or any(texts):
-                        sender.send(response(response_arrays(texts, progress)), flags=FINAL if done else 0)
-                elif done:
-                    texts = [(item.row.llm.prompt if item.row.include_prompt else "") + item.take_new_text()
-                             for item in progress]
-                    sender.send(response(response_arrays(texts, progress)), flags=FINAL)
-                if done:
-                    return True
+                    if any(texts):
+                        sender.send(response(response_arrays(texts, progress)))
         finally:
             for task in tasks:
                 task.cancel()
