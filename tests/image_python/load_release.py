@@ -1,7 +1,8 @@
 """Run by test_release_image.py in a Python environment shaped like the NGC TensorRT-LLM image's (numpy < 2,
 transformers 4.x, torch, the stand-in triton_python_backend_utils, no specbuild installed): import each python
 model of a release the way the python backend's stub does (module ``1.model`` of the model folder), initialize
-it with its config, and run one request through those that answer without other models. Prints a JSON report.
+it with its config, and run one request through those that answer without other models (of a tensorrt-llm-llmapi
+release: initialize its adapter, the one specbuild model there). Prints a JSON report.
 
 Usage: python load_release.py REPOSITORY
 """
@@ -46,6 +47,11 @@ def main() -> None:
     import transformers
 
     report["numpy"], report["transformers"] = numpy.__version__, transformers.__version__
+    if (repository / "llmapi_adapter").is_dir():  # a tensorrt-llm-llmapi release: the image runs its own model
+        adapter = load(repository, "llmapi_adapter")
+        report["adapter_end_id"] = adapter.settings.end_id
+        print(json.dumps(report))
+        return
     models = {name: load(repository, name) for name in ("preprocessing", "orchestrator", "postprocessing", "target",
                                                         "draft")}
     [pre] = models["preprocessing"].execute([pb_utils.Request({"text_input": np.array([["def add(a, b):"]],
