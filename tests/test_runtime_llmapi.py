@@ -79,6 +79,17 @@ def test_what_the_llm_api_fixes_at_load_is_refused_by_check(tmp_path: Path, chec
     assert all(reason.fix for reason in report.reasons)
 
 
+def test_engines_cannot_be_built_for_a_tensorrt_llm_without_the_engine_flow(tmp_path: Path,
+                                                                            checkpoints: Checkpoints) -> None:  # noqa: F811
+    for runtime, compatible in (("tensorrt-llm", False), (RUNTIME, True)):
+        spec = release_spec(checkpoints, tmp_path, runtime, {"triton.tensorrt_llm": "main"})
+        report = check(spec.target.checkpoint, spec.draft.checkpoint, spec)
+        assert report.compatible is compatible
+        if not compatible:
+            [reason] = [r for r in report.reasons if r.code == "tensorrt-llm-line"]
+            assert "--runtime tensorrt-llm-llmapi" in reason.fix
+
+
 def test_draft_logits_acceptance_is_a_warning_and_the_check_reports_token_matching(
         tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
     spec = release_spec(checkpoints, tmp_path, RUNTIME)
