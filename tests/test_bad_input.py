@@ -173,7 +173,7 @@ def test_fuzzed_spec_values_are_accepted_or_name_the_field(key, value):
 
 
 @pytest.mark.parametrize("key, value, allowed", [
-    ("runtime", "tensorrt", "'torch', 'tensorrt-llm' or 'auto'"),
+    ("runtime", "tensorrt", "'torch', 'tensorrt-llm', 'tensorrt-llm-llmapi' or 'auto'"),
     ("speculation.acceptance", "exact", "'token-match' or 'draft-logits'"),
     ("target.dtype", "int8", "'auto', 'float16', 'bfloat16' or 'float32'"),
     ("speculation.max_draft_len", 65, "less than or equal to 64"),

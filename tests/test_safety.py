@@ -117,10 +117,12 @@ def test_cli_refuses_an_output_holding_the_checkpoints_with_exit_2(checkpoints, 
 
 @pytest.fixture
 def engine_model(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """The torch engine model's module, importable outside Triton: only the backend's utils are stood in for
-    (the function under test does not use them)."""
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    monkeypatch.delitem(sys.modules, "specbuild.serve.triton_models.torch_engine_model", raising=False)
+    """The torch engine model's module, importable outside Triton: the backend's utils are the tests' stand-in
+    (tests/image_python; the function under test does not use them)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "image_python"))
+    for name in ("triton_python_backend_utils", "specbuild.serve.triton_models.common",
+                 "specbuild.serve.triton_models.torch_engine_model"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     import specbuild.serve.triton_models.torch_engine_model as module
 
     return module
