@@ -2,13 +2,17 @@
 
 All logic lives in importable modules; every command here is a few lines that a release pipeline can
 replace with a Python call. Errors the user can fix print as ``error: ... / fix: ...`` with a meaningful
-exit code (2 usage, 1 incompatible or failed, 10-14 the compile stage that failed), never a traceback.
+exit code (README: "Exit codes"), never a traceback. Every command takes ``--json``: stdout then holds exactly
+one JSON document, errors included (``{"error": ..., "fix": ..., "exit_code": ...}``), or, for the commands
+that stream (``generate --stream``, ``serve``), one JSON object per line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -16,29 +20,72 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
-from specbuild.errors import SpecbuildError
+from specbuild.errors import SpecbuildError, Terminated
 from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec, parse_override
 
 console = Console(stderr=True)
+JSON_HELP = "machine-readable output: one JSON document on stdout, errors included"
+
+
+def print_json(data: Any, *, line: bool = False) -> None:
+    """A JSON document on stdout; ``line``: compact, one object of a JSON Lines stream."""
+    click.echo(json.dumps(data, indent=None if line else 2, default=str))
+
+
+def exit_with(error: dict[str, Any], json_mode: bool) -> None:
+    """Report ``error`` (``{"error", "fix", "exit_code", ...}``) on stderr, and as JSON on stdout under ``--json``;
+    exit with its code."""
+    console.print(f"[bold red]error:[/] {error['error']}", highlight=False, markup=True)
+    if error.get("fix"):
+        console.print(f"[bold]fix:[/] {error['fix']}", highlight=False)
+    if json_mode:
+        print_json(error, line=True)  # one line: a document, and a valid last line of a JSON Lines stream
+    sys.exit(error["exit_code"])
 
 
 def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a :class:`SpecbuildError` into a readable message and its exit code."""
+    """Turn a :class:`SpecbuildError` (or an interrupt) into a readable message and its exit code."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        json_mode = bool(kwargs.get("json_mode"))
         try:
             return command(*args, **kwargs)
         except SpecbuildError as exc:
-            console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
-            if exc.fix:
-                console.print(f"[bold]fix:[/] {exc.fix}", highlight=False)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/]")
-            sys.exit(130)
+            exit_with(exc.to_json(), json_mode)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGINT while servers run (errors.Terminated)
+            signum = getattr(exc, "signum", signal.SIGINT)
+            stopped = "; the servers it started were stopped first" if isinstance(exc, Terminated) else ""
+            exit_with({"error": f"stopped by {signal.Signals(signum).name}{stopped}", "fix": None,
+                       "exit_code": 128 + signum}, json_mode)
 
     return wrapper
+
+
+def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "json_mode", is_flag=True, help=JSON_HELP)(command)
+
+
+class SpecbuildGroup(click.Group):
+    """Click's own errors (an unknown option, a bad value) come as a JSON document too when ``--json`` is on the
+    command line."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or "--json" not in argv:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            exc.show()
+            where = exc.ctx.command_path if isinstance(exc, click.UsageError) and exc.ctx else "specbuild"
+            print_json({"error": exc.format_message(), "fix": f"see `{where} --help`", "exit_code": exc.exit_code},
+                       line=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            print_json({"error": "aborted", "fix": None, "exit_code": 1}, line=True)
+            sys.exit(1)
 
 
 def spec_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,11 +132,7 @@ def spec_from_options(spec_file: str | None, target: str | None, draft: str | No
     return load_spec(spec_file, overrides, override_sources=sources)
 
 
-def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=SpecbuildGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="specbuild")
 def main() -> None:
     """Compile a target/draft checkpoint pair into a Triton repository that serves speculative decoding."""
@@ -104,8 +147,10 @@ def main() -> None:
 @click.option("--measure/--no-measure", default=True, show_default=True,
               help="time the pair in process (under a minute for the demo pair) to choose the starting K")
 @click.option("--force", is_flag=True, help="overwrite an existing file")
+@json_option
 @reports_errors
-def init(target: str | None, draft: str | None, path: str, runtime: str, measure: bool, force: bool) -> None:
+def init(target: str | None, draft: str | None, path: str, runtime: str, measure: bool, force: bool,
+         json_mode: bool) -> None:
     """Write a commented starter build spec for TARGET and DRAFT (without them: the demo pair's folders).
 
     With both checkpoints it measures the pair quickly in process and starts from the K predicted fastest,
@@ -121,11 +166,13 @@ def init(target: str | None, draft: str | None, path: str, runtime: str, measure
                                runtime=runtime, measure=measure, progress=progress)  # type: ignore[arg-type]
     write_starter(path, starter, force=force)
     console.print(f"wrote {path}: {starter.note}", highlight=False)
+    if json_mode:
+        print_json({"path": path, "note": starter.note, "speculation": starter.speculation.model_dump(mode="json")})
 
 
 @main.command()
 @click.argument("directory", type=click.Path())
-@click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
+@json_option
 @reports_errors
 def verify(directory: str, json_mode: bool) -> None:
     """Re-hash a release against its manifest.json (DIR: the repository folder, or the folder above it).
@@ -136,15 +183,16 @@ def verify(directory: str, json_mode: bool) -> None:
     from specbuild.package.manifest import report_table, verify as verify_release
 
     report = verify_release(directory)
-    if json_mode:
-        print_json(report.to_json())
-    elif not report.ok:
-        console.print(report_table(report))
     if not report.ok:
+        if not json_mode:
+            console.print(report_table(report))
         raise VerificationError(
             f"{len(report.changed)} changed, {len(report.missing)} missing, {len(report.extra)} extra file(s) "
-            f"under {report.root}", "rebuild the release with `specbuild compile`, or restore the files named above")
-    if not json_mode:
+            f"under {report.root}", "rebuild the release with `specbuild compile`, or restore the files named above",
+            details=report.to_json())
+    if json_mode:
+        print_json(report.to_json())
+    else:
         console.print(f"[green]ok[/]: {report.checked} files match {report.manifest} (profile {report.profile_id})")
 
 
@@ -153,7 +201,7 @@ def verify(directory: str, json_mode: bool) -> None:
 @click.argument("draft")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
               help="build spec for dtypes, parallelism, limits and acceptance (default: built-in defaults)")
-@click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
+@json_option
 @click.option("--allow-pickle", is_flag=True, help="read .bin/.pt pickle weights (only checkpoints you trust)")
 @click.option("--trust-remote-code", is_flag=True, help="accept checkpoints whose config has an auto_map")
 @click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -172,13 +220,13 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
                      override_sources={"target.checkpoint": f"TARGET {target}", "draft.checkpoint": f"DRAFT {draft}"})
     report = check(target, draft, spec, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                    gpu_memory_gib=gpu_memory_gib)
-    if json_mode:
-        print_json(report.to_dict())
-    else:
+    if not json_mode:
         render_check(report, Console())
     if not report.compatible:
         raise IncompatibleError(f"the draft cannot speculate for the target: {', '.join(r.code for r in report.reasons)}",
-                                "apply the fixes listed with each reason")
+                                "apply the fixes listed with each reason", details=report.to_dict())
+    if json_mode:
+        print_json(report.to_dict())
 
 
 @main.command()
@@ -197,11 +245,13 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
 @click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json")
 @click.option("--rehearse", is_flag=True, help="a tensorrt-llm-llmapi release: serve it here on the bundled Triton, "
               "a CPU stand-in in place of TensorRT-LLM's LLM-API model")
+@click.option("--json", "json_mode", is_flag=True, help="JSON Lines on stdout: one object when the server is ready "
+              "(URLs, PIDs), one when it stops (or the error); with --dry-run, one document")
 @reports_errors
 def serve(repository: str, host: str | None, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, timeout: float, log_file: str | None, assignments: tuple[str, ...],
-          dry_run: bool, no_verify: bool, rehearse: bool) -> None:
-    """Serve the release in REPOSITORY (default: triton_repo) with Triton until Ctrl-C.
+          dry_run: bool, no_verify: bool, rehearse: bool, json_mode: bool) -> None:
+    """Serve the release in REPOSITORY (default: triton_repo) with Triton until Ctrl-C or SIGTERM.
 
     A torch release runs on the Triton server bundled with specbuild (loopback by default); a tensorrt-llm or
     tensorrt-llm-llmapi release in its NGC container, laid out as it was compiled (`--dry-run` prints the
@@ -229,9 +279,17 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
         plan = release_launch_plan(repository, launch_overrides(assignments, host=host, **ports),
                                    verify_files=not no_verify)
         if dry_run:
-            click.echo(plan.render())
+            if json_mode:
+                print_json(plan.to_dict())
+            else:
+                click.echo(plan.render())
             return
-        sys.exit(run_foreground(plan.docker_argv))
+        if json_mode:
+            print_json({"event": "starting", "command": list(plan.docker_argv)}, line=True)
+        code = run_foreground(plan.docker_argv)
+        if json_mode:
+            print_json({"event": "stopped", "exit_code": code}, line=True)
+        sys.exit(code)
 
     from specbuild.serve.server import TritonServer
 
@@ -241,10 +299,20 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
                           verify=not no_verify,
                           **{key: defaults[key] if port is None else port for key, port in ports.items()})
     if dry_run:
-        click.echo(server.describe())
+        if json_mode:
+            print_json({"script": server.describe()})
+        else:
+            click.echo(server.describe())
         return
     console.print(f"starting tritonserver on {repository} (up to {timeout:g} s to load the models)")
-    server.serve_forever(announce=lambda line: console.print(line, highlight=False, soft_wrap=True))
+
+    def ready() -> None:
+        if json_mode:
+            print_json({"event": "ready", **server.status()}, line=True)
+
+    server.serve_forever(announce=lambda line: console.print(line, highlight=False, soft_wrap=True), on_ready=ready)
+    if json_mode:
+        print_json({"event": "stopped", "exit_code": 0}, line=True)
 
 
 @main.command()
@@ -262,10 +330,12 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
               help="draft from the request's own tokens first  [default: the server's]")
 @click.option("--stop", "stop_words", multiple=True, help="stop after this text (repeatable)")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True)
+@click.option("--json", "json_mode", is_flag=True, help="one JSON document with the text and figures; with --stream, "
+              "JSON Lines: one object per chunk, then the summary")
 @reports_errors
 def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, temperature: float | None,
              top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
-             prompt_lookup: bool | None, stop_words: tuple[str, ...], timeout: float) -> None:
+             prompt_lookup: bool | None, stop_words: tuple[str, ...], timeout: float, json_mode: bool) -> None:
     """Send PROMPT (or - for stdin) to a served ensemble; text on stdout, figures on stderr."""
     from specbuild.serve.client import GenerationRequest, SpecbuildClient
     from specbuild.errors import UsageError
@@ -276,10 +346,23 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, t
     request = GenerationRequest(text, max_tokens, stream=stream, temperature=temperature, top_k=top_k,
                                 top_p=top_p, seed=seed, num_draft_tokens=num_draft_tokens,
                                 prompt_lookup=prompt_lookup, stop_words=list(stop_words) or None)
-    generation = SpecbuildClient(url, model, timeout=timeout).run(
-        request, on_chunk=lambda chunk: click.echo(chunk.text, nl=False))
-    click.echo()
-    console.print(generation.summary(), highlight=False, soft_wrap=True)
+    client = SpecbuildClient(url, model, timeout=timeout)
+    if not json_mode:
+        generation = client.run(request, on_chunk=lambda chunk: click.echo(chunk.text, nl=False))
+        click.echo()
+        console.print(generation.summary(), highlight=False, soft_wrap=True)
+    elif stream:
+        generation = client.run(request, on_chunk=lambda chunk: print_json({"chunk": dataclasses.asdict(chunk)},
+                                                                            line=True))
+        print_json({"summary": generation_json(generation)}, line=True)
+    else:
+        print_json(generation_json(client.run(request)))
+
+
+def generation_json(generation: Any) -> dict[str, Any]:
+    """A finished generation's text and figures, its chunks left out."""
+    fields = {name: value for name, value in dataclasses.asdict(generation).items() if name != "chunks"}
+    return {**fields, "chunks": len(generation.chunks), "tokens_per_second": generation.tokens_per_second}
 
 
 def _has_manifest(repository: str) -> bool:
@@ -354,7 +437,7 @@ def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool
 def pipeline_command(upto: str, summary: str) -> Callable[..., Any]:
     @click.option("--force", is_flag=True, help="re-run every step even if its inputs are unchanged")
     @click.option("--dry-run", is_flag=True, help="print what would run (commands, build configs per rank)")
-    @click.option("--json", "json_mode", is_flag=True, help="machine-readable output on stdout")
+    @json_option
     @spec_options
     @reports_errors
     def command(force: bool, dry_run: bool, json_mode: bool, **options: Any) -> None:
@@ -381,15 +464,22 @@ main.command("package")(pipeline_command(
 @click.option("--max-tokens", type=click.IntRange(1, 1024), default=64, show_default=True)
 @click.option("--num-draft-tokens", type=click.IntRange(0, 64), default=None, help="K (default: the spec's)")
 @click.option("--tiny", is_flag=True, help="use the tiny pair made from nothing (seconds, meaningless text)")
+@json_option
 @reports_errors
-def demo(workdir: str, question: str | None, max_tokens: int, num_draft_tokens: int | None, tiny: bool) -> None:
+def demo(workdir: str, question: str | None, max_tokens: int, num_draft_tokens: int | None, tiny: bool,
+         json_mode: bool) -> None:
     """Make the demo pair, compile it (torch runtime), serve it on Triton and stream one answer."""
     from specbuild.demo import DEFAULT_PROMPT, run_demo
 
     result = run_demo(workdir, question=question or DEFAULT_PROMPT, max_tokens=max_tokens,
                       num_draft_tokens=num_draft_tokens, tiny=tiny, console=console)
+    data = {"repository": str(result.repository), "identical": result.identical,
+            "speculative": generation_json(result.speculative), "baseline": generation_json(result.baseline)}
     if not result.identical:
-        sys.exit(1)
+        raise SpecbuildError("greedy output with speculation differed from the target alone",
+                             "please report this with the JSON output (--json)", details=data)
+    if json_mode:
+        print_json(data)
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -426,11 +516,11 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) -> None:
+    """The report's tables on the terminal (not under ``--json``: the caller prints the document), its files in
+    ``out_dir``."""
     from specbuild.bench.report import tables, write_outputs
 
-    if json_mode:
-        print_json(report.to_dict())
-    else:
+    if not json_mode:
         for table in tables(report.cells):
             console.print(table)
     if out_dir:
@@ -439,7 +529,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 
 
 @main.command()
-@click.option("--url", default=None, help="gRPC address of a running server on this machine, e.g. 127.0.0.1:8001")
+@click.option("--url", default=None, help="gRPC address of a running server, e.g. 127.0.0.1:8001 (another machine "
+              "only when named here)")
 @click.option("--metrics-url", default=None, help="its metrics endpoint  [default: http://<host>:8002/metrics]")
 @click.option("--repository", type=click.Path(file_okay=False), default=None,
               help="start a server on this repository for the run (loopback, free ports)")
@@ -458,19 +549,33 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench_results", show_default=True,
               help="folder for bench.json, bench.md and the plots")
 @click.option("--plots/--no-plots", default=True, show_default=True)
-@click.option("--json", "json_mode", is_flag=True, help="print the report as JSON on stdout")
+@click.option("--gate", "gate", multiple=True, metavar="NAME=VALUE",
+              help="a release gate threshold (repeatable): min_speedup=X, min_acceptance=X, greedy_identical, "
+                   "max_p95_ms=X, max_error_rate=X; exit 3 when one fails. Without max_error_rate, any failed "
+                   "request fails the run")
+@json_option
 @reports_errors
 def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None,
           ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, temperature: float | None,
           prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None, max_tokens: int,
-          requests: int, max_seconds: float, out_dir: str, plots: bool, json_mode: bool) -> None:
+          requests: int, max_seconds: float, out_dir: str, plots: bool, gate: tuple[str, ...],
+          json_mode: bool) -> None:
     """Measure speculative speedup per K and concurrency (streaming): latency percentiles, tokens/s,
-    acceptance, and the speedup the analytic model expects from the measured acceptance and step costs."""
+    acceptance, and the speedup the analytic model expects from the measured acceptance and step costs.
+
+    With --gate, a release gate: every speculative cell must meet each threshold (exit 3 otherwise, the failing
+    figures in the JSON and in gate.json)."""
     from pydantic import ValidationError
 
+    from specbuild.bench.gate import evaluate, parse_thresholds
     from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
     from specbuild.errors import UsageError
     from specbuild.bench.prompts import load_prompts
+
+    thresholds = parse_thresholds(gate)
+    if thresholds.greedy_identical and temperature:
+        raise UsageError("--gate greedy_identical compares greedy answers, but --temperature samples",
+                         "drop --temperature (greedy), or the greedy_identical threshold")
 
     try:
         plan = BenchPlan(ks=ks, concurrencies=concurrencies, adaptive=ADAPTIVE_CHOICES[adaptive],
@@ -484,6 +589,29 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
         report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url or server_metrics_url,
                            tokenizer_dir=tokenizer, console=console)
     _show_bench(report, out_dir, plots, json_mode)
+    verdict = evaluate(report.to_dict(), thresholds)
+    _gate_outcome(verdict, {**report.to_dict(), "gate": verdict.to_dict()}, out_dir, json_mode)
+
+
+def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, json_mode: bool) -> None:
+    """Show the gate's checks and keep them in ``gate.json``; refuse the release (exit 3) when one failed."""
+    from specbuild.bench.report import gate_table
+    from specbuild.build.atomic import atomic_write_text
+    from specbuild.errors import GateError
+
+    if out_dir:
+        path = atomic_write_text(Path(out_dir) / "gate.json", json.dumps(document["gate"], indent=2) + "\n")
+        console.print(f"wrote {path}", highlight=False)
+    if not json_mode:
+        console.print(gate_table(verdict))
+    if not verdict.passed:
+        raise GateError(verdict.summary(), "the release missed the thresholds above: improve the draft (specbuild "
+                        "draft) or K (specbuild tune), or read the server log for failed requests",
+                        details=document)
+    if json_mode:
+        print_json(document)
+    else:
+        console.print(f"[green]{verdict.summary()}[/]", highlight=False)
 
 
 @main.command()
@@ -500,10 +628,12 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
 @workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="also write the bench report")
 @click.option("--dry-run", is_flag=True, help="measure and show the choice; change nothing")
+@json_option
 @reports_errors
 def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, concurrency: int | None,
          url: str | None, prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None,
-         max_tokens: int, requests: int, max_seconds: float, out_dir: str | None, dry_run: bool) -> None:
+         max_tokens: int, requests: int, max_seconds: float, out_dir: str | None, dry_run: bool,
+         json_mode: bool) -> None:
     """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default."""
     from specbuild.bench.prompts import load_prompts
     from specbuild.bench.tune import tune as run_tune
@@ -512,8 +642,11 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
     result = run_tune(spec_file, goal, prompts, ks=ks, adaptive=ADAPTIVE_CHOICES[adaptive],  # type: ignore[arg-type]
                       concurrency=concurrency, max_tokens=max_tokens, requests=requests, max_seconds=max_seconds,
                       url=url, write=not dry_run, console=console)
-    _show_bench(result.report, out_dir, True, False)
+    _show_bench(result.report, out_dir, True, json_mode)
     choice = result.choice
+    if json_mode:
+        print_json({**result.report.to_dict(), "goal": goal, "choice": choice.to_dict(), "spec": spec_file,
+                    "repository": str(result.compiled.repository) if result.compiled is not None else None})
     console.print(f"best for {goal}: [bold]{choice.label}[/] ({choice.tokens_per_second:.1f} tokens/s, "
                   f"speedup {choice.speedup or 1.0:.2f}x at concurrency {choice.concurrency})", highlight=False)
     if result.compiled is not None:
@@ -525,7 +658,7 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
 @main.command("demo-models")
 @click.argument("out", type=click.Path(file_okay=False), required=False)
 @click.option("--tiny", is_flag=True, help="the tiny pair made from nothing (for tests) instead of SmolLM2")
-@click.option("--json", "json_mode", is_flag=True, help="print the pair's stamp (recipe and figures) as JSON")
+@json_option
 @reports_errors
 def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
     """Make the demo target/draft pair in OUT, offline (nothing downloaded; reused when already built).
@@ -566,7 +699,7 @@ def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
 @click.option("--precision", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units")
 @click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
-@click.option("--json", "json_mode", is_flag=True, help="print the summary as JSON on stdout")
+@json_option
 @reports_errors
 def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
                   held_out: int, max_new_tokens: int, seed: int, precision: str, resume: bool,

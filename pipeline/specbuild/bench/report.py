@@ -179,3 +179,14 @@ def write_outputs(report: Any, out_dir: str | Path, *, with_plots: bool = True) 
     markdown_path = out / "bench.md"
     markdown_path.write_text(markdown(report), encoding="utf-8")
     return [json_path, markdown_path] + (plots(report.cells, out) if with_plots else [])
+
+
+def gate_table(verdict: Any) -> Table:
+    """The checks of a :class:`~specbuild.bench.gate.GateResult`, one row each."""
+    table = Table(title="release gate", title_justify="left")
+    for name in ("threshold", "cell", "measured", "limit", "result"):
+        table.add_column(name, justify="right" if name in ("measured", "limit") else "left")
+    for check in verdict.checks:
+        table.add_row(check.threshold, check.cell or "whole run", _num(check.measured, 3), str(check.limit),
+                      "[green]pass[/]" if check.passed else f"[bold red]FAIL[/] {check.detail}")
+    return table

@@ -10,7 +10,10 @@ needs. Starting it by hand has sharp edges (see the project's triton-on-cpu note
 * readiness is awaited with a time limit while the process is watched, so a model that fails to load
   becomes a :class:`ServerError` with that model's error, never a hang;
 * stopping sends SIGTERM, then SIGKILL to the server's process group after a grace period, and removes
-  the python backend's shared-memory regions (each server uses its own region prefix, so only its own).
+  the python backend's shared-memory regions (each server uses its own region prefix, so only its own);
+* SIGTERM or SIGINT to this process (a pipeline runner timing out a step, Ctrl-C) stops every server it
+  started before the program unwinds: the server runs in a session of its own, so without this it would
+  outlive its parent, holding ports, memory and shared memory.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
-from specbuild.errors import ServerError, UsageError, VerificationError
+from specbuild.errors import ServerError, Terminated, UsageError, VerificationError
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -109,6 +112,46 @@ def log_errors(log: str) -> list[str]:
             errors.append(line.removeprefix("error: "))
     per_model = [e for e in errors if e.startswith("failed to load '") or "depends on" in e]
     return list(dict.fromkeys(per_model or errors))
+
+
+# --- stopping on signals ---------------------------------------------------------------------------------
+_RUNNING: set["TritonServer"] = set()  # servers started by this process and not stopped yet
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_DEFAULT_HANDLERS = (signal.SIG_DFL, signal.default_int_handler)
+_replaced: dict[int, Any] = {}  # signal -> the default handler that _on_stop_signal replaced
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Stop every running server (further signals ignored meanwhile), then unwind as Ctrl-C does."""
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        for server in list(_RUNNING):
+            server.stop()
+    finally:
+        _restore_signals()
+    raise Terminated(signum)
+
+
+def _guard_signals() -> None:
+    """Route SIGTERM and SIGINT to :func:`_on_stop_signal` where they have their default handling (handlers
+    can only be set from the main thread; a program that set its own keeps it)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _STOP_SIGNALS:
+        current = signal.getsignal(sig)
+        if current in _DEFAULT_HANDLERS:
+            _replaced[sig] = current
+            signal.signal(sig, _on_stop_signal)
+
+
+def _restore_signals() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, handler in list(_replaced.items()):
+        if signal.getsignal(sig) in (_on_stop_signal, signal.SIG_IGN):
+            signal.signal(sig, handler)
+        del _replaced[sig]
 
 
 # Our own server is local: never send its health checks through an http_proxy from the environment.
@@ -271,6 +314,8 @@ class TritonServer:
         install = find_triton()
         self._workdir = Path(tempfile.mkdtemp(prefix="specbuild-triton-"))
         self._bytecode_dirs = self._model_bytecode_dirs()
+        _RUNNING.add(self)
+        _guard_signals()
         try:
             backends = self._assemble_backends(install, self._workdir / "backends")
             for kind, port in self.ports.items():
@@ -322,10 +367,11 @@ class TritonServer:
         return path.read_text("utf-8", "replace") if path and path.is_file() else ""
 
     def stop(self) -> int | None:
-        """Stop the server (SIGTERM, then SIGKILL after ``stop_timeout``) and clean up; idempotent."""
+        """Stop the server (SIGTERM, then SIGKILL after ``stop_timeout``) and clean up; idempotent. The process is
+        forgotten only once its group is gone, so a stop interrupted by a signal is completed by the signal's."""
         atexit.unregister(self.stop)
         code = None
-        process, self._process = self._process, None
+        process = self._process
         if process is not None:
             code = process.poll()
             if code is None:
@@ -341,6 +387,7 @@ class TritonServer:
                 pass
             if code is None:
                 code = process.wait()
+            self._process = None
         for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
             region.unlink(missing_ok=True)
         for folder in self._model_bytecode_dirs() - self._bytecode_dirs:
@@ -348,6 +395,9 @@ class TritonServer:
         if self._workdir is not None:  # the default log goes too: errors were already raised with its lines
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        _RUNNING.discard(self)
+        if not _RUNNING:
+            _restore_signals()
         return code
 
     def __enter__(self) -> "TritonServer":
@@ -409,16 +459,24 @@ class TritonServer:
                               f"read the server log at {self.log_path}")
 
     # --- CLI ---------------------------------------------------------------------------------------------
-    def serve_forever(self, announce: Callable[[str], None] = print) -> int:
-        """Start (if needed), announce the endpoints and serve until SIGINT/SIGTERM or the server dies.
+    def status(self) -> dict[str, Any]:
+        """The running server's addresses and processes (what ``serve --json`` announces when ready)."""
+        return {"repository": str(self.repository), "grpc_url": self.grpc_url, "http_url": self.http_url,
+                "metrics_url": self.metrics_url, "pid": self.pid, "processes": self.processes(),
+                "shm_prefix": self.shm_prefix, "log": str(self.log_path)}
+
+    def serve_forever(self, announce: Callable[[str], None] = print,
+                      on_ready: Callable[[], Any] | None = None) -> int:
+        """Start (if needed), announce the endpoints (then call ``on_ready``) and serve until SIGINT/SIGTERM or the
+        server dies.
 
         Returns 0 after a requested shutdown; raises :class:`ServerError` if the server exits by itself.
         Must run in the main thread (it installs signal handlers).
         """
         if self._process is None:
-            self.start()  # Ctrl-C while loading: KeyboardInterrupt, and start() cleans up
+            self.start()  # a signal while loading stops the server (see _on_stop_signal) and unwinds
         stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
         try:
             announce(f"serving {self.repository} (tritonserver pid {self.pid})")
             announce(f"  gRPC     {self.grpc_url}")
@@ -426,6 +484,8 @@ class TritonServer:
             announce(f"  metrics  {self.metrics_url}")
             announce(f"  log      {self.log_path}")
             announce("press Ctrl-C to stop")
+            if on_ready is not None:
+                on_ready()
             while not stop.wait(0.5):
                 if not self.is_running():
                     raise ServerError(self._failure("tritonserver exited unexpectedly"),
@@ -459,8 +519,15 @@ def verify_release(repository: str | Path) -> None:
 
 
 def run_foreground(argv: Sequence[str]) -> int:
-    """Run a launch command (e.g. ``docker run ...``) in the foreground; Ctrl-C reaches it directly."""
+    """Run a launch command (e.g. ``docker run ...``) in the foreground until it exits; SIGTERM and SIGINT to
+    this process are passed on to it (``docker run`` passes them to the container) and waited for."""
     if shutil.which(argv[0]) is None:
         raise ServerError(f"{argv[0]} is not installed on this machine",
                           f"install {argv[0]}, or print the commands with --dry-run and run them where it is")
-    return subprocess.call(list(argv))
+    process = subprocess.Popen(list(argv))
+    previous = {sig: signal.signal(sig, lambda signum, _: process.send_signal(signum)) for sig in _STOP_SIGNALS}
+    try:
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,151 @@
+"""The release gate of ``specbuild bench``: thresholds checked against a bench report. Pure: a report's JSON
+(``BenchReport.to_dict()``, or a ``bench.json`` read back) in, a verdict out.
+
+Which cells a threshold applies to: the speculative ones (K > 0), which are what a release serves; K=0 is the
+baseline they are measured against (with no K > 0 in the run, every cell). The error rate counts every request
+of the run, K=0's included. The error-rate check always runs: with no tolerated rate given, one failed request
+fails the run (a pipeline must not pass a release that dropped requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specbuild.errors import UsageError
+
+
+class GateThresholds(BaseModel):
+    """What a release must measure to pass; ``None`` (or ``False``) leaves a threshold out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_speedup: float | None = Field(None, gt=0, description="each speculative cell's tokens/s at least this "
+                                      "many times K=0's at the same concurrency")
+    min_acceptance: float | None = Field(None, ge=0, le=1, description="each speculative cell's acceptance rate "
+                                         "(accepted / drafted tokens) at least this")
+    greedy_identical: bool = Field(False, description="greedy text identical to K=0's on every prompt (a greedy "
+                                   "run: no --temperature)")
+    max_p95_ms: float | None = Field(None, gt=0, description="each gated cell's end-to-end latency P95 at most "
+                                     "this many milliseconds")
+    max_error_rate: float = Field(0.0, ge=0, le=1, description="the share of failed requests tolerated over the "
+                                  "whole run (0: any failed request fails it)")
+
+
+def parse_thresholds(assignments: Iterable[str]) -> GateThresholds:
+    """``["min_speedup=1.1", "greedy_identical"]`` (``--gate`` values) as thresholds; a bare name means true."""
+    values: dict[str, Any] = {}
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        values[name.strip()] = value.strip() if sep else True
+    try:
+        return GateThresholds.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        names = ", ".join(GateThresholds.model_fields)
+        raise UsageError(f"invalid --gate {where}: {error['msg']}",
+                         f"use NAME=VALUE with NAME one of {names}, e.g. --gate min_acceptance=0.5") from None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One threshold against one cell (or the whole run: ``cell`` None)."""
+
+    threshold: str  # the GateThresholds field
+    limit: float | bool
+    measured: float | None
+    passed: bool
+    cell: str | None = None  # e.g. "K=2 concurrency 1"
+    detail: str = ""
+
+    def sentence(self) -> str:
+        where = f"{self.cell}: " if self.cell else ""
+        measured = "nothing measured" if self.measured is None else f"{self.measured:.4g}"
+        return f"{where}{self.threshold} {measured} (limit {self.limit})" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    thresholds: GateThresholds
+    checks: tuple[Check, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "thresholds": self.thresholds.model_dump(),
+                "failures": [asdict(check) for check in self.failures],
+                "checks": [asdict(check) for check in self.checks]}
+
+    def summary(self) -> str:
+        """The failures in one line (or that every check passed)."""
+        if self.passed:
+            return f"gate passed ({len(self.checks)} checks)"
+        return "gate failed: " + "; ".join(check.sentence() for check in self.failures)
+
+
+def _gated_cells(cells: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    speculative = [cell for cell in cells if cell.get("k")]
+    return speculative or list(cells)
+
+
+def _where(cell: Mapping[str, Any]) -> str:
+    return f"{cell.get('label', 'K=' + str(cell.get('k')))} concurrency {cell.get('concurrency')}"
+
+
+def _at_least(threshold: str, limit: float, measured: float | None, cell: Mapping[str, Any], missing: str) -> Check:
+    return Check(threshold, limit, measured, measured is not None and measured >= limit, _where(cell),
+                 missing if measured is None else "")
+
+
+def _identity(cell: Mapping[str, Any], greedy: bool) -> Check:
+    """The share of prompts whose text equals K=0's must be 1 (``matches_baseline``, set for greedy runs)."""
+    share = cell.get("matches_baseline")
+    if not greedy:
+        detail = "the run sampled (--temperature): identity needs a greedy run"
+    elif share is None:
+        detail = "no prompt was answered both by this cell and by K=0"
+    elif share < 1.0:
+        detail = f"{1 - share:.0%} of the prompts were answered differently from K=0"
+    else:
+        detail = ""
+    return Check("greedy_identical", True, share, greedy and share == 1.0, _where(cell), detail)
+
+
+def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResult:
+    """Every threshold of ``thresholds`` against the bench ``report`` (its JSON form)."""
+    cells: list[Mapping[str, Any]] = list(report.get("cells", []))
+    gated = _gated_cells(cells)
+    checks: list[Check] = []
+    if thresholds.min_speedup is not None:
+        checks += [_at_least("min_speedup", thresholds.min_speedup, cell.get("speedup"), cell,
+                             "no K=0 cell at this concurrency to compare with") for cell in gated]
+    if thresholds.min_acceptance is not None:
+        checks += [_at_least("min_acceptance", thresholds.min_acceptance, cell.get("acceptance_rate"), cell,
+                             "no draft token was verified") for cell in gated]
+    if thresholds.greedy_identical:
+        greedy = not (report.get("plan") or {}).get("temperature")
+        checks += [_identity(cell, greedy) for cell in gated]
+    if thresholds.max_p95_ms is not None:
+        for cell in gated:
+            p95 = (cell.get("e2e") or {}).get("p95")
+            measured = None if p95 is None else p95 * 1000.0
+            checks.append(Check("max_p95_ms", thresholds.max_p95_ms, measured,
+                                measured is not None and measured <= thresholds.max_p95_ms, _where(cell),
+                                "no request finished" if measured is None else ""))
+    failed = sum(int(cell.get("errors") or 0) for cell in cells)
+    sent = failed + sum(int(cell.get("requests") or 0) for cell in cells)
+    rate = failed / sent if sent else None
+    checks.append(Check("max_error_rate", thresholds.max_error_rate, rate,
+                        rate is not None and rate <= thresholds.max_error_rate, None,
+                        f"{failed} of {sent} requests failed" if sent else "no request was sent"))
+    return GateResult(thresholds, tuple(checks))
