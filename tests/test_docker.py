@@ -143,6 +143,9 @@ def test_compose_mounts_read_only_where_the_plan_expects(compose, default_plan):
         (Path(m.source).name, m.target) for m in default_plan.mounts}
     cpu_volumes = [default_of(v).split(":") for v in compose["services"]["triton-cpu"]["volumes"]]
     assert all(mode == "ro" for *_rest, mode in cpu_volumes)
+    # the torch runtime reads its weights from the engines folder beside the repository (gpt_model_path)
+    assert {(Path(source).name, target) for source, target, _ in cpu_volumes} == {
+        ("triton_repo", "/release/triton_repo"), ("engines", "/release/engines")}
 
 
 @pytest.mark.parametrize("name", ["triton-gpu", "triton-cpu"])

@@ -50,10 +50,11 @@ def test_manifest_holds_the_release(tmp_path: Path) -> None:
     assert path == (tmp_path / "triton_repo" / "manifest.json").resolve()
     manifest = json.loads(path.read_text())
     assert manifest["format"] == MANIFEST_FORMAT
-    assert manifest["root"] == ".." and manifest["trees"] == {"engines": "engines", "repository": "triton_repo"}
+    # every path from the repository folder: the unit a pipeline uploads, the engines beside it
+    assert "root" not in manifest and manifest["trees"] == {"repository": ".", "engines": "../engines"}
     assert list(manifest["files"]) == [
-        "engines/draft/rank0.engine", "engines/target/rank0.engine", "triton_repo/ensemble/config.pbtxt",
-        "triton_repo/orchestrator/1/model.py", "triton_repo/orchestrator/config.pbtxt",
+        "../engines/draft/rank0.engine", "../engines/target/rank0.engine", "ensemble/config.pbtxt",
+        "orchestrator/1/model.py", "orchestrator/config.pbtxt",
     ]
     assert manifest["spec"]["target"]["checkpoint"] == "/models/target"
     assert manifest["steps"] == [{"name": "build", "status": "ok", "seconds": 1.5, "fingerprint": "f" * 64,
@@ -81,26 +82,67 @@ def test_verify_names_flipped_missing_and_extra_files(tmp_path: Path) -> None:
     (tmp_path / "engines" / "draft" / "notes.txt").write_text("added")
     report = verify(tmp_path / "triton_repo" / "manifest.json")
     assert not report.ok and report.checked == 5
-    assert report.changed == ["engines/target/rank0.engine"]
-    assert report.missing == ["triton_repo/orchestrator/1/model.py"]
-    assert report.extra == ["engines/draft/notes.txt"]
+    assert report.changed == ["../engines/target/rank0.engine"]
+    assert report.missing == ["orchestrator/1/model.py"]
+    assert report.extra == ["../engines/draft/notes.txt"]
+    assert report.missing_trees == {}
 
 
 def test_release_moved_as_a_whole_still_verifies(tmp_path: Path) -> None:
     _write(tmp_path / "release")
     shutil.move(tmp_path / "release", tmp_path / "moved")
     report = verify(tmp_path / "moved")  # the folder above the repository works too
-    assert report.ok and report.root == (tmp_path / "moved").resolve()
+    assert report.ok and report.root == (tmp_path / "moved" / "triton_repo").resolve()
 
 
-def test_engines_inside_the_repository_are_listed_once(tmp_path: Path) -> None:
+def test_repository_and_engines_copied_side_by_side_under_another_name_verify(tmp_path: Path) -> None:
+    _write(tmp_path / "build")
+    store = tmp_path / "model-store" / "release-42"
+    store.mkdir(parents=True)
+    shutil.copytree(tmp_path / "build" / "triton_repo", store / "repository-v7")  # the repository's name is free
+    shutil.copytree(tmp_path / "build" / "engines", store / "engines")  # the engines keep theirs, beside it
+    assert verify(store / "repository-v7").ok
+
+
+def test_a_repository_copied_without_its_engines_says_where_they_belong(tmp_path: Path) -> None:
+    _write(tmp_path / "build")
+    shutil.copytree(tmp_path / "build" / "triton_repo", tmp_path / "upload" / "triton_repo")
+    report = verify(tmp_path / "upload" / "triton_repo")
+    assert not report.ok and report.changed == [] and report.extra == []
+    assert report.missing == ["../engines/draft/rank0.engine", "../engines/target/rank0.engine"]
+    expected = (tmp_path / "upload" / "engines").resolve()
+    assert report.missing_trees == {"engines": f"{expected} (../engines from the repository)"}
+    assert report.summary().startswith(f"the engines folder is missing: the manifest expects it at {expected}")
+    assert "engines folder beside it" in report.fix
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "upload" / "triton_repo"), "--json"])
+    assert result.exit_code == 1
+    error = json.loads(result.stdout)
+    assert error["missing_trees"] == report.missing_trees and error["error"] == report.summary()
+
+
+def test_engines_inside_the_repository_are_listed_once_and_the_repository_travels_alone(tmp_path: Path) -> None:
     repository = tmp_path / "triton_repo"
     (repository / "target" / "1").mkdir(parents=True)
     (repository / "target" / "1" / "rank0.engine").write_bytes(b"e")
     path = write_manifest(repository, repository / "target", spec={}, inputs={}, steps=[], toolchain_info=TOOLCHAIN)
     manifest = json.loads(path.read_text())
-    assert manifest["root"] == "." and list(manifest["files"]) == ["target/1/rank0.engine"]
-    assert verify(repository).ok
+    assert manifest["trees"] == {"repository": ".", "engines": "target"}
+    assert list(manifest["files"]) == ["target/1/rank0.engine"]
+    shutil.copytree(repository, tmp_path / "uploaded")
+    assert verify(repository).ok and verify(tmp_path / "uploaded").ok
+
+
+def test_v1_manifests_still_verify(tmp_path: Path) -> None:
+    """Releases compiled before v2 named paths from the trees' common folder (``root``)."""
+    path = _write(tmp_path)
+    manifest = json.loads(path.read_text())
+    manifest.update(format="specbuild.manifest/v1", root="..", trees={"engines": "engines", "repository": "triton_repo"},
+                    files={("triton_repo/" + p) if not p.startswith("../") else p.removeprefix("../"): digest
+                           for p, digest in manifest["files"].items()})
+    path.write_text(json.dumps(manifest))
+    assert verify(tmp_path / "triton_repo").ok
+    (tmp_path / "triton_repo" / "ensemble" / "config.pbtxt").write_text("changed")
+    assert verify(tmp_path / "triton_repo").changed == ["ensemble/config.pbtxt"]
 
 
 def test_manifest_keeps_no_environment_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,10 +156,14 @@ def test_manifest_keeps_no_environment_secrets(tmp_path: Path, monkeypatch: pyte
 def test_unsafe_or_foreign_manifests_are_refused(tmp_path: Path) -> None:
     path = _write(tmp_path)
     manifest = json.loads(path.read_text())
-    manifest["files"]["../../etc/passwd"] = "0" * 64
-    path.write_text(json.dumps(manifest))
-    with pytest.raises(VerificationError, match="outside the release"):
-        verify(path)
+    for name in ("../../etc/passwd", "../engines/../../etc/passwd", "/etc/passwd"):
+        path.write_text(json.dumps({**manifest, "files": {**manifest["files"], name: "0" * 64}}))
+        with pytest.raises(VerificationError, match="outside the release"):
+            verify(path)
+    for tree in ("../../..", "engines/../..", "/engines"):
+        path.write_text(json.dumps({**manifest, "trees": {**manifest["trees"], "engines": tree}}))
+        with pytest.raises(VerificationError, match="manifest tree"):
+            verify(path)
     path.write_text(json.dumps({"format": "other/v9"}))
     with pytest.raises(VerificationError, match="format"):
         verify(path)
@@ -157,7 +203,7 @@ def test_cli_verify_mismatch_lists_files_and_exits_1(tmp_path: Path) -> None:
     (tmp_path / "engines" / "draft" / "rank0.engine").unlink()
     result = CliRunner().invoke(main, ["verify", str(tmp_path / "triton_repo")])
     assert result.exit_code == 1
-    assert "engines/draft/rank0.engine" in result.output and "missing" in result.output
+    assert "../engines/draft/rank0.engine" in result.output and "missing" in result.output
     assert "Traceback" not in result.output
 
 
@@ -167,7 +213,7 @@ def test_cli_verify_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["verify", str(tmp_path / "triton_repo"), "--json"])
     assert result.exit_code == 1
     report = json.loads(result.stdout)
-    assert report["ok"] is False and report["extra"] == ["triton_repo/extra.txt"]
+    assert report["ok"] is False and report["extra"] == ["extra.txt"] and report["exit_code"] == 1
 
 
 def test_cli_verify_without_manifest_exits_2(tmp_path: Path) -> None:

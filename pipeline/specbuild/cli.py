@@ -186,10 +186,7 @@ def verify(directory: str, json_mode: bool) -> None:
     if not report.ok:
         if not json_mode:
             console.print(report_table(report))
-        raise VerificationError(
-            f"{len(report.changed)} changed, {len(report.missing)} missing, {len(report.extra)} extra file(s) "
-            f"under {report.root}", "rebuild the release with `specbuild compile`, or restore the files named above",
-            details=report.to_json())
+        raise VerificationError(report.summary(), report.fix, details=report.to_json())
     if json_mode:
         print_json(report.to_json())
     else:

@@ -2,9 +2,11 @@
 
 Where it lives: ``<repository_dir>/manifest.json`` (Triton only treats folders of a model repository as
 models, so the file is inert there and ships with the repository). It covers both the repository and the
-engines: file paths are relative to the two trees' common folder (``root``, stored relative to the
-manifest's own folder, e.g. ``".."`` for the default ``engines/`` + ``triton_repo/`` side by side), so a
-release moved or copied as a whole still verifies. The manifest itself is not in its file list.
+engines, and names every path relative to the repository folder: the repository is ``"."``, engines built
+beside it are e.g. ``"../engines"`` (inside it, e.g. ``"engines"``). So the unit a pipeline uploads is the
+repository folder, with the engines folder beside it where the engines are separate: copied or uploaded
+under any name, it verifies; a missing part is named with where it is expected. The manifest itself is not
+in its file list. (Format v1 named paths from the trees' common folder; such manifests are still read.)
 
 A release of a runtime that builds no engines (``tensorrt-llm-llmapi``: TensorRT-LLM loads the checkpoints
 itself) names the checkpoints it serves under ``checkpoints`` (absolute paths); :func:`verify` re-hashes them
@@ -17,12 +19,14 @@ identities the caller passes, package versions and GPU names.
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
+import posixpath
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -37,7 +41,8 @@ from specbuild.build.stages import StageResult
 if TYPE_CHECKING:
     from specbuild.spec import BuildSpec
 
-MANIFEST_FORMAT = "specbuild.manifest/v1"
+MANIFEST_FORMAT = "specbuild.manifest/v2"
+MANIFEST_FORMAT_V1 = "specbuild.manifest/v1"
 MANIFEST_NAME = "manifest.json"
 
 _TOOLCHAIN_PACKAGES = ("specbuild", "torch", "transformers", "tokenizers", "safetensors", "numpy", "tritonclient",
@@ -88,32 +93,45 @@ def checkpoint_identity(path: str | Path) -> dict[str, Any]:
     return {"path": str(folder), "digest": digest_json(files), "files": files}
 
 
-def _trees(repository_dir: Path, engines_dir: Path | None) -> tuple[Path, dict[str, str]]:
-    """The common root of the trees (the repository, and the engines when built) and each one's path from it."""
+def _trees(repository_dir: Path, engines_dir: Path | None) -> dict[str, str]:
+    """Each tree of the release (the repository, and the engines when built) as a path from the repository."""
     trees = {"repository": repository_dir.resolve()}
     if engines_dir is not None:
         trees["engines"] = engines_dir.resolve()
     for role, path in trees.items():
         if not path.is_dir():
             raise UsageError(f"the {role} folder {path} does not exist", "build and package the release first")
-    root = Path(os.path.commonpath(list(trees.values())))
-    return root, {role: path.relative_to(root).as_posix() for role, path in trees.items()}
+    return {role: Path(os.path.relpath(path, trees["repository"])).as_posix() for role, path in trees.items()}
 
 
 BYTECODE_DIR = "__pycache__"
 
 
-def _hash_release(root: Path, trees: Mapping[str, str], manifest: Path) -> dict[str, str]:
-    """``{path relative to root: sha256}`` of every file in the trees, the manifest itself and Python
-    bytecode caches (which the server's model processes write next to their ``model.py``) excluded."""
-    manifest_relative = manifest.resolve().relative_to(root).as_posix()
+def _inside(path: str, tree: str) -> bool:
+    """Whether the relative ``path`` lies in the relative ``tree`` (both normalized, ``"."`` is everything that does
+    not climb out of it)."""
+    if tree == ".":
+        return not path.startswith("../") and path != ".."
+    return path.startswith(tree + "/")
+
+
+def _outermost(trees: Mapping[str, str]) -> list[str]:
+    """The trees not inside another one (engines inside the repository are hashed once, as part of it)."""
+    paths = sorted(set(trees.values()))
+    return [tree for tree in paths if not any(other != tree and _inside(tree, other) for other in paths)]
+
+
+def _hash_release(base: Path, trees: Mapping[str, str], manifest: Path) -> dict[str, str]:
+    """``{path relative to base: sha256}`` of every file in the trees (paths relative to ``base``, the repository
+    folder), the manifest itself and Python bytecode caches (which the server's model processes write next to
+    their ``model.py``) excluded."""
     files: dict[str, str] = {}
-    for tree in trees.values():
-        tree_dir = root / tree
+    for tree in _outermost(trees):
+        tree_dir = base / tree
         if not tree_dir.is_dir():
             continue
         prefix = "" if tree == "." else f"{tree}/"
-        exclude = {manifest_relative[len(prefix):]} if manifest_relative.startswith(prefix) else set()
+        exclude = {manifest.name} if tree == "." else set()
         for relative, digest in hash_tree(tree_dir, symlinks="record", exclude=exclude).items():
             if BYTECODE_DIR in relative.split("/"):
                 continue  # written by a running server's python models, never part of the release
@@ -149,14 +167,13 @@ def write_manifest(
     """
     repository_dir = Path(repository_dir)
     manifest_path = repository_dir.resolve() / MANIFEST_NAME
-    root, trees = _trees(repository_dir, None if engines_dir is None else Path(engines_dir))
+    trees = _trees(repository_dir, None if engines_dir is None else Path(engines_dir))
     clean_stale(manifest_path)
-    files = _hash_release(root, trees, manifest_path)
+    files = _hash_release(manifest_path.parent, trees, manifest_path)
     manifest = {
         "format": MANIFEST_FORMAT,
         "profile_id": profile_id(files),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "root": os.path.relpath(root, manifest_path.parent),
         "engines_built": engines_dir is not None or checkpoints is not None,
         "trees": trees,
         **({"checkpoints": {role: str(Path(path).resolve()) for role, path in checkpoints.items()}}
@@ -182,21 +199,37 @@ def _step(step: StageResult | Mapping[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class VerifyReport:
     manifest: Path
-    root: Path
+    root: Path  # the repository folder: every path in the report is relative to it
     profile_id: str
     checked: int
     changed: list[str]
     missing: list[str]
     extra: list[str]
+    missing_trees: dict[str, str] = field(default_factory=dict)  # tree -> where the manifest expects it
 
     @property
     def ok(self) -> bool:
         return not (self.changed or self.missing or self.extra)
 
+    def summary(self) -> str:
+        """The differences in one sentence, a missing folder first (its files are among the missing ones)."""
+        counts = (f"{len(self.changed)} changed, {len(self.missing)} missing, {len(self.extra)} extra file(s) "
+                  f"under {self.root}")
+        folders = [f"the {role} folder is missing: the manifest expects it at {where}"
+                   for role, where in self.missing_trees.items()]
+        return "; ".join(folders + [counts])
+
+    @property
+    def fix(self) -> str:
+        if self.missing_trees:
+            return ("copy the release whole: the repository folder, with the engines folder beside it under the name "
+                    "the manifest gives (its \"trees\"); or verify where the release was compiled")
+        return "rebuild the release with `specbuild compile`, or restore the files named above"
+
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "manifest": str(self.manifest), "root": str(self.root),
                 "profile_id": self.profile_id, "checked": self.checked, "changed": self.changed,
-                "missing": self.missing, "extra": self.extra}
+                "missing": self.missing, "extra": self.extra, "missing_trees": self.missing_trees}
 
 
 def find_manifest(path: str | Path) -> Path:
@@ -212,16 +245,37 @@ def find_manifest(path: str | Path) -> Path:
                      "pass the repository folder written by `specbuild compile` (it holds manifest.json)")
 
 
-def _relative_or_fail(value: Any, what: str, *, parents_only: bool = False) -> str:
-    path = PurePosixPath(value) if isinstance(value, str) else None
-    if path is None or path.is_absolute():
-        raise VerificationError(f"manifest {what} {value!r} is not a relative path", "regenerate the manifest")
-    if parents_only and any(part != ".." for part in path.parts):
-        raise VerificationError(f"manifest root {value!r} must only go up from the manifest's folder",
-                                "regenerate the manifest")
-    if not parents_only and ".." in path.parts:
-        raise VerificationError(f"manifest {what} {value!r} leads outside the release", "regenerate the manifest")
+def _tree_path(value: Any) -> str:
+    """A tree's path from the repository: ``"."``, or normalized and relative, climbing only at its start."""
+    if not isinstance(value, str) or posixpath.isabs(value) or posixpath.normpath(value) != value:
+        raise VerificationError(f"manifest tree {value!r} is not a normalized relative path", "regenerate the manifest")
+    parts = value.split("/")
+    climbs = len(parts) - len(list(itertools.dropwhile(lambda part: part == "..", parts)))
+    if ".." in parts[climbs:] or climbs == len(parts):
+        raise VerificationError(f"manifest tree {value!r} is not a folder of the release", "regenerate the manifest")
     return value
+
+
+def _file_path(value: Any, trees: Mapping[str, str]) -> str:
+    if not isinstance(value, str) or posixpath.normpath(value) != value or posixpath.isabs(value) \
+            or not any(_inside(value, tree) for tree in trees.values()):
+        raise VerificationError(f"manifest file {value!r} leads outside the release", "regenerate the manifest")
+    return value
+
+
+def _from_v1(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A v1 manifest (paths from the trees' common folder, ``root``) with v2's paths (from the repository)."""
+    trees = manifest["trees"]
+    repository = trees.get("repository")  # the manifest's own folder, from the common folder
+    if not isinstance(repository, str):
+        raise VerificationError("a v1 manifest without its repository tree", "regenerate the manifest")
+
+    def from_repository(path: str) -> str:
+        return posixpath.relpath(path, repository) if isinstance(path, str) else path
+
+    return {**manifest, "format": MANIFEST_FORMAT,
+            "trees": {role: from_repository(tree) for role, tree in trees.items()},
+            "files": {from_repository(relative): digest for relative, digest in manifest["files"].items()}}
 
 
 def _load(manifest_path: Path) -> dict[str, Any]:
@@ -230,13 +284,20 @@ def _load(manifest_path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise VerificationError(f"{manifest_path} is not valid JSON ({exc})",
                                 "the manifest was damaged; rebuild the release or restore it") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if found not in (MANIFEST_FORMAT, MANIFEST_FORMAT_V1):
         raise VerificationError(f"{manifest_path} has format {found!r}, expected {MANIFEST_FORMAT!r}",
                                 "verify it with the specbuild version that wrote it")
     if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("trees"), dict):
         raise VerificationError(f"{manifest_path} lacks its files or trees", "regenerate the manifest")
-    return manifest
+    if found == MANIFEST_FORMAT_V1:
+        manifest = _from_v1(manifest)
+    trees = {role: _tree_path(tree) for role, tree in manifest["trees"].items()}
+    if trees.get("repository") != ".":
+        raise VerificationError(f"{manifest_path} does not name its own folder as the repository",
+                                "regenerate the manifest")
+    files = {_file_path(relative, trees): digest for relative, digest in manifest["files"].items()}
+    return {**manifest, "trees": trees, "files": files}
 
 
 def _require_engines(manifest: Mapping[str, Any], manifest_path: Path) -> None:
@@ -276,8 +337,7 @@ def read_release(path: str | Path) -> Release:
     except ValidationError as exc:
         raise VerificationError(f"{manifest_path} holds a spec this specbuild cannot read ({exc.errors()[0]['msg']})",
                                 "re-package the release with this specbuild version") from None
-    root = (manifest_path.parent / _relative_or_fail(manifest.get("root", "."), "root", parents_only=True)).resolve()
-    engines = root / _relative_or_fail(manifest["trees"].get("engines", ""), "tree")
+    engines = (manifest_path.parent / manifest["trees"].get("engines", ".")).resolve()
     return Release(manifest_path, spec, dict(manifest.get("extra", {}).get("build_info") or {}),
                    manifest_path.parent, engines, {role: Path(path) for role, path in _checkpoints(manifest).items()})
 
@@ -312,20 +372,20 @@ def verify(path: str | Path) -> VerifyReport:
     manifest_path = find_manifest(path).resolve()
     manifest = _load(manifest_path)
     _require_engines(manifest, manifest_path)
-    root = (manifest_path.parent / _relative_or_fail(manifest.get("root", "."), "root", parents_only=True)).resolve()
-    trees = {role: _relative_or_fail(tree, "tree") for role, tree in manifest["trees"].items()}
-    recorded = {_relative_or_fail(relative, "file"): digest for relative, digest in manifest["files"].items()}
-    current = _hash_release(root, trees, manifest_path)
-    recorded.update(_checkpoint_files(manifest, recorded=True))
-    current.update(_checkpoint_files(manifest, recorded=False))
+    base = manifest_path.parent
+    trees = manifest["trees"]
+    recorded = {**manifest["files"], **_checkpoint_files(manifest, recorded=True)}
+    current = {**_hash_release(base, trees, manifest_path), **_checkpoint_files(manifest, recorded=False)}
     return VerifyReport(
         manifest=manifest_path,
-        root=root,
+        root=base,
         profile_id=str(manifest.get("profile_id", "")),
         checked=len(recorded),
         changed=sorted(p for p in recorded.keys() & current.keys() if recorded[p] != current[p]),
         missing=sorted(recorded.keys() - current.keys()),
         extra=sorted(current.keys() - recorded.keys()),
+        missing_trees={role: f"{(base / tree).resolve()} ({tree} from the repository)"
+                       for role, tree in trees.items() if not (base / tree).is_dir()},
     )
 
 
@@ -333,7 +393,7 @@ def report_table(report: VerifyReport) -> Table:
     """The differences as a rich table: one row per changed, missing or extra file."""
     table = Table(title=f"{report.manifest}: differences from the manifest", title_justify="left")
     table.add_column("problem", style="bold red")
-    table.add_column("file (relative to the release root)")
+    table.add_column("file (relative to the repository folder)")
     for problem, paths in (("changed", report.changed), ("missing", report.missing), ("extra", report.extra)):
         for relative in paths:
             table.add_row(problem, relative)

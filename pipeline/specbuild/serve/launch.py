@@ -291,9 +291,8 @@ def release_launch_plan(repository: str | Path, overrides: dict[str, Any], *, ve
     if verify_files:
         report = verify(release.manifest)
         if not report.ok:
-            raise VerificationError(f"the release differs from its manifest ({len(report.changed)} changed, "
-                                    f"{len(report.missing)} missing, {len(report.extra)} extra files)",
-                                    "run `specbuild verify` to see which, and rebuild or restore them")
+            raise VerificationError(f"the release differs from its manifest: {report.summary()}",
+                                    f"{report.fix} (`specbuild verify` lists the files)")
     spec = release_launch_spec(release.spec, overrides)
     check_compiled_layout(release.repository, spec)
     return release_plan(spec, release.repository, release.engines, release.checkpoints, gpus=gpus, shm_gib=shm_gib)

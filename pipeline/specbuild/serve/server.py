@@ -513,9 +513,8 @@ def verify_release(repository: str | Path) -> None:
     problems = [f"{kind} {path}" for kind, paths in (("changed", report.changed), ("missing", report.missing),
                                                       ("extra", report.extra)) for path in paths]
     shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
-    raise VerificationError(f"the release under {report.root} does not match its manifest: {shown}",
-                            "rebuild it with `specbuild compile` or restore the files; "
-                            "`specbuild serve --no-verify` serves it anyway")
+    raise VerificationError(f"the release does not match its manifest: {report.summary()}: {shown}",
+                            f"{report.fix}; `specbuild serve --no-verify` serves it anyway")
 
 
 def run_foreground(argv: Sequence[str]) -> int:
