@@ -143,10 +143,11 @@ def release_spec(checkpoints: Checkpoints, root: Path, runtime: str, overrides: 
     })
 
 
-def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | None = None):
+def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | None = None, gpu: str | None = None):
     """A tensorrt-llm release of the factory pair whose engines were "built on a GPU host": each engine folder
-    holds the build record TensorRT-LLM's runtime plans for it (and a stand-in engine file), then
-    ``specbuild package`` renders and hashes the repository here. Returns the ``CompileResult``."""
+    holds the build record TensorRT-LLM's runtime plans for it (with ``gpu`` as the GPU it was built on, as a real
+    build records it) and a stand-in engine file, then ``specbuild package`` renders and hashes the repository here.
+    Returns the ``CompileResult``."""
     from specbuild import compiler
     from specbuild.build.runtimes import runtime_for
     from specbuild.check.checkpoints import read_checkpoint
@@ -158,6 +159,8 @@ def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | 
         folder = Path(spec.outputs.engines_dir) / role
         folder.mkdir(parents=True)
         record = runtime.planned_build_info(spec, role, read_checkpoint(getattr(spec, role).checkpoint))
+        if gpu is not None:
+            record["gpu"] = {"name": gpu, "sm": "9.0"}
         (folder / BUILD_INFO).write_text(json.dumps(record), encoding="utf-8")
         (folder / "rank0.engine").write_bytes(b"stand-in engine")
     return compiler.run(spec, json_mode=True, package_only=True)

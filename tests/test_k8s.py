@@ -1,23 +1,31 @@
-"""Kubernetes manifests: schema-valid for a pinned Kubernetes version, consistent with the launch plan."""
+"""Kubernetes manifests: schema-valid for a pinned Kubernetes version (core kinds) and for the KServe and
+Prometheus Operator CRDs (custom resources), consistent with the launch plan, sized for the release."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
 
+import crd_schemas
 from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_MODEL
 from specbuild.errors import UsageError
 from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
-from specbuild.serve.k8s import DeployOptions, k8s_name, manifests, to_yaml, write_manifests
+from specbuild.serve.k8s import (ADAPTER_RULES_FILE, DeployOptions, ReleaseFootprint, adapter_rules,
+                                 gpu_label_value, k8s_name, manifests, to_yaml, write_manifests)
 from specbuild.serve.launch import launch_plan
 from specbuild.spec import BuildSpec
 
 K8S_VERSION = "1.33"  # pinned: the schemas shipped with kubernetes-validate
+CORE_KINDS = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+H100 = "NVIDIA H100 80GB HBM3"
+FOOTPRINT = ReleaseFootprint(weight_bytes=7 * 2**30 + 1, gpu=H100)  # a 7 GiB engine pair, built on an H100
 
 
 def make_spec(**extra: Any) -> BuildSpec:
@@ -33,38 +41,60 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {obj["kind"]: obj for obj in objects}
 
 
+def validate(obj: dict[str, Any]) -> None:
+    """A core kind against Kubernetes' schema, a custom resource against its CRD's (both strict)."""
+    if obj["kind"] in CORE_KINDS:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    else:
+        crd_schemas.validate(obj)
+
+
 OPTION_SETS = [
     ({}, DeployOptions(pvc="release")),
     ({}, DeployOptions(release_image="registry.example/demo-release:1", replicas=3, namespace="llm")),
-    ({"launch": {"fast_logits": True}}, DeployOptions(pvc="release", max_replicas=2)),
+    ({"launch": {"fast_logits": True}}, DeployOptions(pvc="release", max_replicas=2, cpu=12, memory_gib=96)),
     ({"target": {"checkpoint": "/ckpt/target", "pp_size": 2}, "launch": {"mode": "leader", "placement": "separate"}},
-     DeployOptions(pvc="release", hpa_metric="nv_inference_queue_duration_us", hpa_target=500)),
+     DeployOptions(pvc="release", hpa_target=5, monitor_labels={"release": "prometheus"})),
+    ({"runtime": "torch"}, DeployOptions(pvc="release", image="registry.example/specbuild:cpu")),
+    ({"runtime": "torch", "torch": {"target_threads": 6, "draft_threads": 2}}, DeployOptions(release_image="r/x:1")),
 ]
 
 
+@pytest.mark.parametrize("kserve", [False, True])
 @pytest.mark.parametrize(("spec", "options"), OPTION_SETS)
-def test_core_kinds_validate_strictly(spec, options):
-    objects = manifests(make_spec(**spec), options)
-    assert [obj["kind"] for obj in objects] == ["Deployment", "Service", "HorizontalPodAutoscaler"]
+def test_every_object_validates_strictly(spec, options, kserve):
+    if kserve and options.pvc is None:
+        return  # refused: test_option_errors
+    objects = manifests(make_spec(**spec), FOOTPRINT, options, kserve=kserve)
+    expected = ["ServingRuntime", "InferenceService"] if kserve else ["Deployment", "Service"]
+    assert [obj["kind"] for obj in objects] == [*expected, "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                                                "PodMonitor"]
     for obj in objects:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        validate(obj)
     # and the YAML dump reads back to the same objects
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects
 
 
-def test_validator_rejects_a_misspelled_field():
-    """Control: the schema check used above can fail."""
-    deployment = manifests(make_spec(), DeployOptions(pvc="release"))[0]
-    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+@pytest.mark.parametrize("kind", ["Deployment", "ServingRuntime", "InferenceService", "PodMonitor"])
+def test_validators_reject_a_misspelled_field(kind):
+    """Control: the schema checks used above can fail, for core kinds and custom resources alike."""
+    objects = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release"), kserve=kind != "Deployment")
+                      + manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release")))
+    obj = objects[kind]
+    spec = obj["spec"]
+    target = {"Deployment": lambda: spec["template"]["spec"]["containers"][0], "ServingRuntime":
+              lambda: spec["containers"][0], "InferenceService": lambda: spec["predictor"],
+              "PodMonitor": lambda: spec["podMetricsEndpoints"][0]}[kind]()
+    target["readinesProbe"] = {}
+    with pytest.raises((kubernetes_validate.ValidationError, jsonschema.ValidationError)):
+        validate(obj)
 
 
 def test_deployment_runs_the_launch_plan():
     spec = make_spec()
     options = DeployOptions(pvc="release", replicas=2)
     plan = launch_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir)
-    objects = by_kind(manifests(spec, options))
+    objects = by_kind(manifests(spec, FOOTPRINT, options))
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert container["image"] == spec.triton.image
@@ -87,7 +117,7 @@ def test_deployment_runs_the_launch_plan():
 
 
 def test_probes_termination_and_security():
-    deployment = by_kind(manifests(make_spec(), DeployOptions(pvc="release")))["Deployment"]
+    deployment = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release")))["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
@@ -101,32 +131,99 @@ def test_probes_termination_and_security():
 
 
 def test_init_container_copies_the_release_image():
-    pod = by_kind(manifests(make_spec(), DeployOptions(release_image="reg/rel:1")))["Deployment"]["spec"]["template"]["spec"]
+    pod = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(release_image="reg/rel:1")))["Deployment"]["spec"]["template"]["spec"]
     [init] = pod["initContainers"]
     assert init["image"] == "reg/rel:1"
     assert init["command"] == ["cp", "-R", "/release/.", "/mnt/release/"]
     assert {v["name"]: v for v in pod["volumes"]}["release"] == {"name": "release", "emptyDir": {}}
 
 
-def test_service_and_hpa_agree_with_the_deployment():
-    objects = by_kind(manifests(make_spec(), DeployOptions(pvc="release", replicas=2)))
+def test_service_hpa_budget_and_monitor_agree_with_the_deployment():
+    objects = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release", replicas=2,
+                                                                      monitor_labels={"release": "prom"})))
     deployment, svc, hpa = objects["Deployment"], objects["Service"], objects["HorizontalPodAutoscaler"]
-    assert svc["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"] == pod_labels
     container_ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert {p["targetPort"] for p in svc["spec"]["ports"]} == container_ports == {"http", "grpc", "metrics"}
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": deployment["metadata"]["name"]}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
     [metric] = hpa["spec"]["metrics"]
-    assert metric["pods"]["metric"] == {"name": "nv_trt_llm_request_metrics",
-                                        "selector": {"matchLabels": {"model": "target", "request_type": "active"}}}
+    assert metric["pods"]["metric"] == {"name": "specbuild_requests_in_flight",  # the orchestrator's gauge
+                                        "selector": {"matchLabels": {"model": "orchestrator"}}}
     assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "6"}  # 3/4 of max_batch_size 8
     assert deployment["metadata"]["name"] == "demo-pair"
+    budget, monitor = objects["PodDisruptionBudget"], objects["PodMonitor"]
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": pod_labels}}
+    assert monitor["spec"]["selector"] == {"matchLabels": pod_labels}
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prom"  # what the Prometheus selects monitors by
+
+
+def test_the_adapter_rule_serves_the_hpa_metric():
+    from specbuild.speculation.stats import IN_FLIGHT, METRICS
+
+    assert IN_FLIGHT in METRICS and IN_FLIGHT.kind == "gauge"  # exported by the orchestrator
+    [rule] = adapter_rules()["rules"]
+    assert rule["seriesQuery"].startswith(IN_FLIGHT.name + "{")
+    assert rule["name"]["as"] == IN_FLIGHT.name
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}  # a pods metric, as the HPA asks
+    assert "<<.Series>>" in rule["metricsQuery"] and "by (<<.GroupBy>>)" in rule["metricsQuery"]
+
+
+def test_gpu_pod_resources_count_shm_engines_and_server():
+    container = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release")))["Deployment"][
+        "spec"]["template"]["spec"]["containers"][0]
+    # 2 GiB /dev/shm + 7 GiB (and a byte) of engines + 2 GiB server + 1 GiB for each of the 2 GPU processes
+    assert container["resources"] == {
+        "requests": {"cpu": "4", "memory": "14Gi", "nvidia.com/gpu": "2"},
+        "limits": {"cpu": "8", "memory": "14Gi", "nvidia.com/gpu": "2"}}
+    sized = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release", cpu=3, memory_gib=40.5)))
+    assert sized["Deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "3", "memory": "41Gi", "nvidia.com/gpu": "2"}
+
+
+def test_gpu_pods_go_to_the_gpu_the_engines_were_built_on():
+    pod = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release")))["Deployment"]["spec"][
+        "template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    unrecorded = manifests(make_spec(), ReleaseFootprint(0, None), DeployOptions(pvc="release"))[0]
+    assert "nodeSelector" not in unrecorded["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(("name", "label"), [(H100, "NVIDIA-H100-80GB-HBM3"), ("Tesla T4", "Tesla-T4"),
+                                             ("NVIDIA A100-SXM4-80GB (MIG 1g.10gb)", "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"),
+                                             ("x" * 70, "x" * 63)])
+def test_gpu_label_values(name, label):
+    assert gpu_label_value(name) == label
+
+
+def test_a_torch_release_runs_specbuild_serve_on_cpus():
+    spec = make_spec(runtime="torch", torch={"target_threads": 6, "draft_threads": 2})
+    footprint = ReleaseFootprint(weight_bytes=4 * 2**30, gpu=None)
+    objects = by_kind(manifests(spec, footprint, DeployOptions(pvc="release")))
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == "specbuild:cpu"  # docker/Dockerfile.cpu (entrypoint: specbuild)
+    assert container["args"] == ["serve", "/release/triton_repo", "--host", "0.0.0.0", "--http-port=8000",
+                                 "--grpc-port=8001", "--metrics-port=8002", "--timeout=1800"]
+    # 6 + 2 engine threads and a core for the rest; requests = limits; memory: 2 shm + 4 x 1.25 weights + 2 server
+    assert container["resources"] == {"requests": {"cpu": "9", "memory": "9Gi"},
+                                      "limits": {"cpu": "9", "memory": "9Gi"}}
+    # the whole release volume: the repository reads its engines' weights beside it
+    assert {m["mountPath"]: m for m in container["volumeMounts"]}["/release"] == {
+        "name": "release", "mountPath": "/release", "readOnly": True}
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert objects["Service"]["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http",
+                                                      "protocol": "TCP"}
 
 
 def test_kserve_structure():
     spec = make_spec()
-    runtime, isvc = manifests(spec, DeployOptions(pvc="release", replicas=2), kserve=True)
+    runtime, isvc, hpa, budget, monitor = manifests(spec, FOOTPRINT, DeployOptions(pvc="release", replicas=2),
+                                                    kserve=True)
     assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1" and runtime["kind"] == "ServingRuntime"
     assert isvc["apiVersion"] == "serving.kserve.io/v1beta1" and isvc["kind"] == "InferenceService"
     rspec = runtime["spec"]
@@ -136,15 +233,23 @@ def test_kserve_structure():
     assert container["name"] == "kserve-container"
     plan = launch_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir)
     assert tuple(container["args"]) == plan.server_argv
-    assert container["ports"] == [{"containerPort": plan.ports["http"], "protocol": "TCP"}]
+    # HTTP first (KServe's Service routes its port 80 there), then gRPC and metrics, named for the PodMonitor
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == list(plan.ports.items())
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": plan.ports["http"]}
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/engines", "/triton_repo"}
     assert {v["name"] for v in rspec["volumes"]} == {m["name"] for m in container["volumeMounts"]}
+    assert rspec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     predictor = isvc["spec"]["predictor"]
     assert predictor["model"]["runtime"] == runtime["metadata"]["name"]
     assert predictor["model"]["modelFormat"]["name"] in {f["name"] for f in rspec["supportedModelFormats"]}
     assert (predictor["minReplicas"], predictor["maxReplicas"]) == (2, 8)
-    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    annotations = isvc["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    # autoscaling set explicitly: no CPU HPA from KServe; ours scales the predictor Deployment KServe creates
+    assert annotations["serving.kserve.io/autoscalerClass"] == "external"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "demo-pair-predictor"
+    pods = {"serving.kserve.io/inferenceservice": "demo-pair"}
+    assert budget["spec"]["selector"]["matchLabels"] == monitor["spec"]["selector"]["matchLabels"] == pods
     # the pod-level fields KServe inlines in the predictor are valid core PodSpec fields
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
            "spec": {"containers": [container], "volumes": rspec["volumes"],
@@ -155,15 +260,15 @@ def test_kserve_structure():
 def test_option_errors():
     spec = make_spec()
     with pytest.raises(UsageError, match="exactly one source"):
-        manifests(spec, DeployOptions())
+        manifests(spec, FOOTPRINT, DeployOptions())
     with pytest.raises(UsageError, match="exactly one source"):
-        manifests(spec, DeployOptions(pvc="a", release_image="b"))
+        manifests(spec, FOOTPRINT, DeployOptions(pvc="a", release_image="b"))
     with pytest.raises(UsageError, match="KServe variant mounts the release from a PVC"):
-        manifests(spec, DeployOptions(release_image="b"), kserve=True)
+        manifests(spec, FOOTPRINT, DeployOptions(release_image="b"), kserve=True)
     with pytest.raises(UsageError, match="namespace"):
-        manifests(spec, DeployOptions(pvc="a", namespace="Bad_NS"))
+        manifests(spec, FOOTPRINT, DeployOptions(pvc="a", namespace="Bad_NS"))
     with pytest.raises(UsageError, match="max replicas"):
-        manifests(spec, DeployOptions(pvc="a", replicas=3, max_replicas=2))
+        manifests(spec, FOOTPRINT, DeployOptions(pvc="a", replicas=3, max_replicas=2))
 
 
 @pytest.mark.parametrize(("name", "label"), [("demo", "demo"), ("Demo_Pair.v2", "demo-pair-v2"),
@@ -175,7 +280,7 @@ def test_k8s_name(name, label):
 def test_only_rank0_loads_the_ensemble():
     """Clients reach the release through ``ensemble`` on rank 0; worker ranks load the engine models only."""
     leader = make_spec(target={"checkpoint": "/ckpt/target", "pp_size": 2}, launch={"mode": "leader"})
-    deployment = manifests(leader, DeployOptions(pvc="release"))[0]
+    deployment = manifests(leader, FOOTPRINT, DeployOptions(pvc="release"))[0]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     loaded = {arg.split("=", 1)[1] for arg in args if arg.startswith("--load-model=")}
     assert loaded == {"target", "draft"} and ENSEMBLE_MODEL not in loaded
@@ -184,8 +289,8 @@ def test_only_rank0_loads_the_ensemble():
 
 @pytest.fixture
 def gpu_release(checkpoints, tmp_path):  # noqa: F811
-    """A tensorrt-llm release (tp 2 target) whose engines were "built elsewhere": build records in engines/."""
-    return package_gpu_release(checkpoints, tmp_path, {"target.tp_size": 2})
+    """A tensorrt-llm release (tp 2 target) whose engines were "built elsewhere", on an H100."""
+    return package_gpu_release(checkpoints, tmp_path, {"target.tp_size": 2}, gpu=H100)
 
 
 def test_deploy_command_writes_the_release_s_manifests(gpu_release, tmp_path):
@@ -193,18 +298,59 @@ def test_deploy_command_writes_the_release_s_manifests(gpu_release, tmp_path):
     result = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "--k8s", str(out), "--pvc", "release",
                                        "--replicas", "2", "--namespace", "llm"])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["deployment.yaml", "horizontalpodautoscaler.yaml",
-                                                     "service.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "deployment.yaml", "horizontalpodautoscaler.yaml", "poddisruptionbudget.yaml", "podmonitor.yaml",
+        ADAPTER_RULES_FILE, "service.yaml"]
     deployment = yaml.safe_load((out / "deployment.yaml").read_text())
     assert deployment["metadata"]["namespace"] == "llm" and deployment["spec"]["replicas"] == 2
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"  # the release's tp 2, from its manifest
-    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"  # the release's tp 2
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}  # its build record
+    assert yaml.safe_load((out / ADAPTER_RULES_FILE).read_text()) == adapter_rules()
+    for path in out.glob("*.yaml"):
+        if path.name != ADAPTER_RULES_FILE:
+            validate(yaml.safe_load(path.read_text()))
 
-    kserve = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "--k8s", str(tmp_path / "ks"),
+    kserve = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "-o", str(tmp_path / "ks"),
                                        "--pvc", "release", "--kserve"])
     assert kserve.exit_code == 0, kserve.output
-    assert sorted(p.name for p in (tmp_path / "ks").iterdir()) == ["inferenceservice.yaml", "servingruntime.yaml"]
+    assert sorted(p.name for p in (tmp_path / "ks").iterdir()) == [
+        "horizontalpodautoscaler.yaml", "inferenceservice.yaml", "poddisruptionbudget.yaml", "podmonitor.yaml",
+        ADAPTER_RULES_FILE, "servingruntime.yaml"]
+
+
+def test_deploy_to_stdout_for_kubectl_apply(gpu_release, tmp_path):
+    result = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "-o", "-", "--pvc", "release"])
+    assert result.exit_code == 0, result.output
+    objects = list(yaml.safe_load_all(result.stdout))
+    assert [obj["kind"] for obj in objects] == ["Deployment", "Service", "HorizontalPodAutoscaler",
+                                                "PodDisruptionBudget", "PodMonitor"]
+    as_json = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "-o", "-", "--pvc", "release",
+                                        "--json"])
+    listed = json.loads(as_json.stdout)
+    assert listed["apiVersion"] == "v1" and listed["kind"] == "List" and listed["items"] == objects
+    files = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "-o", str(tmp_path / "k"), "--pvc",
+                                      "release", "--json"])
+    assert json.loads(files.stdout)["kinds"] == [obj["kind"] for obj in objects]
+
+
+def test_deploy_of_a_torch_release_writes_cpu_manifests(checkpoints, tmp_path):  # noqa: F811
+    from served_tiny import compile_release
+
+    release = compile_release(checkpoints, tmp_path / "release")
+    result = CliRunner().invoke(main, ["deploy", str(release.repository), "-o", "-", "--pvc", "release",
+                                       "--image", "registry.example/specbuild:cpu", "--set", "triton.http_port=9000"])
+    assert result.exit_code == 0, result.output
+    objects = by_kind(list(yaml.safe_load_all(result.stdout)))
+    [container] = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example/specbuild:cpu"
+    assert container["args"][:2] == ["serve", "/release/triton_repo"] and "--http-port=9000" in container["args"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    for obj in objects.values():
+        validate(obj)
+    refused = CliRunner().invoke(main, ["deploy", str(release.repository), "-o", "-", "--pvc", "release",
+                                        "--set", "limits.max_batch_size=64"])
+    assert refused.exit_code == 2 and "compiled with limits.max_batch_size" in refused.output
 
 
 def test_deploy_refuses_a_layout_the_release_was_not_compiled_for(gpu_release, tmp_path):
@@ -225,4 +371,4 @@ def test_write_manifests_refuses_a_file(tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
     with pytest.raises(UsageError, match="not a folder"):
-        write_manifests(target, manifests(make_spec(), DeployOptions(pvc="r")))
+        write_manifests(target, manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="r")))

@@ -11,7 +11,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import kubernetes_validate
 import pytest
 from click.testing import CliRunner
 
@@ -37,9 +36,9 @@ from specbuild.package.llmapi_contract import (
 )
 from specbuild.package.manifest import read_release, verify
 from specbuild.package.repository import read_config, validate_repository
-from specbuild.serve.k8s import DeployOptions, manifests
+from specbuild.serve.k8s import DeployOptions, ReleaseFootprint, manifests
 from specbuild.serve.launch import LLMAPI_LAUNCH, TRITONSERVER, release_launch_plan
-from test_k8s import K8S_VERSION
+from test_k8s import validate
 
 RUNTIME = "tensorrt-llm-llmapi"
 
@@ -244,24 +243,21 @@ def test_a_launch_the_release_was_not_packaged_for_is_refused(release: compiler.
 @pytest.mark.parametrize("kserve", [False, True])
 def test_kubernetes_and_kserve_manifests_validate_and_mount_the_checkpoints(release: compiler.CompileResult,
                                                                            kserve: bool) -> None:
-    objects = manifests(release.spec, DeployOptions(pvc="models"), kserve=kserve)
-    if kserve:  # no schema for KServe's kinds: their pod fields are checked as a core Pod
-        containers, volumes = objects[0]["spec"]["containers"], objects[0]["spec"]["volumes"]
-        objects = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-                    "spec": {"containers": containers, "volumes": volumes}}]
-    else:
-        containers = objects[0]["spec"]["template"]["spec"]["containers"]
+    objects = manifests(release.spec, ReleaseFootprint.of(read_release(release.repository)),
+                        DeployOptions(pvc="models"), kserve=kserve)
+    containers = objects[0]["spec"]["containers"] if kserve else objects[0]["spec"]["template"]["spec"]["containers"]
     for obj in objects:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        validate(obj)  # core kinds against Kubernetes' schemas, KServe's and the PodMonitor against their CRDs'
     mounts = {m["mountPath"]: m for m in containers[0]["volumeMounts"]}
     assert mounts["/checkpoints/target"]["subPath"] == Path(release.spec.target.checkpoint).name
     assert mounts["/checkpoints/draft"]["subPath"] == Path(release.spec.draft.checkpoint).name
     assert mounts["/triton_repo"]["subPath"] == release.repository.name
     assert containers[0]["args"][:5] == ["mpirun", "--allow-run-as-root", "-n", "1", TRITONSERVER]
-    if not kserve:
-        [metric] = objects[2]["spec"]["metrics"]
-        assert metric["pods"]["metric"] == {"name": "specbuild_requests_in_flight",
-                                            "selector": {"matchLabels": {"model": ADAPTER_MODEL}}}
+    [metric] = objects[2]["spec"]["metrics"]  # the HPA: on the adapter's gauge (the LLM-API model has none)
+    assert metric["pods"]["metric"] == {"name": "specbuild_requests_in_flight",
+                                        "selector": {"matchLabels": {"model": ADAPTER_MODEL}}}
+    # the weights it loads are the checkpoints: counted in the memory request
+    assert int(containers[0]["resources"]["requests"]["memory"].removesuffix("Gi")) >= 2 + 2 + 1
 
 
 def test_checkpoint_folders_of_the_same_name_cannot_share_a_volume(tmp_path: Path,
@@ -269,4 +265,4 @@ def test_checkpoint_folders_of_the_same_name_cannot_share_a_volume(tmp_path: Pat
     draft = shutil.copytree(checkpoints.draft, tmp_path / "other" / "target")
     spec = release_spec(checkpoints, tmp_path, RUNTIME, {"draft.checkpoint": str(draft)})
     with pytest.raises(UsageError, match="different names"):
-        manifests(spec, DeployOptions(pvc="models"))
+        manifests(spec, ReleaseFootprint(0, None), DeployOptions(pvc="models"))

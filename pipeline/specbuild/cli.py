@@ -375,37 +375,70 @@ def launch_overrides(assignments: tuple[str, ...], **settings: Any) -> dict[str,
     return overrides
 
 
+def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """``("release=prometheus",)`` -> ``{"release": "prometheus"}``."""
+    labels = {}
+    for value in values:
+        key, sep, label = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r} is not KEY=VALUE, e.g. release=prometheus")
+        labels[key] = label
+    return labels
+
+
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
-@click.option("--k8s", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="folder to write the Kubernetes manifests into (one <kind>.yaml per object)")
+@click.option("-o", "--out", "--k8s", "out_dir", required=True, metavar="DIR|-",
+              help="folder to write the manifests into (one <kind>.yaml per object, and the prometheus-adapter "
+                   "rule), or - for a YAML stream on stdout (kubectl apply -f -)")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None, help="HPA ceiling (default: 4 x replicas)")
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--pvc", default=None, help="PersistentVolumeClaim holding the release's engines and repository folders")
 @click.option("--release-image", default=None, help="image with /release/<engines> and /release/<repository> "
               "(docker/Dockerfile.release), copied by an init container")
+@click.option("--image", default=None, help="the serving image  [default: the release's triton.image; for a torch "
+              "release specbuild:cpu, built from docker/Dockerfile.cpu]")
+@click.option("--cpu", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="CPU cores per replica  [default: from the release]")
+@click.option("--memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="host memory per replica  [default: /dev/shm + engines + server, from the release]")
+@click.option("--monitor-label", "monitor_labels", multiple=True, callback=_label, metavar="KEY=VALUE",
+              help="label of the PodMonitor, for your Prometheus's podMonitorSelector (repeatable)")
 @click.option("--kserve", is_flag=True, help="write a KServe ServingRuntime + InferenceService instead")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="launch settings (triton.image, triton.host, ports); the rest is the release's")
+@click.option("--json", "json_mode", is_flag=True, help="the files written as JSON; with -o -, the objects as one "
+              "JSON document (a v1 List, which kubectl applies too)")
 @reports_errors
 def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
-           release_image: str | None, kserve: bool, assignments: tuple[str, ...]) -> None:
-    """Write Kubernetes manifests serving the compiled release in REPOSITORY (default: triton_repo).
+           release_image: str | None, image: str | None, cpu: float | None, memory_gib: float | None,
+           monitor_labels: dict[str, str], kserve: bool, assignments: tuple[str, ...], json_mode: bool) -> None:
+    """Write Kubernetes manifests serving the compiled release in REPOSITORY (default: triton_repo): a GPU release
+    as compiled (its launch layout, on the GPU its engines were built on), a torch release on CPUs.
 
-    The process layout, GPUs and fast logits are the release's (spec section ``launch``, set before compile).
+    Each replica gets CPU and memory requests and limits, a PodDisruptionBudget, a Prometheus Operator PodMonitor
+    and a HorizontalPodAutoscaler on the requests in flight (prometheus-adapter rule written beside them).
     """
     from specbuild.package.manifest import read_release
-    from specbuild.serve.k8s import DeployOptions, manifests, write_manifests
-    from specbuild.serve.launch import check_compiled_layout, release_launch_spec
+    from specbuild.serve.k8s import DeployOptions, release_manifests, to_yaml, write_manifests
 
-    release = read_release(repository)
-    spec = release_launch_spec(release.spec, launch_overrides(assignments))
-    check_compiled_layout(release.repository, spec)
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
-                            release_image=release_image)
-    for path in write_manifests(out_dir, manifests(spec, options, kserve=kserve)):
-        console.print(f"wrote {path}")
+                            release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,
+                            monitor_labels=monitor_labels)
+    objects = release_manifests(read_release(repository), launch_overrides(assignments), options, kserve=kserve)
+    if out_dir == "-":
+        if json_mode:
+            print_json({"apiVersion": "v1", "kind": "List", "items": objects})
+        else:
+            click.echo(to_yaml(objects), nl=False)
+        console.print("the prometheus-adapter rule the autoscaler needs is written with -o DIR", highlight=False)
+        return
+    paths = write_manifests(out_dir, objects)
+    for path in paths:
+        console.print(f"wrote {path}", highlight=False)
+    if json_mode:
+        print_json({"files": [str(path) for path in paths], "kinds": [item["kind"] for item in objects]})
 
 
 def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:

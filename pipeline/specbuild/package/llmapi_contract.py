@@ -29,7 +29,6 @@ ADAPTER_MODEL = "llmapi_adapter"
 LLMAPI_MODEL_NAMES = (ENSEMBLE_MODEL, ADAPTER_MODEL, LLMAPI_MODEL)
 MODEL_YAML = "model.yaml"  # beside model.py in the LLM-API model's version folder, where upstream reads it
 SERVE_CONFIG = "trtllm-serve.yaml"  # the same LLM arguments for `trtllm-serve --config`, at the repository's root
-IN_FLIGHT_METRIC = "specbuild_requests_in_flight"  # the adapter's gauge (the LLM-API model exports no metrics)
 STAND_IN_MOUNTS = "mounts.json"  # CPU rehearsal: container path -> host folder, beside model.yaml
 # Where the NGC trtllm-python-py3 images hold the upstream model (tensorrtllm_backend r26.04-r26.07
 # dockerfile/Dockerfile.triton.trt_llm_backend: ``WORKDIR /app``, ``COPY ... triton_backend/all_models all_models``).

@@ -213,6 +213,12 @@ def release_launch_spec(release: BuildSpec, overrides: dict[str, Any]) -> BuildS
     (tp/pp, the launch layout, engine mounts, ...) is refused, naming the fix: the engine configs were compiled
     for the release's values."""
     _require_trtllm(release)
+    return apply_launch_settings(release, overrides)
+
+
+def apply_launch_settings(release: BuildSpec, overrides: dict[str, Any]) -> BuildSpec:
+    """``release`` with ``overrides`` applied where a launch may choose (:data:`LAUNCH_SETTINGS`), any other
+    difference refused: for every runtime (:func:`release_launch_spec` adds the GPU launch's own checks)."""
     data = release.model_dump(mode="json")
     for key, value in overrides.items():
         section, _, name = key.partition(".")
@@ -307,7 +313,8 @@ def release_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, c
     return llmapi_launch_plan(spec, repository, checkpoints, **options)
 
 
-def _ports(spec: BuildSpec) -> dict[str, int]:
+def published_ports(spec: BuildSpec) -> dict[str, int]:
+    """The release's fixed ports by kind (``http``, ``grpc``, ``metrics``), refused when one is 0 or they clash."""
     ports = {kind: getattr(spec.triton, f"{kind}_port") for kind in PORT_KINDS}
     for kind, port in ports.items():
         if port == 0:
@@ -376,7 +383,7 @@ def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, *,
             "use placement 'shared', smaller tp_size/pp_size, or a host with more GPUs")
     if shm_gib < 1:
         raise UsageError(f"shm_gib must be at least 1, got {shm_gib}", "give /dev/shm 1 GiB or more")
-    ports = _ports(spec)
+    ports = published_ports(spec)
 
     if resolved == "single":
         world_size = 1
@@ -442,7 +449,7 @@ def llmapi_launch_plan(spec: BuildSpec, repository: str | Path, checkpoints: Map
                          "use smaller tp_size/pp_size, or a host with more GPUs")
     if shm_gib < 1:
         raise UsageError(f"shm_gib must be at least 1, got {shm_gib}", "give /dev/shm 1 GiB or more")
-    ports = _ports(spec)
+    ports = published_ports(spec)
     server = _server_args(spec, ports, rank=0, mpi=True, gpu_count=gpu_count, spawns=None)
     ranks = 1 if resolved == "single" else gpu_count
     server_argv = ["mpirun", "--allow-run-as-root", "-n", str(ranks),

@@ -7,6 +7,7 @@ the orchestrator exports them as. This module owns the names: the orchestrator w
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 
 @dataclass
@@ -66,12 +67,14 @@ class SpeculationStats:
 
 @dataclass(frozen=True)
 class Metric:
-    """One Prometheus counter: ``key`` is the :class:`SpeculationStats` field it counts (or a request total)."""
+    """One Prometheus metric: ``key`` is the :class:`SpeculationStats` field a counter counts (or a request total,
+    or what a gauge measures)."""
 
     key: str
     name: str
     description: str
     per_position: bool = False  # one series per draft position, label ``position``
+    kind: Literal["counter", "gauge"] = "counter"
 
 
 REQUEST_METRICS = (
@@ -99,4 +102,8 @@ SPECULATION_METRICS = (
     Metric("lookup_accepted_tokens", "specbuild_prompt_lookup_accepted_tokens_total",
            "Draft tokens proposed by prompt lookup and accepted"),
 )
-METRICS = REQUEST_METRICS + SPECULATION_METRICS
+# Requests the orchestrator is serving now: the load signal (Kubernetes autoscaling, load-aware K). The target's own
+# "active" count undercounts it: the orchestrator sends the target one request per round, not one per request.
+IN_FLIGHT = Metric("in_flight", "specbuild_requests_in_flight", "Generation requests being served by the orchestrator",
+                   kind="gauge")
+METRICS = REQUEST_METRICS + SPECULATION_METRICS + (IN_FLIGHT,)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from specbuild.errors import SpecError, UsageError
+from specbuild.package.contract import ORCHESTRATOR_MODEL
 
 if TYPE_CHECKING:
     from specbuild.check.checkpoints import CheckpointInfo
@@ -71,8 +72,9 @@ class Runtime(abc.ABC):
     builds_engines: ClassVar[bool] = True
     # Verification rules the runtime can run, preferred first (speculation.acceptance falls back to the first).
     acceptances: ClassVar[tuple[str, ...]] = ("draft-logits", "token-match")
-    # A container release's gauge of requests in flight (Prometheus name, labels): what autoscaling follows.
-    inflight_metric: ClassVar[tuple[str, Mapping[str, str]] | None] = None
+    # The Triton model that answers each request and exports the requests in flight (stats.IN_FLIGHT, under its
+    # name as label ``model``): what autoscaling follows.
+    serving_model: ClassVar[str] = ORCHESTRATOR_MODEL
 
     @abc.abstractmethod
     def available(self) -> bool:

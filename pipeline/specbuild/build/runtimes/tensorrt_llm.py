@@ -373,7 +373,6 @@ class TensorRTLLMRuntime(Runtime):
     engine_backend = "tensorrtllm"
     container_launch = True
     auto_priority = 20
-    inflight_metric = ("nv_trt_llm_request_metrics", {"model": "target", "request_type": "active"})  # the backend's
 
     def available(self) -> bool:
         return engine_flow_installed()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from specbuild.build.runtimes import ModelPlan, PackageContext, Role, Runtime, SpecFinding
 from specbuild.build.runtimes.tensorrt_llm import installed_package_dir, resolve_dtype
-from specbuild.package.llmapi_contract import ADAPTER_MODEL, IN_FLIGHT_METRIC
+from specbuild.package.llmapi_contract import ADAPTER_MODEL
 from specbuild.spec import BuildSpec
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class TensorRTLLMLLMAPIRuntime(Runtime):
     builds_engines = False
     acceptances = ("token-match",)  # the target verifies the draft's tokens inside TensorRT-LLM
     auto_priority = 10  # after the engine flow (what the 1.2 images run), before embedded torch
-    inflight_metric = (IN_FLIGHT_METRIC, {"model": ADAPTER_MODEL})  # the adapter's (the LLM-API model has none)
+    serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
 
     def available(self) -> bool:
         package = installed_package_dir()

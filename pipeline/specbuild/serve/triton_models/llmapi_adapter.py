@@ -25,7 +25,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.contract import ENSEMBLE_INPUTS  # noqa: E402
-from specbuild.package.llmapi_contract import ADAPTER_WANTS, IN_FLIGHT_METRIC, LLMAPIAdapterParameters  # noqa: E402
+from specbuild.package.llmapi_contract import ADAPTER_WANTS, LLMAPIAdapterParameters  # noqa: E402
 from specbuild.serve.llmapi_io import decode_answer, encode_request  # noqa: E402
 from specbuild.serve.llmapi_requests import RowProgress, parse_rows, response_arrays  # noqa: E402
 from specbuild.serve.triton_models.common import (  # noqa: E402
@@ -53,10 +53,6 @@ class TritonPythonModel:
         self.settings = LLMAPIAdapterParameters.from_parameters(model_parameters(args))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
         self.metrics = Metrics(args["model_name"])
-        # the family must outlive its metric (the python backend deletes a metric with its family)
-        self.in_flight_family = pb_utils.MetricFamily(name=IN_FLIGHT_METRIC, description="Requests being answered",
-                                                      kind=pb_utils.MetricFamily.GAUGE)
-        self.in_flight = self.in_flight_family.Metric(labels={"model": args["model_name"]})
         self.logger = pb_utils.Logger
 
     async def execute(self, requests: list[Any]) -> None:
@@ -67,7 +63,7 @@ class TritonPythonModel:
         """Answer one request; its last response goes out after the counters and the gauge are updated, so a
         client that reads the metrics next finds its request there."""
         sender = request.get_response_sender()
-        self.in_flight.increment(1)
+        self.metrics.in_flight(+1)
         last: Any = None  # the final response, or an error message
         try:
             rows = parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)
@@ -84,7 +80,7 @@ class TritonPythonModel:
                 self.logger.log_error(f"llmapi_adapter: request failed: {exc!r}")
             last = f"llmapi_adapter: {exc}"
         finally:
-            self.in_flight.increment(-1)
+            self.metrics.in_flight(-1)
         if last is None:
             send_cancelled(sender)
         elif isinstance(last, str):

@@ -1,4 +1,4 @@
-"""The counters of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint (python backend
+"""The metrics of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint (python backend
 metrics API), for the models that serve a release's requests (the orchestrator, the LLM-API adapter)."""
 
 from __future__ import annotations
@@ -7,24 +7,33 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from specbuild.speculation.stats import METRICS, SpeculationStats
+from specbuild.speculation.stats import IN_FLIGHT, METRICS, SpeculationStats
+
+KINDS = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
 
 
 class Metrics:
-    """The counters of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint."""
+    """The metrics of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint (the families
+    are kept: the python backend deletes a metric with its family)."""
 
     def __init__(self, model_name: str) -> None:
         self._labels = {"model": model_name}
         self._families = {metric.key: pb_utils.MetricFamily(name=metric.name, description=metric.description,
-                                                            kind=pb_utils.MetricFamily.COUNTER)
+                                                            kind=KINDS[metric.kind])
                           for metric in METRICS}
         self._metrics = {metric.key: self._families[metric.key].Metric(labels=self._labels)
                          for metric in METRICS if not metric.per_position}
         self._per_position: dict[tuple[str, int], Any] = {}
+        self._in_flight = 0
 
     def count(self, key: str, value: float = 1.0) -> None:
         if value:
             self._metrics[key].increment(value)
+
+    def in_flight(self, change: int) -> None:
+        """Requests started (+1) or finished (-1): the ``specbuild_requests_in_flight`` gauge."""
+        self._in_flight += change
+        self._metrics[IN_FLIGHT.key].set(self._in_flight)
 
     def record(self, stats: SpeculationStats, output_tokens: int) -> None:
         self.count("requests")

@@ -78,8 +78,15 @@ class TritonPythonModel:
 
     # -- requests ---------------------------------------------------------------------------------
     async def execute(self, requests: list[Any]) -> None:
-        await asyncio.gather(*(self._serve(request) for request in requests))
+        await asyncio.gather(*(self._serve_counted(request) for request in requests))
         return None
+
+    async def _serve_counted(self, request: Any) -> None:
+        self.metrics.in_flight(+1)
+        try:
+            await self._serve(request)
+        finally:
+            self.metrics.in_flight(-1)
 
     async def _serve(self, request: Any) -> None:
         sender = request.get_response_sender()
