@@ -374,6 +374,16 @@ def test_metrics_endpoint_counts_what_the_responses_report(tiny_server, tiny_cli
                                                   if g.total_draft_tokens else 0.0)
 
 
+def test_in_flight_gauge_counts_the_requests_being_served(tiny_server, tiny_client):
+    """``specbuild_requests_in_flight``, the autoscaling signal: 1 while a streamed request is served, 0 after."""
+    chunks = tiny_client.chunks(GenerationRequest(PROMPTS[0], 400, stream=True, num_draft_tokens=2))
+    next(chunks)  # the orchestrator has answered the first round: the request is being served
+    during = metrics(tiny_server)["specbuild_requests_in_flight"]
+    rest = list(chunks)
+    assert during == 1.0, f"read after the first of {1 + len(rest)} responses"
+    assert metrics(tiny_server)["specbuild_requests_in_flight"] == 0.0
+
+
 # --- 6b. prompt lookup ---------------------------------------------------------------------------------------
 REPEATING = "for i in range(10):\n    total += i\nfor i in range(10):\n    total += i\nfor i in range(10):\n"
 LOOKUP_COUNTERS = ("specbuild_prompt_lookup_drafts_total", "specbuild_prompt_lookup_draft_tokens_total",
