@@ -199,8 +199,9 @@ def test_summarize_reports_prompt_lookups_share_and_acceptance():
 def test_summarize_without_counters_uses_per_request_outputs():
     traces = [trace([0.1, 0.2, 0.3], [1, 3, 2], drafted=8, accepted=4),
               trace([0.1, 0.2], [2, 2], drafted=4, accepted=2), RequestTrace(1, "code", (), (), 0.1, error="boom")]
-    cell = summarize(2, 1, False, traces, 1.0)
-    assert cell.source == "requests" and cell.requests == 2 and cell.errors == 1
+    cell = summarize(2, 1, False, traces + [RequestTrace(2, "code", (), (), 0.1, error="boom")], 1.0)
+    assert cell.source == "requests" and cell.requests == 2 and cell.errors == 2
+    assert cell.error_messages == ["boom"]  # each message once: the gate quotes them
     assert cell.acceptance_rate == pytest.approx(6 / 12)
     assert cell.mean_acceptance_length == pytest.approx(10 / 5)  # tokens per streamed round
 

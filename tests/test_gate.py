@@ -56,12 +56,13 @@ def test_each_failing_threshold_names_its_cell_and_figure():
 
 
 def test_any_failed_request_fails_the_run_unless_a_rate_is_tolerated():
-    report = _report(_cell(0, requests=9, errors=1), _cell(2, acceptance=0.5))
+    too_long = "prompt has 306 tokens, more than max_input_len (256)"
+    report = _report(_cell(0, requests=9, errors=1) | {"error_messages": [too_long]}, _cell(2, acceptance=0.5))
     strict = evaluate(report, GateThresholds())
     assert not strict.passed
     [failure] = strict.failures
     assert failure.threshold == "max_error_rate" and failure.measured == pytest.approx(1 / 14)
-    assert failure.detail == "1 of 14 requests failed"
+    assert failure.detail == f"1 of 14 requests failed: {too_long}"  # what they were told, in the JSON
     assert evaluate(report, GateThresholds(max_error_rate=0.1)).passed
 
 

@@ -438,7 +438,7 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
     for path in paths:
         console.print(f"wrote {path}", highlight=False)
     if json_mode:
-        print_json({"files": [str(path) for path in paths], "kinds": [item["kind"] for item in objects]})
+        print_json({"files": [str(path.resolve()) for path in paths], "kinds": [item["kind"] for item in objects]})
 
 
 def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:

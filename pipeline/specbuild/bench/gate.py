@@ -142,10 +142,17 @@ def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResul
             checks.append(Check("max_p95_ms", thresholds.max_p95_ms, measured,
                                 measured is not None and measured <= thresholds.max_p95_ms, _where(cell),
                                 "no request finished" if measured is None else ""))
+    checks.append(_error_rate(cells, thresholds.max_error_rate))
+    return GateResult(thresholds, tuple(checks))
+
+
+def _error_rate(cells: Sequence[Mapping[str, Any]], limit: float) -> Check:
+    """Failed requests over the whole run, with what the first failures were told."""
     failed = sum(int(cell.get("errors") or 0) for cell in cells)
     sent = failed + sum(int(cell.get("requests") or 0) for cell in cells)
     rate = failed / sent if sent else None
-    checks.append(Check("max_error_rate", thresholds.max_error_rate, rate,
-                        rate is not None and rate <= thresholds.max_error_rate, None,
-                        f"{failed} of {sent} requests failed" if sent else "no request was sent"))
-    return GateResult(thresholds, tuple(checks))
+    messages = list(dict.fromkeys(message for cell in cells for message in cell.get("error_messages") or []))
+    detail = f"{failed} of {sent} requests failed" if sent else "no request was sent"
+    if messages:
+        detail += ": " + "; ".join(messages[:3]) + (f" (and {len(messages) - 3} more)" if len(messages) > 3 else "")
+    return Check("max_error_rate", limit, rate, rate is not None and rate <= limit, None, detail)

@@ -247,6 +247,7 @@ class Cell:
     source: str = "requests"  # where acceptance came from: "metrics" or "requests"
     matches_baseline: float | None = None  # share of prompts whose text equals K=0's (greedy)
     latencies: dict[str, list[float]] = field(default_factory=dict)  # per request, for distribution plots
+    error_messages: list[str] = field(default_factory=list)  # what the failed requests were told, each once
     # set by compare():
     speedup: float | None = None
     cost_ratio: float | None = None
@@ -289,6 +290,7 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         latencies={"ttft": [t.ttft for t in done if t.ttft is not None],
                    "tpot": [t.tpot for t in done if t.tpot is not None],
                    "e2e": [t.total_time for t in done]},
+        error_messages=list(dict.fromkeys(t.error for t in traces if t.error is not None)),
     )
     request_seconds = sum(t.total_time for t in done)
     if counters is not None and counters.rounds > 0:
