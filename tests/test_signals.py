@@ -121,4 +121,4 @@ def test_sigterm_stops_the_server_its_models_and_their_shared_memory(name, tiny_
         assert command.returncode != 0 and "Terminated" in stderr  # unwound like Ctrl-C, servers stopped first
     else:
         assert command.returncode == 128 + signal.SIGTERM, stderr
-        assert "stopped by SIGTERM; the servers it started were stopped first" in stderr
+        assert "interrupted by SIGTERM; the servers it started were stopped first" in stderr

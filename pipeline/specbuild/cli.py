@@ -56,7 +56,7 @@ def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGINT while servers run (errors.Terminated)
             signum = getattr(exc, "signum", signal.SIGINT)
             stopped = "; the servers it started were stopped first" if isinstance(exc, Terminated) else ""
-            exit_with({"error": f"stopped by {signal.Signals(signum).name}{stopped}", "fix": None,
+            exit_with({"error": f"interrupted by {signal.Signals(signum).name}{stopped}", "fix": None,
                        "exit_code": 128 + signum}, json_mode)
 
     return wrapper
