@@ -146,3 +146,25 @@ def test_demo_and_draft_report_in_json(tiny_pair, tmp_path: Path, monkeypatch: p
                     "--max-new-tokens", "8", "--steps", "2", "--minutes", "5"])
     assert draft.exit_code == 0, draft.output
     assert json.loads(draft.stdout)["steps_done"] == 2
+
+
+# --- the documented exit codes ------------------------------------------------------------------------------
+def test_the_readme_exit_code_table_names_every_command_and_code():
+    import re
+
+    from specbuild import errors
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("| ").split(" | ") for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| command", "|---"))]
+    named = {name for first, *_ in rows for name in re.findall(r"`([\w-]+)", first)}
+    assert set(main.commands) <= named, f"without a row in README's CLI reference: {set(main.commands) - named}"
+    assert all(cells[-1].strip() for cells in rows), "a command without its exit codes"
+    codes = " ".join(cells[-1] for cells in rows)
+    documented = {int(code) for code in re.findall(r"\b\d+\b", codes)}
+    documented |= set(range(10, 15)) if "10-14" in codes else set()
+    raised = {cls.exit_code for cls in vars(errors).values()
+              if isinstance(cls, type) and issubclass(cls, errors.SpecbuildError)}
+    raised |= set(errors.StageError.STAGE_EXIT_CODES.values()) | {128 + 2, 128 + 15}  # SIGINT, SIGTERM
+    assert raised <= documented, f"exit codes missing from README's CLI reference: {raised - documented}"
