@@ -9,8 +9,6 @@ import triton_python_backend_utils as pb_utils
 
 from specbuild.speculation.stats import IN_FLIGHT, METRICS, SpeculationStats
 
-KINDS = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
-
 
 class Metrics:
     """The metrics of :data:`specbuild.speculation.stats.METRICS` on Triton's metrics endpoint (the families
@@ -18,8 +16,10 @@ class Metrics:
 
     def __init__(self, model_name: str) -> None:
         self._labels = {"model": model_name}
+        # looked up here: the python backend provides MetricFamily once the model runs, not when it is imported
+        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
         self._families = {metric.key: pb_utils.MetricFamily(name=metric.name, description=metric.description,
-                                                            kind=KINDS[metric.kind])
+                                                            kind=kinds[metric.kind])
                           for metric in METRICS}
         self._metrics = {metric.key: self._families[metric.key].Metric(labels=self._labels)
                          for metric in METRICS if not metric.per_position}
