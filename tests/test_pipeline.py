@@ -132,3 +132,14 @@ def test_a_failed_tensorrt_llm_compile_leaves_the_torch_steps_done(spec: BuildSp
     assert failed.value.stage == "convert"
     again = compiler.run(spec, json_mode=True)
     assert statuses(again) == {"check": "ok", "convert": "skipped", "build": "skipped", "package": "skipped"}
+
+
+def test_a_changed_specbuild_re_packages_a_release(spec, monkeypatch):
+    """A release ships copies of specbuild's serving modules: after an update, packaging runs again rather than
+    keep the old copies (other steps stay skipped)."""
+    from specbuild.package import vendor
+
+    compiler.run(spec, json_mode=True)
+    monkeypatch.setattr(compiler, "source_digest", lambda: vendor.source_digest() + "-updated")
+    assert statuses(compiler.run(spec, json_mode=True)) == {"check": "skipped", "convert": "skipped",
+                                                            "build": "skipped", "package": "ok"}

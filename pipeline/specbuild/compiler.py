@@ -21,6 +21,7 @@ from specbuild.build.runtimes import ROLES, PackageContext, Role, runtime_for
 from specbuild.build.stages import Stage, StageResult, StageRunner
 from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
 from specbuild.package.contract import BUILD_INFO
+from specbuild.package.vendor import source_digest
 from specbuild.spec import BuildSpec, LimitsSpec, OutputsSpec
 
 if TYPE_CHECKING:
@@ -181,7 +182,8 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
                                 "engines": None if not builds_engines
                                 else (engines_dir.resolve() if engines_dir.is_dir() else None)
                                 if package_only else str(engines_dir.resolve()),
-                                "repository": str(repository.resolve())},
+                                "repository": str(repository.resolve()),
+                                "specbuild": source_digest()},  # the code a repository ships copies of
                     repository, lambda tmp: _package_action(checked(), check_data(), engines(), tmp),
                     exclude=("manifest.json",))
     if package_only:

@@ -336,9 +336,10 @@ class TritonServer:
         return self
 
     def _model_bytecode_dirs(self) -> set[Path]:
-        """``<model>/<version>/__pycache__`` folders: the stubs' embedded Python writes them when importing
-        model.py (it ignores PYTHONDONTWRITEBYTECODE), and left there they would change a verified release."""
-        return set(self.repository.glob("*/*/__pycache__"))
+        """``__pycache__`` folders in the repository: the stubs' embedded Python writes them when importing model.py
+        and the specbuild modules shipped beside it (it ignores PYTHONDONTWRITEBYTECODE), and left there they would
+        clutter a verified release."""
+        return set(self.repository.glob("*/*/**/__pycache__"))
 
     def _wait_ready(self) -> None:
         assert self._process is not None
