@@ -16,7 +16,7 @@ from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.inprocess import Generated, InProcessSpeculator
 from specbuild.speculation.loop import GenerationRequest, Round, next_draft_length, speculate
 from specbuild.speculation.lookup import PromptLookup
-from specbuild.speculation.rules import SamplingParams
+from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.speculation.torch_engine import TorchEngine
 
@@ -326,7 +326,7 @@ def test_draft_requests_ask_for_exactly_k_tokens_unless_their_logits_are_used(ti
     """As NVIDIA's draft-target BLS: ``min_tokens = k`` keeps a draft from stopping short; not when its logits
     drive rejection sampling, which needs the distribution the tokens were really drawn from."""
     seen: list[EngineRequest] = []
-    request = GenerationRequest(PROMPTS[3], 12, sampling=sampling or SamplingParams.from_request(), seed=1,
+    request = GenerationRequest(PROMPTS[3], 12, sampling=sampling or GREEDY, seed=1,
                                 num_draft_tokens=3, use_draft_logits=use_draft_logits)
     run_loop(request, engine_call(target), engine_call(TorchEngine(tiny.perturbed), seen))
     assert seen and all(r.min_new_tokens == (r.max_new_tokens if min_tokens else 0) for r in seen)
@@ -372,3 +372,38 @@ def test_lookup_is_off_at_k0_and_counts_only_its_own_rounds(target):
     stats.record_round(drafted=2, accepted=2)
     assert (stats.drafts, stats.drafted_tokens, stats.accepted_tokens) == (2, 5, 3)
     assert (stats.lookup_drafts, stats.lookup_drafted_tokens, stats.lookup_accepted_tokens) == (1, 3, 1)
+
+
+# --- min_tokens and penalties: exact as the target alone ------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+def test_min_tokens_keep_the_end_token_out_and_speculation_resumes_after(tiny, target, alone, stream):
+    """Until min_tokens the target generates alone with the end token masked (the only distribution it
+    defines there), then drafting resumes; greedy output equals the target alone with min_tokens."""
+    prompt = PROMPTS[5]
+    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    end_id = full[3]
+    chunk = 1 if stream else None
+    reference = alone.generate(GenerationRequest(prompt, 24, end_id=end_id, min_tokens=9, target_only_chunk=chunk))
+    assert len(reference.tokens) >= 9 and end_id not in reference.tokens[:9]
+    seen: list[EngineRequest] = []
+    rounds = run_loop(GenerationRequest(prompt, 24, end_id=end_id, min_tokens=9, num_draft_tokens=3,
+                                        target_only_chunk=chunk),
+                      engine_call(target, seen), engine_call(TorchEngine(tiny.perturbed)))
+    assert [t for r in rounds for t in r.tokens] == reference.tokens
+    for request in seen:  # no draft verified before the ninth token; every call inside it masks the end token
+        generated = len(request.input_ids) - len(prompt)
+        assert not request.draft_tokens or generated >= 9
+        assert request.min_new_tokens == min(request.max_new_tokens, max(0, 9 - generated))
+    assert any(request.draft_tokens for request in seen), "drafting never resumed after min_tokens"
+
+
+def test_a_penalised_request_runs_by_the_target_alone_and_is_counted(tiny, target, alone):
+    sampling = SamplingParams(top_k=1, repetition_penalty=3.0, presence_penalty=2.0)
+    request = GenerationRequest(PROMPTS[2], 16, sampling=sampling, num_draft_tokens=4)
+    drafted: list[EngineRequest] = []
+    stats = SpeculationStats()
+    rounds = run_loop(request, engine_call(target), engine_call(TorchEngine(tiny.perturbed), drafted), stats)
+    expected = alone.generate(GenerationRequest(PROMPTS[2], 16, sampling=sampling, num_draft_tokens=0)).tokens
+    assert [t for r in rounds for t in r.tokens] == expected
+    assert expected != alone.generate(GenerationRequest(PROMPTS[2], 16)).tokens  # the penalties mattered
+    assert not drafted and stats.unspeculated == 1 and stats.drafted_tokens == 0

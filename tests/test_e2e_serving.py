@@ -26,7 +26,7 @@ from specbuild.serve.client import GenerationRequest, SpecbuildClient, parse_sse
 from specbuild.package.contract import ENSEMBLE_MODEL, ORCHESTRATOR_MODEL
 from specbuild.speculation.loop import GenerationRequest as TokenRequest
 from specbuild.serve.server import TritonServer
-from specbuild.speculation.rules import SamplingParams, probabilities
+from specbuild.speculation.rules import GREEDY, SamplingParams, probabilities
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -60,7 +60,7 @@ def target_alone(tiny_release, tokenizer) -> Callable[..., Reference]:
     @cache
     def generate(prompt: str, max_tokens: int, bad_words: tuple[str, ...] = (), seed: int | None = None) -> Reference:
         words = [tokenizer.encode(word, add_special_tokens=False) for word in bad_words]
-        sampling = SamplingParams.from_request() if seed is None else SamplingParams(temperature=1.0)
+        sampling = GREEDY if seed is None else SamplingParams(temperature=1.0)
         out = speculator.generate(TokenRequest(tokenizer.encode(prompt), max_tokens, sampling=sampling, seed=seed,
                                                num_draft_tokens=0, end_id=tokenizer.eos_token_id, bad_words=words,
                                                target_only_chunk=None if seed is None else 1))

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from specbuild.errors import RequestError, SpecError
-from specbuild.package.contract import OrchestratorParameters
+from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters
 from specbuild.package.repository import EngineInfo, orchestrator_config
 from specbuild.serve.engine_io import decode_output, decode_requests, encode_outputs, encode_request
-from specbuild.serve.orchestration import parse_rows, response_arrays
+from specbuild.serve.orchestration import RowProgress, parse_rows
 from specbuild.spec import load_spec
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.lookup import PromptLookup
@@ -65,7 +65,8 @@ def test_bad_lookup_parameters_fail_the_load_with_a_clear_error(tmp_path, max_ng
 # --- client requests ------------------------------------------------------------------------------------------
 SETTINGS = OrchestratorParameters(max_draft_len=8, num_draft_tokens=4, use_draft_logits=True, adaptive_draft=False,
                                   prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
-                                  lookup_draft_fallback=True, fast_logits=False, max_input_len=64, max_seq_len=128)
+                                  lookup_draft_fallback=True, fast_logits=False, max_input_len=64, max_seq_len=128,
+                                  vocab_size=320, max_request_seconds=600.0)
 
 
 def request(**arrays: object) -> dict[str, np.ndarray]:
@@ -75,35 +76,99 @@ def request(**arrays: object) -> dict[str, np.ndarray]:
 
 
 def test_rows_take_their_own_prompt_and_a_broadcast_setting():
-    rows = parse_rows(request(temperature=np.array([[0.5]], dtype=np.float32), stream=np.array([[True]])), SETTINGS)
+    rows = parse_rows(request(temperature=np.array([[0.5]], dtype=np.float32), top_p=np.array([[0.875]], np.float32),
+                              stream=np.array([[True]])), SETTINGS)
     assert [row.generation.prompt_ids for row in rows] == [[5, 6, 7], [8, 9]]
     assert all(row.generation.max_tokens == 10 and row.stream for row in rows)
-    assert all(row.generation.sampling == SamplingParams(temperature=0.5) for row in rows)
+    assert all(row.generation.sampling == SamplingParams(temperature=0.5, top_p=0.875) for row in rows)
     assert all(row.generation.num_draft_tokens == 4 and row.generation.target_only_chunk == 1 for row in rows)
+    assert all(row.max_seconds == 600.0 for row in rows)  # the server's limit
+
+
+def test_a_temperature_alone_is_greedy_as_in_nvidia_s_backend():
+    """What NVIDIA's end_to_end_grpc_client sends by default: temperature 1.0, no top_k/top_p."""
+    [row, _] = parse_rows(request(temperature=np.array([[1.0]], dtype=np.float32)), SETTINGS)
+    assert row.generation.sampling.is_greedy
+
+
+@pytest.mark.parametrize(("current", "older", "field", "value"), [
+    ("seed", "random_seed", "seed", 2**64 - 1), ("min_tokens", "min_length", "min_tokens", 7)])
+def test_renamed_inputs_are_read_under_either_name(current, older, field, value):
+    dtype = np.uint64 if current == "seed" else np.int32
+    for name in (current, older):
+        rows = parse_rows(request(**{name: np.array([[value]], dtype=dtype)}), SETTINGS)
+        assert all(getattr(row.generation, field) == value for row in rows)
+    both = parse_rows(request(**{current: np.array([[value]], dtype=dtype), older: np.array([[value]], dtype=dtype)}),
+                      SETTINGS)
+    assert all(getattr(row.generation, field) == value for row in both)
+    with pytest.raises(RequestError, match=f"{current}={value} and {older}=3 disagree") as error:
+        parse_rows(request(**{current: np.array([[value]], dtype=dtype), older: np.array([[3]], dtype=dtype)}),
+                   SETTINGS)
+    assert error.value.fix == f"send only {current}"
+
+
+def test_penalties_reach_the_sampling_settings_and_a_time_limit_stays_within_the_server_s():
+    rows = parse_rows(request(repetition_penalty=np.array([[1.3]], dtype=np.float32),
+                              frequency_penalty=np.array([[0.5]], dtype=np.float32),
+                              length_penalty=np.array([[2.0]], dtype=np.float32),
+                              max_time=np.array([[5.0], [900.0]], dtype=np.float32)), SETTINGS)
+    assert all(row.generation.sampling.penalized for row in rows)
+    assert rows[0].generation.sampling.repetition_penalty == pytest.approx(1.3)
+    assert [row.max_seconds for row in rows] == [5.0, 600.0]
+    unlimited = OrchestratorParameters(**{**SETTINGS.__dict__, "max_request_seconds": 0.0})
+    assert [row.max_seconds for row in parse_rows(request(), unlimited)] == [None, None]
 
 
 @pytest.mark.parametrize(("arrays", "message"), [
     ({"num_draft_tokens": np.array([[9]], dtype=np.int32)}, r"num_draft_tokens must be within 0\.\.8"),
     ({"beam_width": np.array([[2]], dtype=np.int32)}, "beam_width must be 1"),
+    ({"num_return_sequences": np.array([[2]], dtype=np.int32)}, "num_return_sequences must be 1"),
     ({"max_tokens": np.array([[126]], dtype=np.int32)}, r"exceeds max_seq_len \(128\)"),
     ({"max_tokens": np.array([[0]], dtype=np.int32)}, "at least 1"),
-    ({"temperature": np.array([[-1.0]], dtype=np.float32)}, "temperature must be >= 0"),
+    ({"temperature": np.array([[-1.0]], dtype=np.float32)}, "temperature must be a finite number >= 0"),
+    ({"temperature": np.array([[np.inf]], dtype=np.float32)}, "temperature must be a finite number >= 0"),
+    ({"temperature": np.array([[np.nan]], dtype=np.float32)}, "temperature must be a finite number >= 0"),
+    ({"repetition_penalty": np.array([[0.0]], dtype=np.float32)}, "repetition_penalty must be a finite number > 0"),
+    ({"presence_penalty": np.array([[np.inf]], dtype=np.float32)}, "presence_penalty must be a finite number"),
+    ({"length_penalty": np.array([[np.nan]], dtype=np.float32)}, "length_penalty must be a finite number"),
+    ({"min_length": np.array([[-2]], dtype=np.int32)}, "min_tokens must be 0 or more"),
+    ({"max_time": np.array([[0.0]], dtype=np.float32)}, "max_time must be a finite number above 0"),
+    ({"end_id": np.array([[320]], dtype=np.int32)}, r"end_id 320 is outside the vocabulary \[0, 320\)"),
 ])
 def test_bad_requests_name_the_input(arrays, message):
     with pytest.raises(RequestError, match=message):
         parse_rows(request(**arrays), SETTINGS)
 
 
-def test_response_arrays_per_row():
-    stats = SpeculationStats(drafted_tokens=4, accepted_tokens=3)
-    arrays = response_arrays([[1, 2, 3], [4]], [1, 0], False, [stats, SpeculationStats()], [3, 1])
-    assert arrays["output_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
-    assert arrays["output_length"].tolist() == [[3], [1]] and arrays["skip_tokens"].tolist() == [[1], [0]]
-    assert arrays["acceptance_rate"].tolist() == [[0.75], [0.0]] and arrays["is_final"].tolist() == [[False]] * 2
-    assert {name: array.dtype.name for name, array in arrays.items()} == {
-        "output_ids": "int32", "output_length": "int32", "skip_tokens": "int32", "is_final": "bool",
-        "acceptance_rate": "float32", "total_accepted_draft_tokens": "int32", "total_draft_tokens": "int32",
-        "output_token_count": "int32"}
+def test_a_negative_end_id_never_stops():
+    rows = parse_rows(request(end_id=np.array([[-1]], dtype=np.int32)), SETTINGS)
+    assert [row.generation.end_id for row in rows] == [None, None]
+
+
+def test_each_response_is_about_one_row():
+    streamed, whole = parse_rows(request(stream=np.array([[True], [False]]),
+                                         exclude_input_in_output=np.array([[False]])), SETTINGS)
+    row = RowProgress(0, streamed, stats=SpeculationStats(drafted_tokens=4, accepted_tokens=3), scheduled_ns=10)
+    row.add([1, 2], 20, None)
+    first = row.response(5)
+    row.add([3], 30, "length")
+    second = row.response(5)
+    assert first["output_ids"].tolist() == [[1, 2]] and second["output_ids"].tolist() == [[1, 2, 3]]
+    assert [a["skip_tokens"].item() for a in (first, second)] == [0, 2]  # the text of those was sent
+    assert [a["num_output_tokens"].item() for a in (first, second)] == [2, 1]  # each response's own tokens
+    assert [a["is_final"].item() for a in (first, second)] == [False, True]
+    assert (second["first_token_time_ns"].item(), second["last_token_time_ns"].item()) == (20, 30)
+    assert second["acceptance_rate"].item() == 0.75 and second["arrival_time_ns"].item() == 5
+    assert all(array.shape[0] == 1 for array in second.values())
+    assert {name: array.dtype.name for name, array in second.items()} == {
+        t.name: NUMPY_DTYPES[t.dtype] for t in ORCHESTRATOR_OUTPUTS}
+
+    other = RowProgress(1, whole)
+    other.add([4], 40, "end_id")
+    answer = other.response(5)
+    assert answer["output_ids"].tolist() == [[8, 9, 4]]  # the whole answer, with its prompt (not excluded)
+    assert (answer["batch_index"].item(), answer["num_input_tokens"].item(), answer["output_token_count"].item()) \
+        == (1, 2, 1)
 
 
 # --- engine requests through the tensorrtllm backend's tensors -----------------------------------------------
@@ -113,10 +178,13 @@ ROUND_TRIPS = [
                   end_id=2, min_new_tokens=3, return_logits=True, bad_words=[[4], [5, 6]]),
     EngineRequest([9], 3, sampling=SamplingParams(), seed=7, end_id=0, draft_tokens=[4, 5],
                   draft_logits=torch.randn(2, 11)),
+    EngineRequest([1, 2], 5, sampling=SamplingParams(temperature=0.5, top_k=1, repetition_penalty=1.25,
+                                                     presence_penalty=0.375, frequency_penalty=-0.5)),
 ]
 
 
-@pytest.mark.parametrize("engine_request", ROUND_TRIPS, ids=["greedy", "sampled-draft-call", "verification"])
+@pytest.mark.parametrize("engine_request", ROUND_TRIPS, ids=["greedy", "sampled-draft-call", "verification",
+                                                                   "penalised-greedy"])
 def test_an_engine_request_survives_the_backend_tensors(engine_request):
     arrays = encode_request(engine_request)
     assert {"random_seed", "min_length"}.isdisjoint(arrays)  # the backend's current names only
@@ -145,6 +213,8 @@ def test_engine_inputs_follow_the_backend_s_sampling_rule():
     assert sampling(temperature=np.array([0.5], dtype=np.float32), runtime_top_p=np.array([0.875], dtype=np.float32)) \
         == SamplingParams(temperature=0.5, top_k=0, top_p=0.875)
     assert sampling(runtime_top_k=np.array([5], dtype=np.int32)) == SamplingParams(top_k=5)
+    assert sampling(presence_penalty=np.array([0.5], dtype=np.float32), len_penalty=np.array([2.0], np.float32)) \
+        == SamplingParams(top_k=1, presence_penalty=0.5)  # len_penalty: no effect at beam width 1
 
 
 @pytest.mark.parametrize(("arrays", "message"), [

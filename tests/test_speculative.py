@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from specbuild.speculation.rules import (
     GREEDY,
     SamplingParams,
     acceptance_probability,
+    explicit_sampling,
     make_generator,
     probabilities,
     residual_distribution,
@@ -239,19 +241,35 @@ def test_rejection_worked_examples():
     ("given", "expected"),
     [
         ({}, GREEDY),
-        ({"temperature": 0.0}, SamplingParams(temperature=0.0)),
-        ({"top_k": 1}, SamplingParams(top_k=1)),
-        ({"temperature": 0.7}, SamplingParams(temperature=0.7, top_k=0, top_p=1.0)),
-        ({"top_k": 5}, SamplingParams(temperature=1.0, top_k=5, top_p=1.0)),
-        ({"top_p": 0.0}, SamplingParams(temperature=1.0, top_k=0, top_p=1.0)),  # 0 = no nucleus limit
+        ({"temperature": 0.7}, SamplingParams(temperature=0.7, top_k=1)),  # top_k = top_p = 0: greedy, any temperature
+        ({"top_k": 0, "top_p": 0.0, "temperature": 2.0}, SamplingParams(temperature=2.0, top_k=1)),
+        ({"top_k": 1, "top_p": -1.0}, GREEDY),  # top_p <= 0 is unset
+        ({"temperature": 0.0, "top_p": 0.9}, SamplingParams(temperature=0.0, top_p=0.9)),  # greedy by temperature
+        ({"top_k": 5}, SamplingParams(temperature=1.0, top_k=5, top_p=1.0)),  # top-k alone: no nucleus limit
         ({"top_p": 0.9, "temperature": None}, SamplingParams(temperature=1.0, top_p=0.9)),
         ({"temperature": 1.5, "top_k": 3, "top_p": 0.5}, SamplingParams(1.5, 3, 0.5)),
+        ({"repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.25},
+         SamplingParams(top_k=1, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=-0.25)),
     ],
 )
-def test_sampling_params_from_request(given, expected):
-    got = SamplingParams.from_request(**given)
+def test_sampling_params_follow_the_backend_s_rule(given, expected):
+    """TensorRT-LLM: top_k == 0 and top_p == 0 (or absent) mean greedy whatever the temperature (samplingTopK
+    Kernels.h regularizeTopKTopP); a top_p of 0 or less is unset (the backend's utils.cc)."""
+    got = SamplingParams.from_backend(**given)
     assert got == expected
     assert got.is_greedy == (expected.temperature == 0.0 or expected.top_k == 1)
+    engine_inputs = {"runtime_top_k": "top_k", "runtime_top_p": "top_p"}
+    sent = {engine_inputs.get(name, name): value for name, value in got.backend_values().items()}
+    # the engine's inputs say the same (greedy as top_k 1)
+    assert SamplingParams.from_backend(**sent) == (replace(got, top_k=1, top_p=1.0) if got.is_greedy else got)
+
+
+def test_explicit_sampling_makes_a_temperature_alone_sample():
+    assert explicit_sampling(0.8) == {"temperature": 0.8, "top_k": None, "top_p": 1.0}
+    assert not SamplingParams.from_backend(**explicit_sampling(0.8)).is_greedy
+    assert SamplingParams.from_backend(**explicit_sampling(0.0)).is_greedy
+    assert SamplingParams.from_backend(**explicit_sampling(None)).is_greedy
+    assert explicit_sampling(0.8, top_k=5) == {"temperature": 0.8, "top_k": 5, "top_p": None}
 
 
 def test_sampling_params_greedy_flags():
@@ -259,7 +277,10 @@ def test_sampling_params_greedy_flags():
     assert not SamplingParams().is_greedy and not SamplingParams(temperature=0.01, top_k=2).is_greedy
 
 
-@pytest.mark.parametrize("bad", [{"temperature": -0.1}, {"temperature": float("nan")}, {"top_k": -1}, {"top_p": 1.5}, {"top_p": -0.1}])
+@pytest.mark.parametrize("bad", [{"temperature": -0.1}, {"temperature": float("nan")}, {"temperature": float("inf")},
+                                 {"top_k": -1}, {"top_p": 1.5}, {"top_p": -0.1}, {"repetition_penalty": 0.0},
+                                 {"repetition_penalty": float("inf")}, {"presence_penalty": float("nan")},
+                                 {"frequency_penalty": float("-inf")}])
 def test_sampling_params_reject_bad_values(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)

@@ -3,6 +3,8 @@ cache (reuse, cropping after rejections), request validation, seeded sampling an
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
 from specbuild.speculation.loop import GenerationRequest
 from specbuild.errors import RequestError
 from specbuild.speculation.inprocess import InProcessSpeculator
-from specbuild.speculation.rules import SamplingParams
+from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.engine import EngineRequest
 from specbuild.speculation.torch_engine import PrefixCache, TorchEngine, mask_bad_words
 
@@ -117,7 +119,7 @@ def test_speculation_with_caches_equals_speculation_without(tiny, sampling, use_
                                    TorchEngine(tiny.perturbed, cache_tokens=tokens))
     cached, uncached = speculator(4096), speculator(0)
     for seed, prompt in enumerate([[1, 2, 3], [7], [4, 4, 4, 4, 4, 4, 4, 4], [0, 15, 3, 9]]):
-        request = GenerationRequest(prompt, 20, sampling=sampling or SamplingParams.from_request(), seed=seed,
+        request = GenerationRequest(prompt, 20, sampling=sampling or GREEDY, seed=seed,
                                     num_draft_tokens=3 + seed, use_draft_logits=use_draft_logits)
         got, expected = cached.generate(request), uncached.generate(request)
         assert got.tokens == expected.tokens
@@ -201,7 +203,7 @@ def test_bad_words_never_appear(engine, sampling):
     pair = [usual[0], usual[1]]  # usual[1] may still appear, but never right after usual[0]
     bad_words = [[t] for t in single[1:]] + [pair]
     for seed in range(8):
-        out = engine.run(EngineRequest(prompt, 16, sampling=sampling or SamplingParams.from_request(),
+        out = engine.run(EngineRequest(prompt, 16, sampling=sampling or GREEDY,
                                        seed=seed, bad_words=bad_words)).tokens
         sequence = prompt + out
         assert not set(single[1:]) & set(out)
@@ -216,3 +218,75 @@ def test_mask_bad_words():
     assert not torch.isinf(logits).any()  # the input is left alone
     assert torch.isinf(mask_bad_words(logits, [0, 1, 2], [[0, 1, 2, 1]]))[1]
     assert not torch.isinf(mask_bad_words(logits, [2], [[0, 2, 3]])).any()  # context shorter than the prefix
+
+
+# -- TensorRT-LLM's penalties (penaltyKernels.cu) --------------------------------------------------------------
+def test_penalize_worked_examples():
+    """Each value by hand from the kernel's rules: temperature first (1 / (T + 1e-6)), then for tokens present
+    in the context: repetition divides a positive logit and multiplies a negative one (once), presence is
+    subtracted once, frequency once per occurrence; tokens absent from the context keep their logit."""
+    from specbuild.speculation.rules import penalize
+
+    logits = torch.tensor([2.0, -2.0, 1.0, 0.5])
+    context = [0, 1, 1, 1]  # token 0 once, token 1 three times
+    got = penalize(logits, context, SamplingParams(repetition_penalty=2.0, presence_penalty=0.25,
+                                                   frequency_penalty=0.125))
+    torch.testing.assert_close(got, torch.tensor([2.0 / 2 - 0.25 - 0.125, -2.0 * 2 - 0.25 - 0.375, 1.0, 0.5]))
+    hot = penalize(logits, context, SamplingParams(temperature=0.5, presence_penalty=1.0))
+    scale = 1 / (0.5 + 1e-6)
+    torch.testing.assert_close(hot, torch.tensor([2.0 * scale - 1.0, -2.0 * scale - 1.0, scale, 0.5 * scale]))
+    torch.testing.assert_close(penalize(logits, context, GREEDY), logits)  # nothing to apply
+
+
+PENALTIES = SamplingParams(top_k=1, repetition_penalty=3.0, presence_penalty=2.0, frequency_penalty=1.0)
+
+
+HOT = SamplingParams(temperature=4.0, top_k=1, presence_penalty=2.0)
+
+
+@pytest.mark.parametrize("sampling", [PENALTIES, HOT], ids=["greedy", "greedy-with-temperature"])
+def test_penalised_greedy_follows_the_kernel_step_by_step(tiny, engine, sampling):
+    """Greedy with penalties picks, at every step, the argmax of the penalised logits of the sequence so far
+    (prompt included), and differs from plain greedy on this prompt. The temperature, applied before the
+    penalties, matters even to greedy decoding then."""
+    from transformers import AutoModelForCausalLM
+
+    from specbuild.speculation.rules import penalize
+
+    prompt = [5, 5, 6, 5, 7]
+    out = engine.run(EngineRequest(prompt, 10, sampling=sampling)).tokens
+    model = AutoModelForCausalLM.from_pretrained(str(tiny.target)).eval()
+    sequence = list(prompt)
+    with torch.inference_mode():
+        for _ in range(10):
+            logits = model(input_ids=torch.tensor([sequence])).logits[0, -1]
+            sequence.append(int(penalize(logits, sequence, sampling).argmax()))
+    assert out == sequence[len(prompt):]
+    assert out != greedy(engine, prompt, 10)
+    if sampling.temperature != 1.0:
+        assert out != engine.run(EngineRequest(prompt, 10, sampling=replace(sampling, temperature=1.0))).tokens
+
+
+def test_penalties_count_the_whole_sequence_so_one_call_equals_many(engine):
+    """The orchestrator sends a penalised request in pieces (one token per call when streamed): the input of
+    each call holds the tokens generated before, which count as they would in one call."""
+    prompt = [3, 3, 9, 1]
+    whole = engine.run(EngineRequest(prompt, 8, sampling=PENALTIES)).tokens
+    pieces: list[int] = []
+    for _ in range(8):
+        pieces += engine.run(EngineRequest(prompt + pieces, 1, sampling=PENALTIES)).tokens
+    assert pieces == whole
+
+
+def test_verification_scores_each_position_as_generation_would(engine, uncached):
+    """With penalties and min_tokens, a drafted position is judged by the logits generating would have there:
+    the target's own continuation is accepted in full; the end token stays out before min_tokens."""
+    prompt = [4, 4, 8, 2]
+    continuation = uncached.run(EngineRequest(prompt, 5, sampling=PENALTIES)).tokens
+    out = engine.run(EngineRequest(prompt, 5, sampling=PENALTIES, draft_tokens=continuation[:4]))
+    assert out.tokens == continuation
+    plain = greedy(uncached, prompt, 6)
+    end_id = plain[2]
+    masked = uncached.run(EngineRequest(prompt, 4, end_id=end_id, min_new_tokens=4)).tokens
+    verified = engine.run(EngineRequest(prompt, 4, end_id=end_id, min_new_tokens=4, draft_tokens=plain[:2] + [0]))
+    assert end_id not in verified.tokens and verified.tokens == masked[: len(verified.tokens)]

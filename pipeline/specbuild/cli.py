@@ -318,10 +318,13 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
 @click.option("--model", default="ensemble", show_default=True)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--stream/--no-stream", default=True, show_default=True, help="print text as it is accepted")
-@click.option("--temperature", type=float, default=None, help="0 = greedy")
-@click.option("--top-k", type=int, default=None)
-@click.option("--top-p", type=float, default=None)
-@click.option("--seed", type=int, default=None, help="reproducible sampling")
+@click.option("--raw", is_flag=True, help="continue PROMPT as plain text  [default: a user message in the model's "
+              "chat template, for a model that has one]")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="0 or none: greedy; above 0: sampling (the whole distribution unless --top-k/--top-p)")
+@click.option("--top-k", type=click.IntRange(min=0), default=None)
+@click.option("--top-p", type=click.FloatRange(0, 1), default=None)
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None, help="reproducible sampling")
 @click.option("--num-draft-tokens", type=int, default=None, help="K for this request; 0 = target alone")
 @click.option("--prompt-lookup/--no-prompt-lookup", default=None,
               help="draft from the request's own tokens first  [default: the server's]")
@@ -330,19 +333,21 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
 @click.option("--json", "json_mode", is_flag=True, help="one JSON document with the text and figures; with --stream, "
               "JSON Lines: one object per chunk, then the summary")
 @reports_errors
-def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, temperature: float | None,
+def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, raw: bool, temperature: float | None,
              top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
              prompt_lookup: bool | None, stop_words: tuple[str, ...], timeout: float, json_mode: bool) -> None:
-    """Send PROMPT (or - for stdin) to a served ensemble; text on stdout, figures on stderr."""
-    from specbuild.serve.client import GenerationRequest, SpecbuildClient
+    """Send PROMPT (or - for stdin, kept exactly as read) to a served ensemble; text on stdout, figures on
+    stderr."""
     from specbuild.errors import UsageError
+    from specbuild.serve.client import GenerationRequest, SpecbuildClient
+    from specbuild.speculation.rules import explicit_sampling
 
-    text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
+    text = sys.stdin.read() if prompt == "-" else prompt
     if not text:
         raise UsageError("the prompt is empty", "pass the prompt as an argument, or pipe it in with -")
-    request = GenerationRequest(text, max_tokens, stream=stream, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seed, num_draft_tokens=num_draft_tokens,
-                                prompt_lookup=prompt_lookup, stop_words=list(stop_words) or None)
+    request = GenerationRequest(text, max_tokens, stream=stream, chat=None if raw else True, seed=seed,
+                                num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
+                                stop_words=list(stop_words) or None, **explicit_sampling(temperature, top_k, top_p))
     client = SpecbuildClient(url, model, timeout=timeout)
     if not json_mode:
         generation = client.run(request, on_chunk=lambda chunk: click.echo(chunk.text, nl=False))

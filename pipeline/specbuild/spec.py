@@ -133,6 +133,11 @@ class TritonSpec(_Strict):
     http_port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = pick a free port)")
     grpc_port: int = Field(8001, ge=0, le=65535, description="gRPC port (0 = pick a free port)")
     metrics_port: int = Field(8002, ge=0, le=65535, description="Prometheus metrics port (0 = pick a free port)")
+    openai_port: int = Field(9000, ge=0, le=65535, description="specbuild's OpenAI-compatible API next to Triton "
+                             "(0 = pick a free port)")
+    max_request_seconds: float = Field(600.0, ge=0, allow_inf_nan=False,
+                                       description="a request stops after the round that passes this many seconds, "
+                                       "abandoned ones too (0 = no limit); requests may ask for less (max_time)")
     image: str = Field(DEFAULT_TRITON_IMAGE, description="NGC image for the tensorrt-llm runtimes (TensorRT-LLM 1.2.x)")
     tensorrt_llm: Literal["1.2", "main"] = Field(
         "1.2", description="the TensorRT-LLM in the image: 1.2 (NGC 26.04-26.07) or main (engine-free, built from "

@@ -143,10 +143,11 @@ def chat_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
 def _request(prompt: str, plan: BenchPlan, k: int, adaptive: bool = False, lookup: bool = False,
              max_tokens: int | None = None) -> Any:
     from specbuild.serve.client import GenerationRequest
+    from specbuild.speculation.rules import explicit_sampling
 
-    return GenerationRequest(prompt, max_tokens or plan.max_tokens, stream=True, temperature=plan.temperature,
-                             num_draft_tokens=k, adaptive_draft=adaptive if k else None,
-                             prompt_lookup=lookup if k else None)
+    return GenerationRequest(prompt, max_tokens or plan.max_tokens, stream=True, num_draft_tokens=k,
+                             adaptive_draft=adaptive if k else None, prompt_lookup=lookup if k else None,
+                             **explicit_sampling(plan.temperature))
 
 
 def trace_request(client: Any, index: int, category: str, request: Any) -> RequestTrace:

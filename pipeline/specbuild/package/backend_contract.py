@@ -117,6 +117,12 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("temperature", "TYPE_FP32", (1,), True),
     Tensor("seed", "TYPE_UINT64", (1,), True),  # was random_seed before tensorrtllm_backend PR #749
     Tensor("min_tokens", "TYPE_INT32", (1,), True),  # was min_length
+    # penaltyKernels.cu: temperature, then repetition (x or / once per token present), presence (- once) and
+    # frequency (- per occurrence) over the prompt and the tokens generated so far
+    Tensor("repetition_penalty", "TYPE_FP32", (1,), True),
+    Tensor("presence_penalty", "TYPE_FP32", (1,), True),
+    Tensor("frequency_penalty", "TYPE_FP32", (1,), True),
+    Tensor("len_penalty", "TYPE_FP32", (1,), True),  # scores finished beams: no effect at beam width 1
     Tensor("return_generation_logits", "TYPE_BOOL", (1,), True),
     Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     Tensor("streaming", "TYPE_BOOL", (1,), True),

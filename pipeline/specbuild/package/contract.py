@@ -4,9 +4,10 @@ The repository renderer builds every ``config.pbtxt`` from these tables, the Tri
 and write tensors by these names, and the contract tests check that the ensemble's mappings agree with
 them. Shapes exclude the batch dimension (every model has ``max_batch_size > 0``), as in Triton configs.
 
-* ``ENSEMBLE_*``: the public interface, kept name-for-name with NVIDIA's tensorrtllm_backend ensemble
-  (so its clients, GenAI-Perf's tensorrtllm mode and Triton's generate endpoint work), plus
-  ``num_draft_tokens`` and ``use_draft_logits`` from its BLS model, ``adaptive_draft`` and ``prompt_lookup``.
+* ``ENSEMBLE_*``: the public interface, kept name-for-name with NVIDIA's tensorrtllm_backend ensemble, both
+  before and after its May 2025 renames (so its clients, GenAI-Perf's tensorrtllm mode, Triton's generate
+  endpoint and Triton's OpenAI frontend work), plus ``num_draft_tokens`` and ``use_draft_logits`` from its
+  BLS model, ``adaptive_draft``, ``prompt_lookup``, ``apply_chat_template`` and ``max_time``.
 * the engine models' tensors and parameters: :mod:`specbuild.package.backend_contract`.
 
 Each python model's ``parameters`` are a typed class here (:class:`~specbuild.package.parameters.ModelParameters`):
@@ -32,33 +33,61 @@ class Tensor:
 
 
 # --- public ensemble interface -------------------------------------------------------------------------
-ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
-    Tensor("text_input", "TYPE_STRING", (1,), description="the prompt"),
+# Request settings the ensemble hands to the orchestrator unchanged. NVIDIA's names and meanings (sampling as
+# the tensorrtllm backend reads it, see SamplingParams.from_backend), both spellings where tensorrtllm_backend
+# renamed an input (PR #749, May 2025: random_seed -> seed, min_length -> min_tokens), then specbuild's own.
+REQUEST_SETTINGS: tuple[Tensor, ...] = (
     Tensor("max_tokens", "TYPE_INT32", (1,), description="tokens to generate"),
     Tensor("stream", "TYPE_BOOL", (1,), True, "one response per round as tokens are accepted"),
-    Tensor("temperature", "TYPE_FP32", (1,), True, "0 = greedy"),
-    Tensor("top_k", "TYPE_INT32", (1,), True, "0 = no limit, 1 = greedy"),
-    Tensor("top_p", "TYPE_FP32", (1,), True, "0 or 1 = no limit"),
-    Tensor("random_seed", "TYPE_UINT64", (1,), True, "reproducible sampling"),
-    Tensor("end_id", "TYPE_INT32", (1,), True, "stop token (default: the tokenizer's eos)"),
+    Tensor("temperature", "TYPE_FP32", (1,), True, "default 1; greedy whatever it is when top_k and top_p are 0"),
+    Tensor("top_k", "TYPE_INT32", (1,), True, "0 = no limit; 0 or 1 with top_p 0 (or both absent) = greedy"),
+    Tensor("top_p", "TYPE_FP32", (1,), True, "0 = unset, 1 = no limit"),
+    Tensor("seed", "TYPE_UINT64", (1,), True, "reproducible sampling"),
+    Tensor("random_seed", "TYPE_UINT64", (1,), True, "seed's name before tensorrtllm_backend 0.20"),
+    Tensor("min_tokens", "TYPE_INT32", (1,), True, "no end token before this many tokens"),
+    Tensor("min_length", "TYPE_INT32", (1,), True, "min_tokens' name before tensorrtllm_backend 0.20"),
+    Tensor("repetition_penalty", "TYPE_FP32", (1,), True, "TensorRT-LLM's; the request runs without drafts"),
+    Tensor("presence_penalty", "TYPE_FP32", (1,), True, "TensorRT-LLM's; the request runs without drafts"),
+    Tensor("frequency_penalty", "TYPE_FP32", (1,), True, "TensorRT-LLM's; the request runs without drafts"),
+    Tensor("length_penalty", "TYPE_FP32", (1,), True, "scores beams: no effect at beam width 1, as in NVIDIA's"),
     Tensor("pad_id", "TYPE_INT32", (1,), True),
-    Tensor("stop_words", "TYPE_STRING", (-1,), True, "stop after any of these strings"),
-    Tensor("bad_words", "TYPE_STRING", (-1,), True, "never generate these strings"),
     Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True, "non-streamed text without the prompt"),
-    Tensor("return_perf_metrics", "TYPE_BOOL", (1,), True, "accepted for compatibility; metrics are always returned"),
+    Tensor("return_perf_metrics", "TYPE_BOOL", (1,), True, "accepted; the figures are always returned"),
+    Tensor("return_num_input_tokens", "TYPE_BOOL", (1,), True, "accepted; num_input_tokens is always returned"),
+    Tensor("return_num_output_tokens", "TYPE_BOOL", (1,), True, "accepted; num_output_tokens is always returned"),
     Tensor("beam_width", "TYPE_INT32", (1,), True, "only 1: beam search does not combine with draft-target"),
+    Tensor("num_return_sequences", "TYPE_INT32", (1,), True, "only 1"),
     Tensor("num_draft_tokens", "TYPE_INT32", (1,), True, "K for this request: 0 = target alone"),
     Tensor("use_draft_logits", "TYPE_BOOL", (1,), True, "rejection sampling on draft logits (else token match)"),
     Tensor("adaptive_draft", "TYPE_BOOL", (1,), True, "adapt K from this request's acceptance"),
     Tensor("prompt_lookup", "TYPE_BOOL", (1,), True, "draft from the request's own tokens first (n-gram lookup)"),
+    Tensor("max_time", "TYPE_FP32", (1,), True, "seconds: stop after the round that passes them (within the "
+           "server's max_request_seconds)"),
 )
-ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("text_output", "TYPE_STRING", (-1,)),
+# What every response says about its row besides the text: NVIDIA's names (batch_index, the perf metrics it can
+# fill honestly, num_input/output_tokens), and specbuild's count of tokens so far.
+RESPONSE_FIGURES: tuple[Tensor, ...] = (
+    Tensor("batch_index", "TYPE_INT32", (1,), description="the row of the request this response is about"),
     Tensor("acceptance_rate", "TYPE_FP32", (1,), description="accepted / drafted tokens so far"),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,), description="the orchestrator received the request (epoch ns)"),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,), description="its first engine call started"),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,), description="its first token was accepted (0: none yet)"),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,), description="its latest token was accepted (0: none yet)"),
+    Tensor("num_input_tokens", "TYPE_INT32", (1,), description="prompt tokens"),
+    Tensor("num_output_tokens", "TYPE_INT32", (1,), description="tokens this response adds"),
     Tensor("output_token_count", "TYPE_INT32", (1,), description="tokens generated so far"),
 )
+ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", "TYPE_STRING", (1,), description="the prompt"),
+    Tensor("end_id", "TYPE_INT32", (1,), True, "stop token (default: the tokenizer's eos; < 0: none)"),
+    Tensor("stop_words", "TYPE_STRING", (-1,), True, "stop after any of these strings"),
+    Tensor("bad_words", "TYPE_STRING", (-1,), True, "never generate these strings"),
+    Tensor("apply_chat_template", "TYPE_BOOL", (1,), True, "text_input is a user message: wrap it in the "
+           "tokenizer's chat template (a tokenizer without one takes the text as it is)"),
+) + REQUEST_SETTINGS
+ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (Tensor("text_output", "TYPE_STRING", (-1,)),) + RESPONSE_FIGURES
 
 # --- preprocessing: text -> ids -------------------------------------------------------------------------
 PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
@@ -66,6 +95,7 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("stop_words", "TYPE_STRING", (-1,), True),
     Tensor("bad_words", "TYPE_STRING", (-1,), True),
     Tensor("end_id", "TYPE_INT32", (1,), True),
+    Tensor("apply_chat_template", "TYPE_BOOL", (1,), True),
 )
 PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("input_ids", "TYPE_INT32", (-1,)),
@@ -77,38 +107,21 @@ PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
 )
 
 # --- orchestrator: the speculative loop (decoupled) ----------------------------------------------------
+# The ensemble's request settings and the tokenizer's ids; one response per row (batch_index says which).
 ORCHESTRATOR_INPUTS: tuple[Tensor, ...] = (
     Tensor("input_ids", "TYPE_INT32", (-1,)),
     Tensor("input_length", "TYPE_INT32", (1,)),
-    Tensor("max_tokens", "TYPE_INT32", (1,)),
     Tensor("stop_words_ids", "TYPE_INT32", (2, -1), True),
     Tensor("bad_words_ids", "TYPE_INT32", (2, -1), True),
     Tensor("end_id", "TYPE_INT32", (1,), True),
-    Tensor("pad_id", "TYPE_INT32", (1,), True),
-    Tensor("stream", "TYPE_BOOL", (1,), True),
-    Tensor("temperature", "TYPE_FP32", (1,), True),
-    Tensor("top_k", "TYPE_INT32", (1,), True),
-    Tensor("top_p", "TYPE_FP32", (1,), True),
-    Tensor("random_seed", "TYPE_UINT64", (1,), True),
-    Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
-    Tensor("return_perf_metrics", "TYPE_BOOL", (1,), True),
-    Tensor("beam_width", "TYPE_INT32", (1,), True),
-    Tensor("num_draft_tokens", "TYPE_INT32", (1,), True),
-    Tensor("use_draft_logits", "TYPE_BOOL", (1,), True),
-    Tensor("adaptive_draft", "TYPE_BOOL", (1,), True),
-    Tensor("prompt_lookup", "TYPE_BOOL", (1,), True),
-)
+) + REQUEST_SETTINGS
 ORCHESTRATOR_OUTPUTS: tuple[Tensor, ...] = (
     # Tokens for postprocessing to decode, and how many leading ones were already sent as text.
     Tensor("output_ids", "TYPE_INT32", (-1,)),
     Tensor("output_length", "TYPE_INT32", (1,)),
     Tensor("skip_tokens", "TYPE_INT32", (1,)),
     Tensor("is_final", "TYPE_BOOL", (1,)),
-    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
-    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
-    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
-    Tensor("output_token_count", "TYPE_INT32", (1,)),
-)
+) + RESPONSE_FIGURES
 
 # --- postprocessing: ids -> text, incremental ----------------------------------------------------------
 POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
@@ -117,6 +130,7 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("skip_tokens", "TYPE_INT32", (1,)),
     Tensor("is_final", "TYPE_BOOL", (1,)),
 )
+# One text per row, 1-D as NVIDIA's postprocessing returns it ([batch x beams]): its clients read text_output[0].
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (Tensor("text_output", "TYPE_STRING", (-1,)),)
 
 # Every engine folder's build record (dtype, vocabulary, build config, toolchain), whichever runtime built it.
@@ -172,6 +186,8 @@ class OrchestratorParameters(ModelParameters):
     fast_logits: bool  # TensorRT-LLM passes draft logits GPU to GPU: the draft's logits are a handle, passed on as is
     max_input_len: int
     max_seq_len: int
+    vocab_size: int  # the engines' vocabulary: a request's end_id must be inside it
+    max_request_seconds: float  # a request stops after the round that passes this (0: never); abandons end too
     target_model: str = TARGET_MODEL
     draft_model: str = DRAFT_MODEL
 
@@ -179,6 +195,8 @@ class OrchestratorParameters(ModelParameters):
         if not 0 <= self.num_draft_tokens <= self.max_draft_len:
             raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must be within 0..max_draft_len "
                              f"({self.max_draft_len})")
+        if not self.max_request_seconds >= 0:
+            raise ValueError(f"max_request_seconds must be 0 (no limit) or more, got {self.max_request_seconds}")
         self.lookup  # noqa: B018 - validates the n-gram range
 
     @property

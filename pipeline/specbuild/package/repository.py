@@ -166,6 +166,8 @@ def orchestrator_parameters(spec: BuildSpec, target: EngineInfo) -> Orchestrator
         fast_logits=spec.launch.fast_logits,
         max_input_len=int(target.build_config["max_input_len"]),
         max_seq_len=target.max_seq_len,
+        vocab_size=target.vocab_size,
+        max_request_seconds=spec.triton.max_request_seconds,
     )
 
 

@@ -26,21 +26,31 @@ from specbuild.errors import RequestError, ServerError
 
 _INPUTS = by_name(ENSEMBLE_INPUTS)
 # GenerationRequest field -> ensemble input, where the names differ.
-_INPUT_NAMES = {"prompt": "text_input", "seed": "random_seed"}
+_INPUT_NAMES = {"prompt": "text_input", "chat": "apply_chat_template"}
 _SERVE_FIX = "start the server with `specbuild serve REPO`, or point --url at a running one"
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One request to the ensemble; ``None`` leaves an optional input out (the server's default)."""
+    """One request to the ensemble; ``None`` leaves an optional input out (the server's default).
+
+    Sampling follows NVIDIA's backend: with ``top_k`` and ``top_p`` left out (or 0), decoding is greedy whatever
+    the temperature; :func:`specbuild.speculation.rules.explicit_sampling` gives the inputs that sample.
+    """
 
     prompt: str
     max_tokens: int
     stream: bool = False
+    chat: bool | None = None  # the prompt is a user message for the model's chat template
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_time: float | None = None
     num_draft_tokens: int | None = None
     use_draft_logits: bool | None = None
     adaptive_draft: bool | None = None
@@ -168,32 +178,10 @@ class SpecbuildClient:
         self.model = model
         self.timeout = timeout
 
-    def generate(
-        self,
-        prompt: str,
-        max_tokens: int,
-        *,
-        stream: bool = False,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        num_draft_tokens: int | None = None,
-        use_draft_logits: bool | None = None,
-        adaptive_draft: bool | None = None,
-        prompt_lookup: bool | None = None,
-        stop_words: Sequence[str] | None = None,
-        bad_words: Sequence[str] | None = None,
-        end_id: int | None = None,
-        exclude_input_in_output: bool | None = True,
-    ) -> Generation:
-        """Generate and wait for the whole answer (``stream=True``: the server answers in chunks)."""
-        return self.run(GenerationRequest(
-            prompt, max_tokens, stream=stream, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            num_draft_tokens=num_draft_tokens, use_draft_logits=use_draft_logits, adaptive_draft=adaptive_draft,
-            prompt_lookup=prompt_lookup, stop_words=stop_words, bad_words=bad_words, end_id=end_id,
-            exclude_input_in_output=exclude_input_in_output,
-        ))
+    def generate(self, prompt: str, max_tokens: int, **options: Any) -> Generation:
+        """Generate and wait for the whole answer; ``options`` are :class:`GenerationRequest` fields
+        (``stream=True``: the server answers in chunks)."""
+        return self.run(GenerationRequest(prompt, max_tokens, **options))
 
     def stream(self, prompt: str, max_tokens: int, **options: Any) -> Iterator[Chunk]:
         """Yield chunks as the server sends them; ``options`` are :class:`GenerationRequest` fields."""

@@ -17,12 +17,15 @@ import numpy as np
 import torch
 
 from specbuild.errors import RequestError
+from specbuild.package.backend_contract import ENGINE_INPUTS
+from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.serve.batch import row_value
 from specbuild.serve.text import decode_word_list, encode_word_list
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.rules import SamplingParams
 
 Arrays = Mapping[str, "np.ndarray | None"]
+_ENGINE_INPUTS = by_name(ENGINE_INPUTS)
 
 
 def _scalar(value: Any, dtype: Any) -> np.ndarray:
@@ -31,14 +34,14 @@ def _scalar(value: Any, dtype: Any) -> np.ndarray:
 
 def encode_request(request: EngineRequest) -> dict[str, np.ndarray]:
     """One request as the backend's input tensors (a batch of one): new tokens only, never streamed."""
-    sampling_dtypes = {"temperature": np.float32, "runtime_top_k": np.int32, "runtime_top_p": np.float32}
     arrays = {
         "input_ids": np.array([request.input_ids], dtype=np.int32),
         "input_lengths": _scalar(len(request.input_ids), np.int32),
         "request_output_len": _scalar(request.max_new_tokens, np.int32),
         "exclude_input_in_output": _scalar(True, bool),
         "streaming": _scalar(False, bool),
-        **{name: _scalar(value, sampling_dtypes[name]) for name, value in request.sampling.backend_values().items()},
+        **{name: _scalar(value, NUMPY_DTYPES[_ENGINE_INPUTS[name].dtype])
+           for name, value in request.sampling.backend_values().items()},
     }
     if request.end_id is not None:
         arrays["end_id"] = arrays["pad_id"] = _scalar(request.end_id, np.int32)
@@ -68,7 +71,8 @@ class DecodedRequest:
 def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[DecodedRequest]:
     """The rows of an engine model's request, read as the ``tensorrtllm`` backend reads them
     (``utils.cc``): sampling by :meth:`SamplingParams.from_backend`, ``exclude_input_in_output`` overriding
-    the model's parameter; beam search and streaming refused with the backend's reasons."""
+    the model's parameter; beam search and streaming refused with the backend's reasons. ``len_penalty`` only
+    scores finished beams, so at beam width 1 it has no effect, here as in the backend."""
     input_ids = arrays.get("input_ids")
     output_len = arrays.get("request_output_len")
     if input_ids is None:
@@ -90,7 +94,9 @@ def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[Deco
         prompt = input_ids[row].reshape(-1)[: input_ids.shape[-1] if length is None else int(length)].tolist()
         drafts = draft_ids[row].reshape(-1).tolist() if draft_ids is not None and draft_ids.size else None
         try:
-            sampling = SamplingParams.from_backend(get("temperature"), get("runtime_top_k"), get("runtime_top_p"))
+            sampling = SamplingParams.from_backend(get("temperature"), get("runtime_top_k"), get("runtime_top_p"),
+                                                   get("repetition_penalty"), get("presence_penalty"),
+                                                   get("frequency_penalty"))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         exclude = get("exclude_input_in_output")

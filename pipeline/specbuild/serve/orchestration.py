@@ -1,25 +1,33 @@
 """The orchestrator's request handling as pure functions (the Triton model in ``triton_models/orchestrator.py``
 only moves tensors in and out): a request's rows as :class:`~specbuild.speculation.loop.GenerationRequest`
-objects, and the tensors of a response.
+objects, checked as NVIDIA's backend would check them before anything runs, and the tensors of each response.
+
+Every response is about one row (``batch_index``), as the ``tensorrtllm`` backend answers a batched request
+(one response per sample): a streamed row sends its new tokens each round, a non-streamed one its whole answer
+once; the request's last response carries the final flag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
 from specbuild.errors import RequestError
-from specbuild.package.contract import OrchestratorParameters
+from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
 from specbuild.serve.batch import row_value
-from specbuild.serve.text import decode_word_list, pad_rows
+from specbuild.serve.text import decode_word_list
 from specbuild.speculation.loop import GenerationRequest
 from specbuild.speculation.rules import SamplingParams
 from specbuild.speculation.stats import SpeculationStats
 
 Arrays = Mapping[str, "np.ndarray | None"]
+# Inputs tensorrtllm_backend renamed in May 2025 (PR #749): current name -> the name before.
+RENAMED = {"seed": "random_seed", "min_tokens": "min_length"}
+_OUTPUTS = by_name(ORCHESTRATOR_OUTPUTS)
 
 
 @dataclass
@@ -29,11 +37,42 @@ class RowRequest:
     generation: GenerationRequest
     stream: bool
     exclude_input: bool
+    max_seconds: float | None  # stop after the round that passes this many seconds from arrival (None: never)
 
 
-def _end_id(value: Any) -> int | None:
-    """A negative end id means "never stop on a token", as in TensorRT-LLM."""
-    return None if value is None or int(value) < 0 else int(value)
+def _end_id(value: Any, vocab_size: int) -> int | None:
+    """A negative end id means "never stop on a token", as in TensorRT-LLM; one beyond the vocabulary is the
+    client's error (refused here, before a draft or target call could fail on it)."""
+    if value is None or int(value) < 0:
+        return None
+    if int(value) >= vocab_size:
+        raise RequestError(f"end_id {int(value)} is outside the vocabulary [0, {vocab_size})",
+                           "send a token id of the model's tokenizer, or leave end_id out for its eos")
+    return int(value)
+
+
+def _either_name(get: Callable[[str], Any], current: str) -> Any:
+    """An input sent under its current name or the one before the rename; both sent must agree."""
+    value, older = get(current), get(RENAMED[current])
+    if value is not None and older is not None and value != older:
+        raise RequestError(f"{current}={value} and {RENAMED[current]}={older} disagree (the same input under its "
+                           "current and former name)", f"send only {current}")
+    return older if value is None else value
+
+
+def _finite(name: str, value: Any, *, positive: bool = False) -> float | None:
+    if value is None:
+        return None
+    if not math.isfinite(float(value)) or (positive and float(value) <= 0):
+        raise RequestError(f"{name} must be a finite number{' above 0' if positive else ''}, got {value}")
+    return float(value)
+
+
+def _deadline(get: Callable[[str], Any], settings: OrchestratorParameters) -> float | None:
+    """The row's time limit: the client's ``max_time`` within the server's ``max_request_seconds`` (0: none)."""
+    limits = [limit for limit in (_finite("max_time", get("max_time"), positive=True),
+                                  settings.max_request_seconds or None) if limit is not None]
+    return min(limits) if limits else None
 
 
 def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequest]:
@@ -65,16 +104,26 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
                                f"max_draft_len), got {k}")
         if int(get("beam_width", 1)) != 1:
             raise RequestError("beam_width must be 1: beam search does not combine with draft-target decoding")
+        if int(get("num_return_sequences", 1)) != 1:
+            raise RequestError("num_return_sequences must be 1: one sequence per request (send the request again "
+                               "for more)")
+        _finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
+        min_tokens = int(_either_name(get, "min_tokens") or 0)
+        if min_tokens < 0:
+            raise RequestError(f"min_tokens must be 0 or more, got {min_tokens}")
         try:
-            sampling = SamplingParams.from_request(get("temperature"), get("top_k"), get("top_p"))
+            sampling = SamplingParams.from_backend(get("temperature"), get("top_k"), get("top_p"),
+                                                   get("repetition_penalty"), get("presence_penalty"),
+                                                   get("frequency_penalty"))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        seed = get("random_seed")
+        seed = _either_name(get, "seed")
         stream = bool(get("stream", False))
         rows.append(RowRequest(
             generation=GenerationRequest(
                 prompt_ids=prompt, max_tokens=wanted, sampling=sampling,
-                seed=None if seed is None else int(seed), end_id=_end_id(get("end_id")),
+                seed=None if seed is None else int(seed), end_id=_end_id(get("end_id"), settings.vocab_size),
+                min_tokens=min_tokens,
                 stop_words=decode_word_list(None if stop_words is None else stop_words[row]),
                 bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
                 num_draft_tokens=k,
@@ -85,24 +134,60 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             ),
             stream=stream,
             exclude_input=bool(get("exclude_input_in_output", False)),
+            max_seconds=_deadline(get, settings),
         ))
     return rows
 
 
-def response_arrays(rows: Sequence[Sequence[int]], skips: Sequence[int], final: bool,
-                    stats: Sequence[SpeculationStats], counts: Sequence[int]) -> dict[str, np.ndarray]:
-    """The orchestrator's outputs for every row: tokens for postprocessing, how many of them were already sent
-    as text, and the acceptance figures so far."""
-    def column(values: Sequence[Any], dtype: Any) -> np.ndarray:
-        return np.array([[value] for value in values], dtype=dtype)
+@dataclass
+class RowProgress:
+    """One row while it runs: its tokens so far, how many were sent, and when things happened (epoch ns)."""
 
-    return {
-        "output_ids": pad_rows(rows, 0),
-        "output_length": column([len(r) for r in rows], np.int32),
-        "skip_tokens": column(skips, np.int32),
-        "is_final": column([final] * len(rows), bool),
-        "acceptance_rate": column([s.acceptance_rate for s in stats], np.float32),
-        "total_accepted_draft_tokens": column([s.accepted_tokens for s in stats], np.int32),
-        "total_draft_tokens": column([s.drafted_tokens for s in stats], np.int32),
-        "output_token_count": column(counts, np.int32),
-    }
+    index: int  # batch_index
+    row: RowRequest
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+    tokens: list[int] = field(default_factory=list)
+    sent: int = 0
+    finish_reason: str | None = None  # the loop's (length, end_id, stop_words, ...), or "time" at the deadline
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, tokens: list[int], now_ns: int, finish_reason: str | None) -> None:
+        """A round's tokens, accepted at ``now_ns``, and why the row ends there (None: it goes on)."""
+        if tokens:
+            self.first_token_ns = self.first_token_ns or now_ns
+            self.last_token_ns = now_ns
+        self.tokens.extend(tokens)
+        self.finish_reason = finish_reason
+
+    @property
+    def has_news(self) -> bool:
+        """Whether a response is due: a streamed row with unsent tokens, or a finished row."""
+        return self.finished or (self.row.stream and len(self.tokens) > self.sent)
+
+    def response(self, arrival_ns: int) -> dict[str, np.ndarray]:
+        """The next response's tensors (and the tokens it covers count as sent): a streamed row's tokens so far
+        with how many were already sent, or a finished row's whole answer (the prompt first unless excluded)."""
+        row = self.row
+        if row.stream:
+            ids, skip, new = self.tokens, self.sent, len(self.tokens) - self.sent
+        else:
+            ids = self.tokens if row.exclude_input else row.generation.prompt_ids + self.tokens
+            skip, new = 0, len(self.tokens)
+        self.sent = len(self.tokens)
+        values = {
+            "output_ids": (np.array([ids], dtype=np.int32) if ids else np.zeros((1, 1), dtype=np.int32)),
+            "output_length": len(ids), "skip_tokens": skip, "is_final": self.finished, "batch_index": self.index,
+            "acceptance_rate": self.stats.acceptance_rate, "total_accepted_draft_tokens": self.stats.accepted_tokens,
+            "total_draft_tokens": self.stats.drafted_tokens, "arrival_time_ns": arrival_ns,
+            "first_scheduled_time_ns": self.scheduled_ns, "first_token_time_ns": self.first_token_ns,
+            "last_token_time_ns": self.last_token_ns, "num_input_tokens": len(row.generation.prompt_ids),
+            "num_output_tokens": new, "output_token_count": len(self.tokens),
+        }
+        return {name: value if isinstance(value, np.ndarray)
+                else np.array([[value]], dtype=NUMPY_DTYPES[_OUTPUTS[name].dtype]) for name, value in values.items()}

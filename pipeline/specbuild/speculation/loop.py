@@ -34,6 +34,7 @@ class GenerationRequest:
     sampling: SamplingParams = GREEDY
     seed: int | None = None
     end_id: int | None = None
+    min_tokens: int = 0  # the end token is not generated before this many tokens
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     num_draft_tokens: int = 4
@@ -86,10 +87,12 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
     while True:
         remaining = request.max_tokens - len(generated)
         context = request.prompt_ids + generated
-        k = min(k_wanted, remaining - 1) if drafts is not None else 0
+        # Until min_tokens, the target alone: only it knows its distribution without the end token there.
+        unfinished = min(max(0, request.min_tokens - len(generated)), remaining)
+        k = min(k_wanted, remaining - 1) if drafts is not None and not unfinished else 0
         draft = await drafts.propose(context, k, round_index) if k > 0 else None
         started = time.perf_counter()
-        verdict = await target(_target_request(request, context, draft, remaining, round_index, drafts))
+        verdict = await target(_target_request(request, context, draft, remaining, unfinished, round_index, drafts))
         stats.target_seconds += time.perf_counter() - started
         drafted = len(draft.tokens) if draft else 0
         accepted = _accepted_prefix(draft.tokens, verdict.tokens) if draft else 0
@@ -120,18 +123,22 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
 
 
 def _target_request(request: GenerationRequest, context: list[int], draft: Draft | None, remaining: int,
-                    round_index: int, drafts: DraftSource | None) -> EngineRequest:
+                    unfinished: int, round_index: int, drafts: DraftSource | None) -> EngineRequest:
     """Verify ``draft`` (the accepted prefix plus one token of the target's own comes back), or, without one,
-    generate: one token while a source may still propose next round, else ``target_only_chunk`` (or all)."""
+    generate: up to the ``unfinished`` tokens min_tokens still needs (none of them the end token) while a source
+    may propose afterwards, else one token while a source may still propose next round, else
+    ``target_only_chunk`` (or all)."""
+    chunk = request.target_only_chunk
     if draft is not None:
         new_tokens = len(draft.tokens) + 1
     elif drafts is not None and drafts.may_propose:
-        new_tokens = 1
+        new_tokens = min(chunk or unfinished, unfinished) if unfinished else 1
     else:
-        new_tokens = min(request.target_only_chunk or remaining, remaining)
+        new_tokens = min(chunk or remaining, remaining)
     return EngineRequest(
         input_ids=context, max_new_tokens=new_tokens, sampling=request.sampling,
         seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
+        min_new_tokens=min(new_tokens, unfinished),
         draft_tokens=draft.tokens if draft else None, draft_logits=draft.logits if draft else None,
         bad_words=request.bad_words,
     )

@@ -19,6 +19,7 @@ alone would sample from.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,67 +30,104 @@ Rule = Literal["greedy", "token-match", "rejection"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples. Greedy when ``temperature == 0`` or ``top_k == 1``.
+    """How one request samples, with TensorRT-LLM's meaning of each value. Greedy when ``top_k == 1`` or
+    ``temperature == 0``; ``top_k == 0`` means no top-k limit and ``top_p == 1`` no nucleus limit.
 
-    ``top_k == 0`` means no top-k limit and ``top_p == 1`` no nucleus limit. A request that sets none of
-    them is greedy (see :meth:`from_request`, which also reads a request's ``top_p == 0`` as "no limit").
-    TensorRT-LLM reads ``top_k == 0`` with ``top_p == 0`` as greedy, so the orchestrator always sends the
-    normalised values (``runtime_top_k=1`` for greedy, ``runtime_top_p=1.0`` for no limit) to engines.
+    Requests and engines read their inputs by one rule, the ``tensorrtllm`` backend's (:meth:`from_backend`),
+    so a client of NVIDIA's ensemble gets the answer NVIDIA's backend gives. The penalties are TensorRT-LLM's
+    (:func:`penalize`); a greedy request keeps its temperature because the backend applies it before them.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 <= self.top_p <= 1.0):
             raise ValueError(f"top_p must be within [0, 1], got {self.top_p}")
+        # TensorRT-LLM's SamplingConfig::checkRepetitionPenalty: strictly positive
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    @classmethod
-    def from_request(
-        cls, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None
-    ) -> SamplingParams:
-        """Sampling inputs as a request gives them; none given means greedy decoding."""
-        if temperature is None and top_k is None and top_p is None:
-            return GREEDY
-        return cls(
-            temperature=1.0 if temperature is None else float(temperature),
-            top_k=0 if top_k is None else int(top_k),
-            top_p=1.0 if top_p is None or top_p == 0.0 else float(top_p),
-        )
+    @property
+    def penalized(self) -> bool:
+        """Whether a repetition, presence or frequency penalty changes the distribution."""
+        return (self.repetition_penalty, self.presence_penalty, self.frequency_penalty) != (1.0, 0.0, 0.0)
 
     @classmethod
-    def from_backend(
-        cls, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None
-    ) -> SamplingParams:
-        """``temperature``/``runtime_top_k``/``runtime_top_p`` as TensorRT-LLM's ``tensorrtllm`` backend reads
-        them: a ``top_p`` of 0 or less is unset, ``top_k == 0`` with ``top_p`` unset is greedy whatever the
-        temperature (TensorRT-LLM ``samplingTopKKernels.h``, ``regularizeTopKTopP``), a ``top_k`` with
-        ``top_p`` unset has no nucleus limit, and the temperature defaults to 1."""
+    def from_backend(cls, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                     repetition_penalty: float | None = None, presence_penalty: float | None = None,
+                     frequency_penalty: float | None = None) -> SamplingParams:
+        """Sampling inputs as TensorRT-LLM's ``tensorrtllm`` backend reads them (``runtime_top_k``,
+        ``runtime_top_p``, ...; NVIDIA's ensemble passes ``top_k``/``top_p`` on unchanged): a ``top_p`` of 0
+        or less is unset, ``top_k`` 0 or 1 with ``top_p`` unset is greedy whatever the temperature
+        (TensorRT-LLM ``samplingTopKKernels.h``, ``regularizeTopKTopP``), a ``top_k`` with ``top_p`` unset
+        has no nucleus limit; absent values take the backend's defaults."""
         k = 0 if top_k is None else int(top_k)
         p = 0.0 if top_p is None or top_p <= 0.0 else float(top_p)
-        if k in (0, 1) and p == 0.0:
-            return GREEDY
-        return cls(temperature=1.0 if temperature is None else float(temperature), top_k=k,
-                   top_p=1.0 if p == 0.0 else p)
+        greedy = k in (0, 1) and p == 0.0
+        return cls(temperature=1.0 if temperature is None else float(temperature), top_k=1 if greedy else k,
+                   top_p=1.0 if p == 0.0 else p,
+                   repetition_penalty=1.0 if repetition_penalty is None else float(repetition_penalty),
+                   presence_penalty=0.0 if presence_penalty is None else float(presence_penalty),
+                   frequency_penalty=0.0 if frequency_penalty is None else float(frequency_penalty))
 
     def backend_values(self) -> dict[str, float | int]:
-        """The ``temperature``/``runtime_top_k``/``runtime_top_p`` that make the backend sample like this
-        (the inverse of :meth:`from_backend`): greedy as ``top_k=1``, "no limit" as ``top_p=1``."""
-        if self.is_greedy:
-            return {"runtime_top_k": 1}
-        return {"temperature": self.temperature, "runtime_top_k": self.top_k, "runtime_top_p": self.top_p}
+        """The backend inputs (``temperature``, ``runtime_top_k``, ``runtime_top_p``, penalties) that make it
+        sample like this, the inverse of :meth:`from_backend`; values at the backend's default are left out."""
+        values: dict[str, float | int] = {"runtime_top_k": 1} if self.is_greedy else {
+            "runtime_top_k": self.top_k, "runtime_top_p": self.top_p}
+        defaults = {"temperature": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        values.update({name: getattr(self, name) for name, default in defaults.items()
+                       if getattr(self, name) != default})
+        return values
 
 
-GREEDY = SamplingParams(temperature=0.0)
+GREEDY = SamplingParams(top_k=1)
+
+
+def explicit_sampling(temperature: float | None, top_k: int | None = None,
+                      top_p: float | None = None) -> dict[str, float | int | None]:
+    """``temperature``/``top_k``/``top_p`` as OpenAI-style callers mean them (a temperature above 0 samples), in
+    the inputs NVIDIA's backend reads (:meth:`SamplingParams.from_backend`: greedy while top_k and top_p are 0 or
+    absent, whatever the temperature): a temperature above 0 without either samples the whole distribution
+    (``top_p = 1``); ``None`` leaves an input out."""
+    if temperature and top_k is None and top_p is None:
+        top_p = 1.0
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+
+
+def penalize(logits: torch.Tensor, context: list[int], params: SamplingParams) -> torch.Tensor:
+    """Logits ``[V]`` as TensorRT-LLM's penalty kernel leaves them for the sampler (``cpp/tensorrt_llm/kernels/
+    penaltyKernels.cu``, ``batchApplyPenalty``): scaled by ``1 / (temperature + 1e-6)`` unless the temperature is
+    1, then every token of ``context`` (prompt and generated so far) is penalised: the repetition penalty divides
+    a positive logit and multiplies a negative one, once per token present; the presence penalty is subtracted
+    once and the frequency penalty once per occurrence. The result is sampled at temperature 1."""
+    logits = logits.to(torch.float32)
+    if params.temperature != 1.0:
+        logits = logits * (1.0 / (params.temperature + 1e-6))
+    if not params.penalized or not context:
+        return logits
+    counts = torch.bincount(torch.tensor(context, dtype=torch.long, device=logits.device),
+                            minlength=logits.shape[-1])[: logits.shape[-1]].to(torch.float32)
+    seen = counts > 0
+    repeated = torch.where(logits < 0, logits * params.repetition_penalty, logits / params.repetition_penalty)
+    logits = torch.where(seen, repeated, logits)
+    return logits - seen.to(torch.float32) * params.presence_penalty - counts * params.frequency_penalty
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

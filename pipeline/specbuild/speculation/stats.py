@@ -23,6 +23,7 @@ class SpeculationStats:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     fallbacks: int = 0  # requests that went on with the target alone because the draft model failed
+    unspeculated: int = 0  # requests that asked for drafts but ran by the target alone: their sampling penalties
     # Of the totals above, what prompt lookup drafted (rounds, tokens) and what of it was accepted.
     lookup_drafts: int = 0
     lookup_drafted_tokens: int = 0
@@ -82,6 +83,8 @@ REQUEST_METRICS = (
     Metric("output_tokens", "specbuild_output_tokens_total", "Tokens generated"),
     Metric("errors", "specbuild_request_errors_total", "Requests rejected or failed"),
     Metric("cancelled", "specbuild_cancelled_requests_total", "Requests whose client went away before the end"),
+    Metric("timed_out", "specbuild_timed_out_requests_total",
+           "Requests stopped at their deadline (max_time, or the server's max_request_seconds)"),
 )
 SPECULATION_METRICS = (
     Metric("rounds", "specbuild_spec_decode_rounds_total", "Target calls (speculative rounds)"),
@@ -96,6 +99,8 @@ SPECULATION_METRICS = (
     Metric("target_seconds", "specbuild_target_seconds_total", "Time spent in target calls"),
     Metric("fallbacks", "specbuild_draft_fallbacks_total",
            "Requests that fell back to the target alone because the draft failed"),
+    Metric("unspeculated", "specbuild_unspeculated_requests_total",
+           "Requests that asked for drafts but ran by the target alone: their sampling penalties"),
     Metric("lookup_drafts", "specbuild_prompt_lookup_drafts_total", "Rounds drafted by prompt lookup"),
     Metric("lookup_drafted_tokens", "specbuild_prompt_lookup_draft_tokens_total",
            "Draft tokens proposed by prompt lookup"),

@@ -14,6 +14,7 @@ import inspect
 import os
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 
 from specbuild.errors import RequestError
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.rules import SamplingParams, make_generator, probabilities, sample, verify
+from specbuild.speculation.rules import SamplingParams, make_generator, penalize, probabilities, sample, verify
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_CACHE_TOKENS = 16384  # KV-cache tokens kept for reuse (0: no reuse)
@@ -204,6 +205,27 @@ class TorchEngine:
             return int(logits.argmax())
         return sample(probabilities(logits, params), generator)
 
+    @staticmethod
+    def _masked(logits: torch.Tensor, context: list[int], request: EngineRequest, step: int) -> torch.Tensor:
+        """The logits of new token number ``step`` after ``context``, with the tokens it may not be removed: bad
+        words, and the end token before ``min_new_tokens`` (TensorRT-LLM ``penaltyKernels.cu``, min length)."""
+        logits = mask_bad_words(logits, context, request.bad_words)
+        if request.end_id is not None and step < request.min_new_tokens:
+            logits = logits.clone()
+            logits[request.end_id] = float("-inf")
+        return logits
+
+    @staticmethod
+    def _sampled(rows: torch.Tensor, contexts: list[list[int]], params: SamplingParams) -> tuple[torch.Tensor,
+                                                                                                   SamplingParams]:
+        """``rows`` and ``params`` as the sampler sees them: with penalties, the temperature and the penalties
+        applied to each row for its context (:func:`~specbuild.speculation.rules.penalize`), sampled at
+        temperature 1 then; without, unchanged."""
+        if not params.penalized:
+            return rows, params
+        penalized = torch.stack([penalize(row, context, params) for row, context in zip(rows, contexts)])
+        return penalized, params if params.is_greedy else replace(params, temperature=1.0)
+
     def _generate(self, request: EngineRequest) -> EngineOutput:
         generator = make_generator(request.seed)
         sequence = list(request.input_ids)
@@ -212,11 +234,9 @@ class TorchEngine:
         tokens: list[int] = []
         kept_logits: list[torch.Tensor] = []
         for step in range(request.max_new_tokens):
-            logits = mask_bad_words(self._forward(feed, cache)[-1], sequence, request.bad_words)
-            if request.end_id is not None and step < request.min_new_tokens:
-                logits = logits.clone()
-                logits[request.end_id] = float("-inf")  # min_tokens: no end token before the minimum
-            token = self._pick(logits, request.sampling, generator)
+            logits = self._masked(self._forward(feed, cache)[-1], sequence, request, step)
+            sampled, params = self._sampled(logits[None], [sequence], request.sampling)
+            token = self._pick(sampled[0], params, generator)
             tokens.append(token)
             sequence.append(token)
             if request.return_logits:
@@ -228,17 +248,20 @@ class TorchEngine:
         return EngineOutput(tokens, torch.stack(kept_logits) if request.return_logits else None)
 
     def _verify(self, request: EngineRequest) -> EngineOutput:
+        """Score the draft in one pass; each position's logits are those generating would have there (bad words,
+        min tokens, penalties for the context up to it), the draft's logits penalised the same way."""
         drafts = list(request.draft_tokens or [])
         prompt = list(request.input_ids)
         cache, reused = self._take_cache(prompt)
-        logits = self._forward(prompt[reused:] + drafts, cache)[-(len(drafts) + 1):]
-        if request.bad_words:
-            context = prompt + drafts
-            logits = torch.stack([
-                mask_bad_words(row, context[: len(prompt) + position], request.bad_words)
-                for position, row in enumerate(logits)
-            ])
-        outcome = verify(drafts, logits, request.sampling, make_generator(request.seed), request.draft_logits)
+        contexts = [prompt + drafts[:position] for position in range(len(drafts) + 1)]
+        raw = self._forward(prompt[reused:] + drafts, cache)[-(len(drafts) + 1):]
+        logits = torch.stack([self._masked(row, context, request, position)
+                              for position, (row, context) in enumerate(zip(raw, contexts))])
+        target, params = self._sampled(logits, contexts, request.sampling)
+        draft = request.draft_logits
+        if draft is not None and len(drafts):
+            draft, _ = self._sampled(draft, contexts, request.sampling)
+        outcome = verify(drafts, target, params, make_generator(request.seed), draft)
         rejected = len(drafts) - outcome.accepted
         if rejected:
             cache.crop(-rejected)

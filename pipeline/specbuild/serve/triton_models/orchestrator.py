@@ -1,10 +1,14 @@
 """Triton model ``orchestrator``: the speculative loop as a decoupled, async BLS model.
 
-Each request (each row of a batched request) runs :func:`specbuild.speculation.loop.speculate` with the
-``draft`` and ``target`` engine models called through BLS, so many requests are in flight at once. Streaming
-sends one response per round with the tokens accepted in it; otherwise one response at the end. Every
-response carries the acceptance figures so far, and the Prometheus counters of
-:mod:`specbuild.speculation.stats` are exported through the python backend's metrics API. Drafts come from
+Each row of a request runs :func:`specbuild.speculation.loop.speculate` with the ``draft`` and ``target`` engine
+models called through BLS, so many requests are in flight at once. Each response is about one row
+(``batch_index``), as NVIDIA's backend answers: a streamed row sends the tokens accepted in each round, a
+non-streamed one its whole answer when it ends; the request's last response is final. Every response carries
+the row's acceptance figures and timings so far, and the Prometheus counters of
+:mod:`specbuild.speculation.stats` are exported through the python backend's metrics API. A row stops after
+the round in which its client cancels (seen when the model is called directly: an ensemble does not pass
+cancellation on to a step already running) or its time limit passes (``max_time`` within the parameter
+``max_request_seconds``, which also ends requests nobody waits for). Drafts come from
 :func:`specbuild.speculation.drafting.draft_sources` (prompt lookup, the draft model, or both); a failing
 draft model leaves requests to the target alone (exact) for a while. The request handling itself is in
 :mod:`specbuild.serve.orchestration` and :mod:`specbuild.serve.engine_io` (pure, unit-tested); this file
@@ -20,14 +24,15 @@ if not __name__.startswith("specbuild."):  # inside a repository: this release's
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncio  # noqa: E402
-from typing import Any  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.contract import ORCHESTRATOR_INPUTS, OrchestratorParameters  # noqa: E402
 from specbuild.serve.engine_io import decode_output, encode_request  # noqa: E402
-from specbuild.serve.orchestration import RowRequest, parse_rows, response_arrays  # noqa: E402
+from specbuild.serve.orchestration import RowProgress, parse_rows  # noqa: E402
 from specbuild.serve.triton_models.common import (  # noqa: E402
     FINAL,
     model_parameters,
@@ -40,8 +45,12 @@ from specbuild.serve.triton_models.metrics import Metrics  # noqa: E402
 from specbuild.speculation.drafting import DraftHealth, draft_sources  # noqa: E402
 from specbuild.speculation.engine import EngineOutput, EngineRequest  # noqa: E402
 from specbuild.speculation.loop import speculate  # noqa: E402
-from specbuild.speculation.stats import SpeculationStats  # noqa: E402
 
+TIME_LIMIT = "time"  # a row's finish reason when its time limit ends it
+
+
+class RequestCancelled(Exception):
+    """The client cancelled the request (or went away)."""
 
 
 class EngineCallError(RuntimeError):
@@ -90,12 +99,32 @@ class TritonPythonModel:
 
     async def _serve(self, request: Any) -> None:
         sender = request.get_response_sender()
+        arrival_ns, started = time.time_ns(), time.monotonic()
         try:
-            rows = parse_rows(request_arrays(request, ORCHESTRATOR_INPUTS), self.settings)
-            if any(row.stream for row in rows):
-                await self._stream(request, sender, rows)
-            else:
-                await self._complete(request, sender, rows)
+            rows = [RowProgress(index, row) for index, row in
+                    enumerate(parse_rows(request_arrays(request, ORCHESTRATOR_INPUTS), self.settings))]
+            unfinished = len(rows)
+
+            def report(row: RowProgress) -> None:
+                """After each round of a row: its response when one is due, the last one final."""
+                nonlocal unfinished
+                unfinished -= row.finished
+                if row.has_news:
+                    sender.send(response(row.response(arrival_ns)), flags=0 if unfinished else FINAL)
+
+            tasks = [asyncio.create_task(self._run_row(row, request, started, report)) for row in rows]
+            try:
+                await asyncio.gather(*tasks)
+            finally:  # one failed or cancelled row ends the request: stop the others' work too
+                for task in tasks:
+                    task.cancel()
+            if any(row.finish_reason == TIME_LIMIT for row in rows):
+                self.metrics.count("timed_out")
+                self.logger.log_info("orchestrator: a request reached its time limit and was stopped after its round")
+        except RequestCancelled:
+            self.metrics.count("cancelled")
+            self.logger.log_info("orchestrator: the client cancelled a request; its work stopped")
+            send_cancelled(sender)
         except (RequestError, ValueError) as exc:
             self.metrics.count("errors")
             send_error(sender, f"orchestrator: {exc}")
@@ -104,76 +133,24 @@ class TritonPythonModel:
             self.logger.log_error(f"orchestrator: request failed: {exc!r}")
             send_error(sender, f"orchestrator: {exc}")
 
-    async def _run_row(self, row: RowRequest, stats: SpeculationStats, request: Any, collected: list[int],
-                       on_round: Any = None) -> None:
-        """Run one row to the end (or until the client cancels), appending its tokens to ``collected``."""
+    async def _run_row(self, row: RowProgress, request: Any, started: float,
+                       report: Callable[[RowProgress], None]) -> None:
+        """Run one row to its end, its time limit, or the client's cancellation (raised after the round that
+        sees it: a client that went away stops costing engine time within one round)."""
         settings = self.settings
-        drafts = draft_sources(row.generation, self._draft, stats=stats, health=self.draft_health,
+        generation, limit = row.row.generation, row.row.max_seconds
+        row.scheduled_ns = time.time_ns()
+        drafts = draft_sources(generation, self._draft, stats=row.stats, health=self.draft_health,
                                lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed)
-        async for step in speculate(row.generation, self._target, drafts, max_draft_len=settings.max_draft_len,
-                                    stats=stats):
-            collected.extend(step.tokens)
-            if on_round is not None:
-                on_round()
-            if request.is_cancelled():
-                break
-        self.metrics.record(stats, len(collected))
-
-    async def _complete(self, request: Any, sender: Any, rows: list[RowRequest]) -> None:
-        stats = [SpeculationStats() for _ in rows]
-        outputs: list[list[int]] = [[] for _ in rows]
-        tasks = [asyncio.create_task(self._run_row(row, st, request, out))
-                 for row, st, out in zip(rows, stats, outputs)]
         try:
-            await asyncio.gather(*tasks)
-        finally:  # one failed row fails the request: stop the others' work too
-            for task in tasks:
-                task.cancel()
-        texts = [(row.generation.prompt_ids if not row.exclude_input else []) + out for row, out in zip(rows, outputs)]
-        sender.send(response(response_arrays(texts, [0] * len(rows), True, stats, [len(o) for o in outputs])),
-                    flags=FINAL)
-
-    async def _stream(self, request: Any, sender: Any, rows: list[RowRequest]) -> None:
-        """One response per round (of any row) carrying every row's tokens so far and how many were sent."""
-        stats = [SpeculationStats() for _ in rows]
-        generated: list[list[int]] = [[] for _ in rows]
-        sent = [0] * len(rows)
-        events: asyncio.Queue[BaseException | None] = asyncio.Queue()
-
-        async def run(index: int) -> None:
-            try:
-                await self._run_row(rows[index], stats[index], request, generated[index],
-                                    on_round=lambda: events.put_nowait(None))
-            except BaseException as exc:  # noqa: BLE001 - handed to the sending loop below
-                events.put_nowait(exc)
-                return
-            finished.add(index)
-            events.put_nowait(None)
-
-        finished: set[int] = set()
-        tasks = [asyncio.create_task(run(index)) for index in range(len(rows))]
-        try:
-            while True:
-                pending = [await events.get()]
-                while not events.empty():
-                    pending.append(events.get_nowait())
-                for event in pending:
-                    if event is not None:
-                        raise event
+            async for step in speculate(generation, self._target, drafts, max_draft_len=settings.max_draft_len,
+                                        stats=row.stats):
                 if request.is_cancelled():
-                    self.logger.log_info("orchestrator: client cancelled a streamed request; stopping its work")
-                    self.metrics.count("cancelled")
-                    send_cancelled(sender)
-                    return
-                done = len(finished) == len(rows)
-                if done or any(len(g) > n for g, n in zip(generated, sent)):
-                    snapshot = [list(g) for g in generated]
-                    sender.send(response(response_arrays(snapshot, list(sent), done, stats,
-                                                         [len(g) for g in snapshot])),
-                                flags=FINAL if done else 0)
-                    sent = [len(g) for g in snapshot]
-                if done:
+                    raise RequestCancelled
+                late = limit is not None and time.monotonic() - started >= limit
+                row.add(step.tokens, time.time_ns(), step.finish_reason or (TIME_LIMIT if late else None))
+                report(row)
+                if row.finished:
                     return
         finally:
-            for task in tasks:
-                task.cancel()
+            self.metrics.record(row.stats, len(row.tokens))

@@ -39,7 +39,8 @@ class TritonPythonModel:
                     tokens = ids[row].reshape(-1)[: int(row_value(lengths, row))].tolist()
                     text = incremental_text(self.tokenizer, tokens, int(row_value(skips, row)),
                                             bool(row_value(finals, row)))
-                    texts.append([text.encode("utf-8")])
+                    texts.append(text.encode("utf-8"))
+                # 1-D, as NVIDIA's postprocessing answers: its clients read text_output[0] as bytes
                 responses.append(response({"text_output": np.array(texts, dtype=np.object_)}))
             except ValueError as exc:
                 responses.append(error_response(f"postprocessing: {exc}"))
