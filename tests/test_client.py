@@ -37,7 +37,7 @@ def test_request_arrays_follow_the_contract_with_a_batch_of_one():
                                stop_words=["a", "bc"], use_draft_logits=False, prompt_lookup=True).arrays()
     assert arrays["text_input"].shape == (1, 1) and arrays["text_input"][0, 0] == "héllo".encode()
     assert arrays["max_tokens"].dtype == np.int32 and arrays["max_tokens"].shape == (1, 1)
-    assert arrays["random_seed"].dtype == np.uint64 and arrays["random_seed"][0, 0] == 2**63
+    assert arrays["seed"].dtype == np.uint64 and arrays["seed"][0, 0] == 2**63
     assert arrays["temperature"].dtype == np.float32
     assert arrays["stream"].dtype == np.bool_ and arrays["use_draft_logits"][0, 0] == np.False_
     assert arrays["prompt_lookup"].dtype == np.bool_ and arrays["prompt_lookup"].shape == (1, 1)
@@ -52,7 +52,7 @@ def test_request_values_drop_unset_and_empty_inputs():
 
 
 @pytest.mark.parametrize("request_, message", [
-    (GenerationRequest("x", 1, seed=-1), "random_seed=-1 is out of range"),
+    (GenerationRequest("x", 1, seed=-1), "seed=-1 is out of range"),
     (GenerationRequest("x", 2**31), "max_tokens=2147483648 is out of range"),
     (GenerationRequest(b"x", 1), "prompt must be text"),  # type: ignore[arg-type]
     (GenerationRequest("x", 1, stop_words=[1]), "stop_words must be text"),  # type: ignore[list-item]

@@ -93,16 +93,17 @@ def infer_stream(url: str, inputs: dict[str, np.ndarray], model: str = ENSEMBLE_
 
 
 def texts_of(responses: list[Any]) -> list[str]:
-    """Each batch row's text, the chunks of all responses joined."""
-    rows: list[list[bytes]] = []
+    """Each batch row's text, the chunks of its responses joined (every response is about the row its
+    batch_index names, and holds text_output 1-D as NVIDIA's clients read it: text_output[0])."""
+    rows: dict[int, list[bytes]] = {}
     for response in responses:
         data = response.as_numpy("text_output")
         if data is None:
             continue
-        rows += [[] for _ in range(data.shape[0] - len(rows))]
-        for row, item in enumerate(data.reshape(data.shape[0], -1)[:, 0]):
-            rows[row].append(item)
-    return [b"".join(row).decode("utf-8") for row in rows]
+        assert data.ndim == 1 and isinstance(data[0], bytes)
+        index = response.as_numpy("batch_index")  # absent when not asked for: row 0, as NVIDIA's client reads it
+        rows.setdefault(0 if index is None else int(index[0][0]), []).append(data[0])
+    return [b"".join(rows[row]).decode("utf-8") for row in sorted(rows)]
 
 
 def text_array(*items: str | bytes) -> np.ndarray:
@@ -195,7 +196,7 @@ def test_streaming_never_splits_a_multibyte_character(tiny_client, tokenizer, ta
     seed = next(seed for seed in range(50)
                 if split_characters(tokenizer, target_alone(prompt, MAX_TOKENS, bad_words, seed).tokens))
     expected = target_alone(prompt, MAX_TOKENS, bad_words, seed)
-    sampled = {"temperature": 1.0, "seed": seed, "bad_words": bad_words}
+    sampled = {"temperature": 1.0, "top_p": 1.0, "seed": seed, "bad_words": bad_words}
     chunks = [c.text for c in tiny_client.stream(prompt, MAX_TOKENS, num_draft_tokens=0, **sampled)]
     assert "".join(chunks) == expected.text and "" in chunks
     speculative = [c.text for c in tiny_client.stream(prompt, MAX_TOKENS, num_draft_tokens=3, **sampled)]
@@ -233,7 +234,8 @@ def test_a_batch_of_rows_returns_what_each_row_returns_alone(tiny_server, tiny_c
     })
     alone = [tiny_client.generate(p, n, num_draft_tokens=k).text for p, n, k in zip(prompts, (10, 16), ks)]
     assert texts_of(responses) == alone
-    assert (len(responses) > 1) == stream
+    assert sorted({int(r.as_numpy("batch_index")[0][0]) for r in responses}) == [0, 1]  # one row per response
+    assert (len(responses) > 2) == stream
 
 
 # --- 4. sampling --------------------------------------------------------------------------------------------
@@ -405,7 +407,7 @@ def test_prompt_lookup_counters_move_on_a_prompt_that_repeats_itself(tiny_server
     assert all(delta(before, middle, name) == 0 for name in LOOKUP_COUNTERS)
     on = [tiny_client.generate(REPEATING, MAX_TOKENS, num_draft_tokens=3, prompt_lookup=True),
           tiny_client.generate(REPEATING, MAX_TOKENS, num_draft_tokens=2, prompt_lookup=True, temperature=0.8,
-                               seed=5)]  # sampled: lookup drafts carry point-mass logits to the target model
+                               top_p=1.0, seed=5)]  # sampled: lookup drafts carry point-mass logits to the target
     after = metrics(tiny_server)
     assert on[0].text == off.text == target_alone(REPEATING, MAX_TOKENS).text
     drafts, tokens, accepted = (delta(middle, after, name) for name in LOOKUP_COUNTERS)
@@ -437,7 +439,7 @@ BAD_REQUESTS = {
     "invalid UTF-8 stop word": (good(stop_words=text_array(b"\xff")), "stop_words is not valid UTF-8"),
     "prompt over max_input_len": (good(text_input=text_array("x = 1\n" * 200)), "more than max_input_len (256)"),
     "unknown input": (good(top_n=scalars(3, np.int32)), "unexpected inference input 'top_n'"),
-    "negative temperature": (good(temperature=scalars(-1.0, np.float32)), "temperature must be >= 0"),
+    "negative temperature": (good(temperature=scalars(-1.0, np.float32)), "temperature must be a finite number >= 0"),
     "beam search": (good(beam_width=scalars(2, np.int32)), "beam_width must be 1"),
 }
 

@@ -62,7 +62,7 @@ class TritonPythonModel:
     def _response(text, count, k):
         drafted, accepted = k * count, (k * count) // 2
         outputs = {
-            "text_output": np.array([[text.encode("utf-8")]], dtype=object),
+            "text_output": np.array([text.encode("utf-8")], dtype=object),  # 1-D, as NVIDIA's postprocessing
             "acceptance_rate": np.array([[accepted / drafted if drafted else 0.0]], dtype=np.float32),
             "total_accepted_draft_tokens": np.array([[accepted]], dtype=np.int32),
             "total_draft_tokens": np.array([[drafted]], dtype=np.int32),
