@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -79,3 +82,42 @@ def tiny_client(tiny_server):
     from specbuild.serve.client import SpecbuildClient
 
     return SpecbuildClient(tiny_server.grpc_url, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_release):
+    """The tiny release's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_release.engines / "target"))
+
+
+@dataclass(frozen=True)
+class Reference:
+    tokens: tuple[int, ...]
+    text: str
+
+
+@pytest.fixture(scope="session")
+def target_alone(tiny_release, tokenizer) -> Callable[..., Reference]:
+    """The tiny release's target alone, in process: ``target_alone(prompt, max_tokens, bad_words=(), seed=None,
+    **request)`` (``request``: more :class:`specbuild.speculation.loop.GenerationRequest` fields, e.g.
+    ``min_tokens``, ``end_id``, ``sampling``). Greedy; with a seed, sampled at temperature 1 one token per round,
+    as the server runs a streamed K=0 request."""
+    from specbuild.speculation.inprocess import InProcessSpeculator
+    from specbuild.speculation.loop import GenerationRequest
+    from specbuild.speculation.rules import GREEDY, SamplingParams
+
+    speculator = InProcessSpeculator.from_checkpoints(tiny_release.engines / "target", None)
+
+    @cache
+    def generate(prompt: str, max_tokens: int, bad_words: tuple[str, ...] = (), seed: int | None = None,
+                 **request: Any) -> Reference:
+        words = [tokenizer.encode(word, add_special_tokens=False) for word in bad_words]
+        fields = {"sampling": GREEDY if seed is None else SamplingParams(temperature=1.0),
+                  "end_id": tokenizer.eos_token_id, "target_only_chunk": None if seed is None else 1, **request}
+        out = speculator.generate(GenerationRequest(tokenizer.encode(prompt), max_tokens, seed=seed,
+                                                    num_draft_tokens=0, bad_words=words, **fields))
+        return Reference(tuple(out.tokens), tokenizer.decode(out.tokens, skip_special_tokens=True))
+
+    return generate

@@ -82,8 +82,9 @@ def grpc_inputs(arrays: dict[str, np.ndarray]) -> list[Any]:
 
 
 def raw_stream(server: TritonServer, model: str, arrays: dict[str, np.ndarray], *, chunks: int | None = None,
-               timeout: float = 120) -> tuple[list[Any], str | None]:
-    """Send ``arrays`` as they are (no client-side checks) over a gRPC stream.
+               timeout: float = 120, outputs: tuple[str, ...] = ()) -> tuple[list[Any], str | None]:
+    """Send ``arrays`` as they are (no client-side checks) over a gRPC stream, asking for ``outputs`` (default:
+    all).
 
     Returns the responses and the error message, if any. With ``chunks``, stops (cancelling the request)
     after that many responses.
@@ -97,7 +98,8 @@ def raw_stream(server: TritonServer, model: str, arrays: dict[str, np.ndarray], 
     error = None
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True,
+                                  outputs=[grpcclient.InferRequestedOutput(name) for name in outputs] or None)
         while chunks is None or len(results) < chunks:
             result, failure = responses.get(timeout=timeout)
             if failure is not None:

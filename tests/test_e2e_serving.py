@@ -14,8 +14,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
-from functools import cache
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pytest
@@ -24,49 +23,14 @@ import torch
 from served_tiny import grpc_inputs
 from specbuild.serve.client import GenerationRequest, SpecbuildClient, parse_sse
 from specbuild.package.contract import ENSEMBLE_MODEL, ORCHESTRATOR_MODEL
-from specbuild.speculation.loop import GenerationRequest as TokenRequest
 from specbuild.serve.server import TritonServer
-from specbuild.speculation.rules import GREEDY, SamplingParams, probabilities
+from specbuild.speculation.rules import SamplingParams, probabilities
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PROMPTS = ("def main():\n    ", "import os\nimport sys\n\n", "class Config:\n    def __init__(self")
 MAX_TOKENS = 24
 ALPHA = 0.001  # significance level of the distribution test (its seeds are fixed, so its outcome is too)
-
-
-# --- references -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Reference:
-    tokens: tuple[int, ...]
-    text: str
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_release):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_release.engines / "target"))
-
-
-@pytest.fixture(scope="module")
-def target_alone(tiny_release, tokenizer) -> Callable[..., Reference]:
-    """The target alone, in process: ``target_alone(prompt, max_tokens, bad_words=(), seed=None)``. Greedy;
-    with a seed, sampled at temperature 1 one token per round, as the server runs a streamed K=0 request."""
-    from specbuild.speculation.inprocess import InProcessSpeculator
-
-    speculator = InProcessSpeculator.from_checkpoints(tiny_release.engines / "target", None)
-
-    @cache
-    def generate(prompt: str, max_tokens: int, bad_words: tuple[str, ...] = (), seed: int | None = None) -> Reference:
-        words = [tokenizer.encode(word, add_special_tokens=False) for word in bad_words]
-        sampling = GREEDY if seed is None else SamplingParams(temperature=1.0)
-        out = speculator.generate(TokenRequest(tokenizer.encode(prompt), max_tokens, sampling=sampling, seed=seed,
-                                               num_draft_tokens=0, end_id=tokenizer.eos_token_id, bad_words=words,
-                                               target_only_chunk=None if seed is None else 1))
-        return Reference(tuple(out.tokens), tokenizer.decode(out.tokens, skip_special_tokens=True))
-
-    return generate
 
 
 # --- raw clients (no specbuild code between the test and the server) ----------------------------------------
