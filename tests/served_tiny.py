@@ -19,6 +19,7 @@ from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401  (the fixt
 
 from specbuild import compiler
 from specbuild.compiler import CompileResult
+from specbuild.serve.client import grpc_inputs
 from specbuild.serve.server import TritonServer
 from specbuild.spec import load_spec
 
@@ -66,19 +67,6 @@ def counters(server: TritonServer) -> dict[str, float]:
         text = response.read().decode()
     return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
             if line.startswith("specbuild_") and "position=" not in line}
-
-
-def grpc_inputs(arrays: dict[str, np.ndarray]) -> list[Any]:
-    """``{name: array}`` as tritonclient gRPC inputs, sent as they are (no client-side checks)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
 
 
 def raw_stream(server: TritonServer, model: str, arrays: dict[str, np.ndarray], *, chunks: int | None = None,

@@ -78,13 +78,18 @@ def test_docker_run_mounts_read_only_and_publishes_on_loopback(tmp_path):
 
 def test_host_and_ports_follow_the_spec(tmp_path):
     spec = make_spec(triton={"host": "0.0.0.0", "http_port": 9000, "grpc_port": 9001, "metrics_port": 9002,
-                             "engine_mount": "/models/engines", "repository_mount": "/models/repo"})
+                             "openai_port": 9003, "engine_mount": "/models/engines", "repository_mount": "/models/repo"})
     plan = launch_plan(spec, tmp_path / "repo", tmp_path / "engines")
     argv = list(plan.docker_argv)
     assert [argv[i + 1] for i, arg in enumerate(argv) if arg == "-p"] == [
         "0.0.0.0:9000:9000", "0.0.0.0:9001:9001", "0.0.0.0:9002:9002"]
     assert "--model-repository=/models/repo" in plan.server_argv
     assert any(m.endswith("target=/models/engines,readonly") for m in argv)
+    # the OpenAI-compatible API runs on the host beside the container (specbuild serve), not in it
+    assert plan.openai_port == 9003 and "http://0.0.0.0:9003/v1" in plan.render()
+    clash = make_spec(triton={"http_port": 9000, "openai_port": 9000})
+    with pytest.raises(SpecError, match="the ports must differ"):
+        launch_plan(clash, tmp_path / "repo", tmp_path / "engines")
 
 
 def test_ipv6_host_is_bracketed(tmp_path):

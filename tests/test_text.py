@@ -57,3 +57,21 @@ def test_a_trailing_incomplete_character_is_released_at_the_end(tokenizer) -> No
     assert len(tokens) > 1
     assert incremental_text(tokenizer, tokens[:-1], 0, final=False) == ""
     assert incremental_text(tokenizer, tokens[:-1], 0, final=True).endswith(REPLACEMENT_CHARACTER)
+
+
+# --- OpenAI stop strings ---------------------------------------------------------------------------------------
+def test_stop_strings_end_the_text_before_the_first_one_across_pieces():
+    from specbuild.serve.text import StopStrings
+
+    stops = StopStrings(["END", "\n\n"])
+    sent = [stops.feed(piece) for piece in ("Hello E", "N", "D and more")]
+    assert sent == ["Hello ", "", ""] and stops.stopped  # "E", "EN" held back until "END" completed
+    assert stops.feed("more") == "" and stops.flush() == ""
+
+    held = StopStrings(["END"])
+    assert [held.feed("a E"), held.feed("x"), held.flush()] == ["a ", "Ex", ""]  # "E" began no stop after all
+    trailing = StopStrings(["END"])
+    assert [trailing.feed("ab EN"), trailing.flush()] == ["ab ", "EN"] and not trailing.stopped
+    earliest = StopStrings(["b", "a"])
+    assert earliest.feed("xab") == "x"  # the earliest occurrence of any of them
+    assert StopStrings([]).feed("anything") == "anything"

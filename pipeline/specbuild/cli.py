@@ -9,6 +9,7 @@ that stream (``generate --stream``, ``serve``), one JSON object per line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -232,6 +233,9 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="[default: 8000; 0 = a free port]")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="[default: 8001; 0 = a free port]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="[default: 8002; 0 = a free port]")
+@click.option("--openai-port", type=click.IntRange(0, 65535), default=None,
+              help="the OpenAI-compatible API  [default: the release's triton.openai_port, 9000; 0 = a free port]")
+@click.option("--no-openai", is_flag=True, help="serve Triton only, without the OpenAI-compatible API")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="seconds to wait for the models to load (bundled server)")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
@@ -246,23 +250,26 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
               "(URLs, PIDs), one when it stops (or the error); with --dry-run, one document")
 @reports_errors
 def serve(repository: str, host: str | None, http_port: int | None, grpc_port: int | None,
-          metrics_port: int | None, timeout: float, log_file: str | None, assignments: tuple[str, ...],
-          dry_run: bool, no_verify: bool, rehearse: bool, json_mode: bool) -> None:
-    """Serve the release in REPOSITORY (default: triton_repo) with Triton until Ctrl-C or SIGTERM.
+          metrics_port: int | None, openai_port: int | None, no_openai: bool, timeout: float, log_file: str | None,
+          assignments: tuple[str, ...], dry_run: bool, no_verify: bool, rehearse: bool, json_mode: bool) -> None:
+    """Serve the release in REPOSITORY (default: triton_repo) with Triton, and specbuild's OpenAI-compatible API
+    next to it, until Ctrl-C or SIGTERM.
 
     A torch release runs on the Triton server bundled with specbuild (loopback by default); a tensorrt-llm or
     tensorrt-llm-llmapi release in its NGC container, laid out as it was compiled (`--dry-run` prints the
-    docker/mpirun commands), or, rehearsed, a tensorrt-llm-llmapi release on the bundled server.
+    docker/mpirun commands), or, rehearsed, a tensorrt-llm-llmapi release on the bundled server. The API runs
+    on this host, beside a container.
     """
     import atexit
     import shutil
     import tempfile
 
     from specbuild.build.runtimes import runtime_for
-    from specbuild.package.manifest import read_release
+    from specbuild.serve.frontend import OpenAIFrontend
 
-    ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-    release = read_release(repository) if _has_manifest(repository) else None
+    ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port, "openai_port": openai_port}
+    release, model = _release_and_name(repository)
+    with_openai = not no_openai and not rehearse
     if rehearse:
         from specbuild.serve.rehearsal import rehearsal_repository
 
@@ -271,7 +278,7 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
         repository = str(rehearsal_repository(repository, workdir))
     elif release is not None and runtime_for(release.spec.runtime).container_launch:
         from specbuild.serve.launch import release_launch_plan
-        from specbuild.serve.server import run_foreground
+        from specbuild.serve.server import reachable_host, run_foreground
 
         plan = release_launch_plan(repository, launch_overrides(assignments, host=host, **ports),
                                    verify_files=not no_verify)
@@ -283,7 +290,13 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
             return
         if json_mode:
             print_json({"event": "starting", "command": list(plan.docker_argv)}, line=True)
-        code = run_foreground(plan.docker_argv)
+        with contextlib.ExitStack() as beside:
+            if with_openai and plan.openai_port is not None:
+                frontend = beside.enter_context(OpenAIFrontend(
+                    release.repository, f"{reachable_host(plan.host)}:{plan.ports['grpc']}", model, host=plan.host,
+                    port=plan.openai_port))
+                console.print(f"OpenAI-compatible API at {frontend.url} (ready once Triton is)", highlight=False)
+            code = run_foreground(plan.docker_argv)
         if json_mode:
             print_json({"event": "stopped", "exit_code": code}, line=True)
         sys.exit(code)
@@ -291,10 +304,11 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
     from specbuild.serve.server import TritonServer
 
     defaults = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
+    spec_openai_port = release.spec.triton.openai_port if release is not None else 9000
     host = host or (release.spec.triton.host if release is not None else "127.0.0.1")
     server = TritonServer(repository, host=host, startup_timeout=timeout, log_file=log_file,
                           verify=not no_verify,
-                          **{key: defaults[key] if port is None else port for key, port in ports.items()})
+                          **{key: defaults[key] if ports[key] is None else ports[key] for key in defaults})
     if dry_run:
         if json_mode:
             print_json({"script": server.describe()})
@@ -302,14 +316,46 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
             click.echo(server.describe())
         return
     console.print(f"starting tritonserver on {repository} (up to {timeout:g} s to load the models)")
+    endpoints: dict[str, str] = {}
 
     def ready() -> None:
         if json_mode:
-            print_json({"event": "ready", **server.status()}, line=True)
+            print_json({"event": "ready", **server.status(), **{"openai_url": url for url in endpoints.values()}},
+                       line=True)
 
-    server.serve_forever(announce=lambda line: console.print(line, highlight=False, soft_wrap=True), on_ready=ready)
+    with contextlib.ExitStack() as beside:
+        if with_openai:
+            server.start()  # a signal while loading stops it and unwinds
+            frontend = beside.enter_context(OpenAIFrontend(
+                repository, server.grpc_url, model, host=host,
+                port=spec_openai_port if openai_port is None else openai_port))
+            endpoints["OpenAI"] = frontend.url
+        server.serve_forever(announce=lambda line: console.print(line, highlight=False, soft_wrap=True),
+                             on_ready=ready, endpoints=endpoints)
     if json_mode:
         print_json({"event": "stopped", "exit_code": 0}, line=True)
+
+
+@main.command("openai")
+@click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
+@click.option("--triton", "triton_url", default="127.0.0.1:8001", show_default=True,
+              help="gRPC address of the Triton server that serves the release")
+@click.option("--host", default="127.0.0.1", show_default=True, help="bind address")
+@click.option("--port", type=click.IntRange(0, 65535), default=9000, show_default=True, help="0 = a free port")
+@reports_errors
+def openai_command(repository: str, triton_url: str, host: str, port: int) -> None:
+    """Serve the OpenAI-compatible API of the release in REPOSITORY for a Triton server running elsewhere (a
+    container, a Kubernetes pod's Triton) until Ctrl-C."""
+    from specbuild.errors import ServerError
+    from specbuild.serve.frontend import OpenAIFrontend
+    from specbuild.serve.server import stop_signals, wait_until
+
+    _, model = _release_and_name(repository)
+    with OpenAIFrontend(repository, triton_url, model, host=host, port=port) as frontend, stop_signals() as stop:
+        console.print(f"OpenAI-compatible API for {model} at {frontend.url} (Triton at {triton_url}); "
+                      "press Ctrl-C to stop", highlight=False)
+        if not wait_until(stop, frontend.is_running):
+            raise ServerError("the OpenAI-compatible API stopped unexpectedly", "read the errors above")
 
 
 @main.command()
@@ -371,6 +417,15 @@ def _has_manifest(repository: str) -> bool:
     from specbuild.package.manifest import MANIFEST_NAME
 
     return (Path(repository) / MANIFEST_NAME).is_file()
+
+
+def _release_and_name(repository: str) -> tuple[Any, str]:
+    """The compiled release in ``repository`` (None for a repository without a manifest) and the model name the
+    OpenAI-compatible API serves it as: the release's name, else the folder's."""
+    from specbuild.package.manifest import read_release
+
+    release = read_release(repository) if _has_manifest(repository) else None
+    return release, release.spec.name if release is not None else Path(repository).resolve().name
 
 
 def launch_overrides(assignments: tuple[str, ...], **settings: Any) -> dict[str, Any]:

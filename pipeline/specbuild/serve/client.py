@@ -17,11 +17,11 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_MODEL, NUMPY_DTYPES, by_name
+from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_MODEL, NUMPY_DTYPES, Tensor, by_name
 from specbuild.errors import RequestError, ServerError
 
 _INPUTS = by_name(ENSEMBLE_INPUTS)
@@ -70,24 +70,42 @@ class GenerationRequest:
         """The request as batch-of-one arrays: shape ``[1, 1]`` for scalars, ``[1, n]`` for lists."""
         if not isinstance(self.prompt, str):
             raise RequestError(f"the prompt must be text, not {type(self.prompt).__name__}")
-        arrays = {}
-        for name, value in self.values().items():
-            dtype = NUMPY_DTYPES[_INPUTS[name].dtype]
-            items = list(value) if isinstance(value, (list, tuple)) else [value]
-            if dtype == "object":
-                if not all(isinstance(item, str) for item in items):
-                    raise RequestError(f"{name} must be text (a string or a list of strings), got {value!r}")
-                items = [item.encode("utf-8") for item in items]
-            elif np.issubdtype(dtype, np.integer):
-                limits = np.iinfo(dtype)
-                if not all(limits.min <= item <= limits.max for item in items):  # numpy 1 would wrap around
-                    raise RequestError(f"{name}={value!r} is out of range for {dtype} "
-                                       f"({limits.min}..{limits.max})")
-            try:
-                arrays[name] = np.array([items], dtype=dtype)
-            except (OverflowError, ValueError, TypeError) as exc:
-                raise RequestError(f"{name}={value!r} is not a valid {dtype} value: {exc}") from exc
-        return arrays
+        return batch_of_one(self.values(), _INPUTS)
+
+
+def batch_of_one(values: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
+    """``{input: value}`` as arrays of a batch of one, in the dtypes of ``tensors`` (a model's contract): shape
+    ``[1, 1]`` for scalars, ``[1, n]`` for lists; a value that does not fit its dtype is a :class:`RequestError`."""
+    arrays = {}
+    for name, value in values.items():
+        dtype = NUMPY_DTYPES[tensors[name].dtype]
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if dtype == "object":
+            if not all(isinstance(item, str) for item in items):
+                raise RequestError(f"{name} must be text (a string or a list of strings), got {value!r}")
+            items = [item.encode("utf-8") for item in items]
+        elif np.issubdtype(dtype, np.integer):
+            limits = np.iinfo(dtype)
+            if not all(limits.min <= item <= limits.max for item in items):  # numpy 1 would wrap around
+                raise RequestError(f"{name}={value!r} is out of range for {dtype} ({limits.min}..{limits.max})")
+        try:
+            arrays[name] = np.array([items], dtype=dtype)
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise RequestError(f"{name}={value!r} is not a valid {dtype} value: {exc}") from exc
+    return arrays
+
+
+def grpc_inputs(arrays: Mapping[str, np.ndarray]) -> list[Any]:
+    """``{name: array}`` as ``tritonclient.grpc`` inputs (the asyncio client takes the same)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
 
 
 _COUNTERS = ("output_token_count", "acceptance_rate", "total_draft_tokens", "total_accepted_draft_tokens")
@@ -201,13 +219,9 @@ class SpecbuildClient:
     def chunks(self, request: GenerationRequest) -> Iterator[Chunk]:
         """The responses to ``request`` as they arrive; closing the iterator cancels the request."""
         import tritonclient.grpc as grpcclient
-        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+        from tritonclient.utils import InferenceServerException
 
-        inputs = []
-        for name, array in request.arrays().items():
-            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        inputs = grpc_inputs(request.arrays())
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         finished = False

@@ -86,7 +86,10 @@ class LaunchPlan:
     env: dict[str, str]
     image: str
     host: str  # host address the ports are published on
-    ports: dict[str, int]
+    ports: dict[str, int]  # Triton's, published from the container
+    # specbuild's OpenAI-compatible API, run on the host next to the container (`specbuild serve`); None: the release
+    # has no orchestrator for it to call (tensorrt-llm-llmapi)
+    openai_port: int | None
     shm_gib: int
     mounts: tuple[Mount, ...]
     docker_argv: tuple[str, ...]
@@ -119,6 +122,9 @@ class LaunchPlan:
             lines.append(f"#   {role}: GPUs {_csv(devices.gpu_device_ids)}{ranks}")
         lines.append(f"# serves http://{url_host}:{self.ports['http']} (gRPC {url_host}:{self.ports['grpc']}, "
                      f"metrics http://{url_host}:{self.ports['metrics']}/metrics)")
+        if self.openai_port is not None:
+            lines.append(f"# `specbuild serve` adds the OpenAI-compatible API at "
+                         f"http://{url_host}:{self.openai_port}/v1 (on this host; `specbuild openai` runs it alone)")
         lines.append(self.docker_command)
         return "\n".join(lines) + "\n"
 
@@ -204,7 +210,7 @@ def model_devices(spec: BuildSpec) -> dict[str, ModelDevices]:
 
 # Settings a launch may choose; everything else is the release's and is compiled into it.
 LAUNCH_SETTINGS = frozenset({"triton.host", "triton.http_port", "triton.grpc_port", "triton.metrics_port",
-                             "triton.image", "triton.repository_mount"})
+                             "triton.openai_port", "triton.image", "triton.repository_mount"})
 
 
 def release_launch_spec(release: BuildSpec, overrides: dict[str, Any]) -> BuildSpec:
@@ -325,6 +331,19 @@ def published_ports(spec: BuildSpec) -> dict[str, int]:
     return ports
 
 
+def api_port(spec: BuildSpec) -> int:
+    """The OpenAI-compatible API's fixed port (``triton.openai_port``), refused when 0 or one of Triton's."""
+    port = spec.triton.openai_port
+    if port == 0:
+        raise SpecError("triton.openai_port is 0 (pick a free port), which a deployment cannot publish",
+                        "set triton.openai_port to a fixed port, e.g. --set triton.openai_port=9000")
+    clash = [kind for kind, taken in published_ports(spec).items() if taken == port]
+    if clash:
+        raise SpecError(f"the ports must differ: triton.openai_port is triton.{clash[0]}_port ({port})",
+                        "give the OpenAI-compatible API a port of its own")
+    return port
+
+
 def _server_args(spec: BuildSpec, ports: dict[str, int], *, rank: int, mpi: bool, gpu_count: int,
                  spawns: bool | None) -> list[str]:
     args = [TRITONSERVER, f"--model-repository={spec.triton.repository_mount}"]
@@ -384,6 +403,7 @@ def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, *,
     if shm_gib < 1:
         raise UsageError(f"shm_gib must be at least 1, got {shm_gib}", "give /dev/shm 1 GiB or more")
     ports = published_ports(spec)
+    openai_port = api_port(spec)
 
     if resolved == "single":
         world_size = 1
@@ -408,7 +428,8 @@ def launch_plan(spec: BuildSpec, repository: str | Path, engines: str | Path, *,
               Mount(_host_path(repository, "repository"), spec.triton.repository_mount))
     return LaunchPlan(mode=resolved, world_size=world_size, gpu_count=gpu_count, fast_logits=fast_logits,
                       spawn_processes=spawns, devices=devices, server_argv=tuple(server_argv), env=env,
-                      image=spec.triton.image, host=spec.triton.host, ports=ports, shm_gib=shm_gib, mounts=mounts,
+                      image=spec.triton.image, host=spec.triton.host, ports=ports, openai_port=openai_port,
+                      shm_gib=shm_gib, mounts=mounts,
                       docker_argv=_docker_argv(spec, gpu_count, shm_gib, ports, mounts, env, server_argv),
                       runtime=spec.runtime)
 
@@ -460,7 +481,8 @@ def llmapi_launch_plan(spec: BuildSpec, repository: str | Path, checkpoints: Map
     devices = {role: ModelDevices(tuple(range(gpu_count)), None, False) for role in ENGINE_MODELS}
     return LaunchPlan(mode=resolved, world_size=ranks, gpu_count=gpu_count, fast_logits=False,
                       spawn_processes=resolved == "single", devices=devices, server_argv=tuple(server_argv), env={},
-                      image=spec.triton.image, host=spec.triton.host, ports=ports, shm_gib=shm_gib, mounts=mounts,
+                      image=spec.triton.image, host=spec.triton.host, ports=ports, openai_port=None,
+                      shm_gib=shm_gib, mounts=mounts,
                       docker_argv=_docker_argv(spec, gpu_count, shm_gib, ports, mounts, {}, server_argv),
                       runtime=spec.runtime)
 

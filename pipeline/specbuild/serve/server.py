@@ -19,6 +19,7 @@ needs. Starting it by hand has sharp edges (see the project's triton-on-cpu note
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import shlex
@@ -37,7 +38,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 from specbuild.errors import ServerError, Terminated, UsageError, VerificationError
 
@@ -154,6 +155,12 @@ def _restore_signals() -> None:
         del _replaced[sig]
 
 
+def reachable_host(host: str) -> str:
+    """How this machine reaches a server bound to ``host``: loopback for every interface, IPv6 in brackets."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
 # Our own server is local: never send its health checks through an http_proxy from the environment.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -217,10 +224,7 @@ class TritonServer:
 
     # --- endpoints ---------------------------------------------------------------------------------------
     def _address(self, kind: str) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        # A server bound to every interface is reached on loopback from here.
-        host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
-        return f"{host}:{self.ports[kind]}"
+        return f"{reachable_host(self.host)}:{self.ports[kind]}"
 
     @property
     def http_url(self) -> str:
@@ -466,37 +470,55 @@ class TritonServer:
                 "metrics_url": self.metrics_url, "pid": self.pid, "processes": self.processes(),
                 "shm_prefix": self.shm_prefix, "log": str(self.log_path)}
 
-    def serve_forever(self, announce: Callable[[str], None] = print,
-                      on_ready: Callable[[], Any] | None = None) -> int:
-        """Start (if needed), announce the endpoints (then call ``on_ready``) and serve until SIGINT/SIGTERM or the
-        server dies.
+    def serve_forever(self, announce: Callable[[str], None] = print, on_ready: Callable[[], Any] | None = None,
+                      endpoints: Mapping[str, str] | None = None) -> int:
+        """Start (if needed), announce the endpoints (and ``endpoints``, served beside it; then call ``on_ready``)
+        and serve until SIGINT/SIGTERM or the server dies.
 
         Returns 0 after a requested shutdown; raises :class:`ServerError` if the server exits by itself.
         Must run in the main thread (it installs signal handlers).
         """
         if self._process is None:
             self.start()  # a signal while loading stops the server (see _on_stop_signal) and unwinds
-        stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
         try:
-            announce(f"serving {self.repository} (tritonserver pid {self.pid})")
-            announce(f"  gRPC     {self.grpc_url}")
-            announce(f"  HTTP     {self.http_url}")
-            announce(f"  metrics  {self.metrics_url}")
-            announce(f"  log      {self.log_path}")
-            announce("press Ctrl-C to stop")
-            if on_ready is not None:
-                on_ready()
-            while not stop.wait(0.5):
-                if not self.is_running():
+            with stop_signals() as stop:
+                announce(f"serving {self.repository} (tritonserver pid {self.pid})")
+                announce(f"  gRPC     {self.grpc_url}")
+                announce(f"  HTTP     {self.http_url}")
+                announce(f"  metrics  {self.metrics_url}")
+                for name, url in (endpoints or {}).items():
+                    announce(f"  {name:<8} {url}")
+                announce(f"  log      {self.log_path}")
+                announce("press Ctrl-C to stop")
+                if on_ready is not None:
+                    on_ready()
+                if not wait_until(stop, self.is_running):
                     raise ServerError(self._failure("tritonserver exited unexpectedly"),
                                       "read the errors above, fix the cause and serve again")
             announce("stopping tritonserver")
             return 0
         finally:
             self.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[threading.Event]:
+    """An event that SIGINT or SIGTERM sets while in the block (main thread only; the handlers are restored)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def wait_until(stop: threading.Event, alive: Callable[[], bool], poll_seconds: float = 0.5) -> bool:
+    """Block until ``stop`` is set (True) or ``alive()`` turns false (False)."""
+    while not stop.wait(poll_seconds):
+        if not alive():
+            return False
+    return True
 
 
 def verify_release(repository: str | Path) -> None:

@@ -87,3 +87,34 @@ def text_after(full: str, sent: str, final: bool) -> str:
     while common < min(len(full), len(sent)) and full[common] == sent[common]:
         common += 1
     return full[common:]
+
+
+class StopStrings:
+    """OpenAI's ``stop``: the text ends before the first occurrence of any stop string, which is not returned.
+
+    :meth:`feed` takes each new piece of text and returns what may be sent now: text that could still turn out
+    to begin a stop string is held back until the next piece decides it (or :meth:`flush` at the end).
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [stop for stop in stops if stop]
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        text = self._held + piece
+        ends = [index for index in (text.find(stop) for stop in self.stops) if index >= 0]
+        if ends:
+            self.stopped, self._held = True, ""
+            return text[: min(ends)]
+        keep = max((length for stop in self.stops for length in range(1, len(stop))
+                    if text.endswith(stop[:length])), default=0)
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        """The held-back text once no more comes (it began no stop string after all)."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held

@@ -1,0 +1,140 @@
+"""The ``orchestrator`` model called directly over Triton's gRPC stream (asyncio), with the ensemble's own
+pre- and postprocessing: the release's tokenizer through :class:`~specbuild.serve.preprocess.Preprocessor`,
+requests checked by :func:`~specbuild.serve.orchestration.parse_rows` with the orchestrator's own parameters
+before they are sent, and text by :func:`~specbuild.serve.text.incremental_text`.
+
+Calling the orchestrator rather than the ensemble is what makes cancellation work: closing the stream cancels the
+request, and a model called directly sees that (``request.is_cancelled()``) after its current round, while an
+ensemble only checks between its steps (see ``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbuild.errors import RequestError, ServerError
+from specbuild.package.contract import (
+    ORCHESTRATOR_INPUTS,
+    ORCHESTRATOR_MODEL,
+    PREPROCESSING_MODEL,
+    OrchestratorParameters,
+    PreprocessingParameters,
+    by_name,
+)
+from specbuild.serve.client import batch_of_one, grpc_inputs
+from specbuild.serve.orchestration import parse_rows
+from specbuild.serve.preprocess import Preprocessor
+from specbuild.serve.text import encode_word_list, incremental_text
+
+_INPUTS = by_name(ORCHESTRATOR_INPUTS)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One response: its new text, the tokens generated so far, and whether it is the last."""
+
+    text: str
+    output_tokens: int
+    final: bool
+
+
+class OrchestratorClient:
+    """Generation by a release's orchestrator model on a Triton server (gRPC ``url``, ``host:port``)."""
+
+    def __init__(self, url: str, preprocessor: Preprocessor, settings: OrchestratorParameters) -> None:
+        self.url = url.removeprefix("grpc://")
+        self.preprocessor = preprocessor
+        self.settings = settings
+        self._client: Any = None
+
+    @classmethod
+    def for_release(cls, url: str, repository: str | Path) -> OrchestratorClient:
+        """For the release in ``repository`` (its tokenizer and its models' parameters, as Triton serves them)."""
+        from transformers import AutoTokenizer
+
+        from specbuild.package.repository import read_config
+
+        repository = Path(repository)
+
+        def parameters(model: str) -> dict[str, str]:
+            return {key: value.string_value for key, value in read_config(repository / model).parameters.items()}
+
+        tokenizer = AutoTokenizer.from_pretrained(str(repository / PREPROCESSING_MODEL / "1" / "tokenizer"),
+                                                  trust_remote_code=False)
+        return cls(url, Preprocessor(tokenizer, PreprocessingParameters.from_parameters(parameters(
+            PREPROCESSING_MODEL))), OrchestratorParameters.from_parameters(parameters(ORCHESTRATOR_MODEL)))
+
+    @property
+    def client(self) -> Any:
+        """The asyncio gRPC client, made in the event loop that uses it."""
+        if self._client is None:
+            import tritonclient.grpc.aio as grpcclient
+
+            self._client = grpcclient.InferenceServerClient(self.url)
+        return self._client
+
+    async def ready(self) -> bool:
+        """Whether Triton serves the orchestrator now."""
+        try:
+            return bool(await self.client.is_model_ready(ORCHESTRATOR_MODEL))
+        except Exception:  # noqa: BLE001 - unreachable or any transport failure: not ready
+            return False
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def arrays(self, prompt_ids: Sequence[int], max_tokens: int, *, stream: bool, stop_words: Sequence[str] = (),
+               **settings: Any) -> dict[str, Any]:
+        """The orchestrator's inputs for one prompt, checked as the orchestrator checks them (a
+        :class:`RequestError` naming the input at fault); ``settings`` are request settings by input name,
+        None left out."""
+        values = {"input_ids": list(prompt_ids), "input_length": len(prompt_ids), "max_tokens": max_tokens,
+                  "end_id": self.preprocessor.parameters.end_id, "stream": stream, "exclude_input_in_output": True,
+                  **{name: value for name, value in settings.items() if value is not None}}
+        unknown = sorted(set(values) - set(_INPUTS))
+        if unknown:
+            raise RequestError(f"unknown request settings: {', '.join(unknown)}")
+        arrays = batch_of_one(values, _INPUTS)
+        arrays["stop_words_ids"] = encode_word_list(self.preprocessor.word_ids(stop_words))[None]
+        parse_rows(arrays, self.settings)
+        return arrays
+
+    async def generate(self, arrays: dict[str, Any]) -> AsyncIterator[Piece]:
+        """Send a request (:meth:`arrays`) and yield its text as responses arrive. Closing the iterator early
+        cancels the request, which stops its generation after the current round."""
+        import grpc
+        from tritonclient.utils import InferenceServerException
+
+        request = {"model_name": ORCHESTRATOR_MODEL, "inputs": grpc_inputs(arrays), "request_id": uuid.uuid4().hex,
+                   "outputs": None}
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            yield request
+
+        tokenizer = self.preprocessor.tokenizer
+        responses = self.client.stream_infer(one_request())
+        final = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise ServerError(f"the orchestrator failed: {error.message()}",
+                                      "read the Triton server's log; the request may be retried")
+                ids, length, skip, final = (result.as_numpy(name) for name in ("output_ids", "output_length",
+                                                                               "skip_tokens", "is_final"))
+                final = bool(final.reshape(-1)[0])
+                tokens = ids.reshape(-1)[: int(length.reshape(-1)[0])].tolist()
+                yield Piece(incremental_text(tokenizer, tokens, int(skip.reshape(-1)[0]), final),
+                            int(result.as_numpy("output_token_count").reshape(-1)[0]), final)
+        except (InferenceServerException, grpc.RpcError) as exc:
+            detail = exc.message() if isinstance(exc, InferenceServerException) else exc.details()
+            raise ServerError(f"cannot reach Triton over gRPC at {self.url}: {detail}",
+                              "check that `specbuild serve` (or the release's Triton) is running") from None
+        finally:
+            if not final:
+                responses.cancel()
