@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, Callable
@@ -64,6 +64,27 @@ def tiny_llmapi_release(tiny_pair):
     """The tiny pair packaged for the tensorrt-llm-llmapi runtime (nothing to build) into the cache folder
     (``tiny-llmapi-release/``). Its CPU rehearsal serves it here."""
     return compile_tiny(tiny_pair, "tensorrt-llm-llmapi", "tiny-llmapi-release")
+
+
+# A chat template for the tiny pair, whose tokenizer has none (the OpenAI-compatible API's chat needs one).
+TINY_CHAT_TEMPLATE = ("{% for message in messages %}### {{ message['role'] }}:\n{{ message['content'] }}\n"
+                      "{% endfor %}{% if add_generation_prompt %}### assistant:\n{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_release(tiny_pair):
+    """The tiny pair with a chat template in both checkpoints' tokenizer files, compiled as ``tiny-chat`` into the
+    cache folder (``tiny-chat-release/``)."""
+    import shutil
+
+    chat_pair = replace(tiny_pair, root=CACHE_DIR / "tiny-chat-release" / "checkpoints")
+    for source, folder in ((tiny_pair.target_dir, chat_pair.target_dir), (tiny_pair.draft_dir, chat_pair.draft_dir)):
+        if not folder.is_dir():
+            shutil.copytree(source, folder, copy_function=os.link)
+        template = folder / "chat_template.jinja"
+        if not template.is_file() or template.read_text(encoding="utf-8") != TINY_CHAT_TEMPLATE:
+            template.write_text(TINY_CHAT_TEMPLATE, encoding="utf-8")
+    return compile_tiny(chat_pair, "torch", "tiny-chat-release", engines_dir="release/engines")
 
 
 @pytest.fixture(scope="session")
