@@ -264,3 +264,28 @@ def test_generate_applies_the_chat_template_unless_raw_and_keeps_stdin_as_read(s
     lines = "import os\nimport sys\n"
     assert generate("-", "--raw", stdin=lines) == ensemble(served, lines)  # the last newline was kept
     assert ensemble(served, lines) != ensemble(served, lines.rstrip("\n"))
+
+
+def test_specbuild_openai_serves_the_api_for_a_triton_running_elsewhere(tiny_server, tiny_release):
+    """What the compose file's and the Kubernetes pod's front end run: the API alone, beside a Triton server."""
+    from specbuild.serve.server import free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "specbuild.cli", "openai", str(tiny_release.repository),
+                                "--triton", tiny_server.grpc_url, "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        announced = ""
+        while "Ctrl-C" not in announced:  # the announcement may wrap over lines
+            line = process.stderr.readline()
+            assert line, f"specbuild openai ended: {announced}"
+            announced += line
+        assert f"http://127.0.0.1:{port}/v1" in announced
+        plain = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        assert [model.id for model in plain.models.list()] == ["tiny"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -239,11 +239,13 @@ def gpu_release(checkpoints, tmp_path):  # noqa: F811
 
 
 def test_serve_of_a_gpu_release_prints_its_container_and_mpi_commands(gpu_release):
-    result = CliRunner().invoke(main, ["serve", str(gpu_release.repository), "--dry-run", "--http-port", "9000"])
+    result = CliRunner().invoke(main, ["serve", str(gpu_release.repository), "--dry-run", "--http-port", "8100",
+                                       "--openai-port", "8103"])
     assert result.exit_code == 0, result.output
     assert "docker run" in result.output and "--gpus 2" in result.output
     assert "TRTLLM_ORCHESTRATOR=1" in result.output  # tp 2 for two models: orchestrator mode, as compiled
-    assert "-p 127.0.0.1:9000:9000" in result.output and "--http-port=9000" in result.output
+    assert "-p 127.0.0.1:8100:8100" in result.output and "--http-port=8100" in result.output
+    assert "OpenAI-compatible API at http://127.0.0.1:8103/v1" in result.output
     assert f"source={gpu_release.engines.resolve()},target=/engines,readonly" in result.output
     assert f"source={gpu_release.repository.resolve()},target=/triton_repo,readonly" in result.output
 

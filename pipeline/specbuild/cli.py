@@ -258,18 +258,19 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
     A torch release runs on the Triton server bundled with specbuild (loopback by default); a tensorrt-llm or
     tensorrt-llm-llmapi release in its NGC container, laid out as it was compiled (`--dry-run` prints the
     docker/mpirun commands), or, rehearsed, a tensorrt-llm-llmapi release on the bundled server. The API runs
-    on this host, beside a container.
+    for releases with specbuild's orchestrator (torch, tensorrt-llm), on this host beside a container; a
+    repository without a release manifest gets Triton only.
     """
     import atexit
     import shutil
     import tempfile
 
     from specbuild.build.runtimes import runtime_for
-    from specbuild.serve.frontend import OpenAIFrontend
+    from specbuild.serve.frontend import OpenAIFrontend, serves_openai
 
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port, "openai_port": openai_port}
     release, model = _release_and_name(repository)
-    with_openai = not no_openai and not rehearse
+    with_openai = not no_openai and not rehearse and release is not None and serves_openai(release.repository)
     if rehearse:
         from specbuild.serve.rehearsal import rehearsal_repository
 
@@ -389,7 +390,7 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, r
     from specbuild.speculation.rules import explicit_sampling
 
     text = sys.stdin.read() if prompt == "-" else prompt
-    if not text:
+    if not text.strip():
         raise UsageError("the prompt is empty", "pass the prompt as an argument, or pipe it in with -")
     request = GenerationRequest(text, max_tokens, stream=stream, chat=None if raw else True, seed=seed,
                                 num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,

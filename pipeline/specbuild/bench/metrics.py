@@ -117,6 +117,7 @@ class Counters:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     fallbacks: float = 0.0
+    unspeculated: float = 0.0  # stays 0 from servers older than this counter
     lookup_drafts: float = 0.0  # these three stay 0 from servers older than prompt lookup
     lookup_drafted_tokens: float = 0.0
     lookup_accepted_tokens: float = 0.0

@@ -61,11 +61,14 @@ class TritonPythonModel:
     @staticmethod
     def _response(text, count, k):
         drafted, accepted = k * count, (k * count) // 2
+        now = time.time_ns()
+        int32 = {"batch_index": 0, "total_accepted_draft_tokens": accepted, "total_draft_tokens": drafted,
+                 "num_input_tokens": 1, "num_output_tokens": 1, "output_token_count": count}
         outputs = {
             "text_output": np.array([text.encode("utf-8")], dtype=object),  # 1-D, as NVIDIA's postprocessing
             "acceptance_rate": np.array([[accepted / drafted if drafted else 0.0]], dtype=np.float32),
-            "total_accepted_draft_tokens": np.array([[accepted]], dtype=np.int32),
-            "total_draft_tokens": np.array([[drafted]], dtype=np.int32),
-            "output_token_count": np.array([[count]], dtype=np.int32),
+            **{name: np.array([[value]], dtype=np.int32) for name, value in int32.items()},
+            **{name: np.array([[now]], dtype=np.int64) for name in ("arrival_time_ns", "first_scheduled_time_ns",
+                                                                     "first_token_time_ns", "last_token_time_ns")},
         }
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in outputs.items()])
