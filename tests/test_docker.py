@@ -132,8 +132,20 @@ def test_compose_gpu_service_runs_the_single_gpu_plan(compose, default_plan):
 @pytest.mark.parametrize("name", ["triton-gpu", "triton-cpu"])
 def test_compose_ports_loopback_and_metrics(compose, default_plan, name):
     published = compose["services"][name]["ports"]
-    assert published == [f"127.0.0.1:{port}:{port}" for port in default_plan.ports.values()]
+    api = [f"127.0.0.1:{default_plan.openai_port}:{default_plan.openai_port}"] if name == "triton-cpu" else []
+    assert published == [f"127.0.0.1:{port}:{port}" for port in default_plan.ports.values()] + api
     assert f"127.0.0.1:{default_plan.ports['metrics']}:{default_plan.ports['metrics']}" in published
+
+
+def test_compose_gpu_profile_serves_the_openai_api_beside_triton(compose, default_plan):
+    service = compose["services"]["openai-gpu"]
+    port = default_plan.openai_port
+    assert service["profiles"] == ["gpu"] and service["ports"] == [f"127.0.0.1:{port}:{port}"]
+    command = service["command"]
+    assert command[:2] == ["openai", "/release/triton_repo"]
+    assert command[command.index("--triton") + 1] == f"triton-gpu:{default_plan.ports['grpc']}"
+    assert command[command.index("--port") + 1] == str(port)
+    assert f"127.0.0.1:{port}/health/ready" in " ".join(service["healthcheck"]["test"])
 
 
 def test_compose_mounts_read_only_where_the_plan_expects(compose, default_plan):

@@ -96,7 +96,7 @@ def test_deployment_runs_the_launch_plan():
     plan = launch_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir)
     objects = by_kind(manifests(spec, FOOTPRINT, options))
     pod = objects["Deployment"]["spec"]["template"]["spec"]
-    [container] = pod["containers"]
+    container, _openai = pod["containers"]
     assert container["image"] == spec.triton.image
     assert tuple(container["args"]) == plan.server_argv
     assert {item["name"]: item["value"] for item in container["env"]} == plan.env == {
@@ -130,6 +130,19 @@ def test_probes_termination_and_security():
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+def test_the_openai_api_runs_beside_triton_with_its_port_and_probe():
+    spec = make_spec()
+    plan = launch_plan(spec, spec.outputs.repository_dir, spec.outputs.engines_dir)
+    pod = by_kind(manifests(spec, FOOTPRINT, DeployOptions(pvc="release")))["Deployment"]["spec"]["template"]["spec"]
+    triton, api = pod["containers"]
+    assert api["image"] == "specbuild:cpu" and api["args"][:2] == ["openai", spec.triton.repository_mount]
+    assert api["args"][api["args"].index("--triton") + 1] == f"127.0.0.1:{plan.ports['grpc']}"
+    assert api["ports"] == [{"name": "openai", "containerPort": plan.openai_port, "protocol": "TCP"}]
+    assert api["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "openai"}
+    [mount] = api["volumeMounts"]  # the repository only (the tokenizer and the models' parameters), read-only
+    assert mount["mountPath"] == spec.triton.repository_mount and mount["readOnly"]
+
+
 def test_init_container_copies_the_release_image():
     pod = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(release_image="reg/rel:1")))["Deployment"]["spec"]["template"]["spec"]
     [init] = pod["initContainers"]
@@ -144,8 +157,8 @@ def test_service_hpa_budget_and_monitor_agree_with_the_deployment():
     deployment, svc, hpa = objects["Deployment"], objects["Service"], objects["HorizontalPodAutoscaler"]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"] == pod_labels
-    container_ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert {p["targetPort"] for p in svc["spec"]["ports"]} == container_ports == {"http", "grpc", "metrics"}
+    container_ports = {p["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} == container_ports == {"http", "grpc", "metrics", "openai"}
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": deployment["metadata"]["name"]}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
@@ -208,7 +221,8 @@ def test_a_torch_release_runs_specbuild_serve_on_cpus():
     [container] = pod["containers"]
     assert container["image"] == "specbuild:cpu"  # docker/Dockerfile.cpu (entrypoint: specbuild)
     assert container["args"] == ["serve", "/release/triton_repo", "--host", "0.0.0.0", "--http-port=8000",
-                                 "--grpc-port=8001", "--metrics-port=8002", "--timeout=1800"]
+                                 "--grpc-port=8001", "--metrics-port=8002", "--openai-port=9000", "--timeout=1800"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["openai"] == 9000  # serve runs the API too
     # 6 + 2 engine threads and a core for the rest; requests = limits; memory: 2 shm + 4 x 1.25 weights + 2 server
     assert container["resources"] == {"requests": {"cpu": "9", "memory": "9Gi"},
                                       "limits": {"cpu": "9", "memory": "9Gi"}}
@@ -339,12 +353,12 @@ def test_deploy_of_a_torch_release_writes_cpu_manifests(checkpoints, tmp_path): 
 
     release = compile_release(checkpoints, tmp_path / "release")
     result = CliRunner().invoke(main, ["deploy", str(release.repository), "-o", "-", "--pvc", "release",
-                                       "--image", "registry.example/specbuild:cpu", "--set", "triton.http_port=9000"])
+                                       "--image", "registry.example/specbuild:cpu", "--set", "triton.http_port=9100"])
     assert result.exit_code == 0, result.output
     objects = by_kind(list(yaml.safe_load_all(result.stdout)))
     [container] = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example/specbuild:cpu"
-    assert container["args"][:2] == ["serve", "/release/triton_repo"] and "--http-port=9000" in container["args"]
+    assert container["args"][:2] == ["serve", "/release/triton_repo"] and "--http-port=9100" in container["args"]
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
     for obj in objects.values():
         validate(obj)

@@ -466,6 +466,9 @@ def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               help="host memory per replica  [default: /dev/shm + engines + server, from the release]")
 @click.option("--monitor-label", "monitor_labels", multiple=True, callback=_label, metavar="KEY=VALUE",
               help="label of the PodMonitor, for your Prometheus's podMonitorSelector (repeatable)")
+@click.option("--openai-image", default="specbuild:cpu", show_default=True,
+              help="a GPU release: the image of the OpenAI-compatible API's container beside Triton "
+              "(docker/Dockerfile.cpu)")
 @click.option("--kserve", is_flag=True, help="write a KServe ServingRuntime + InferenceService instead")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="launch settings (triton.image, triton.host, ports); the rest is the release's")
@@ -474,7 +477,8 @@ def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 @reports_errors
 def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
            release_image: str | None, image: str | None, cpu: float | None, memory_gib: float | None,
-           monitor_labels: dict[str, str], kserve: bool, assignments: tuple[str, ...], json_mode: bool) -> None:
+           monitor_labels: dict[str, str], openai_image: str, kserve: bool, assignments: tuple[str, ...],
+           json_mode: bool) -> None:
     """Write Kubernetes manifests serving the compiled release in REPOSITORY (default: triton_repo): a GPU release
     as compiled (its launch layout, on the GPU its engines were built on), a torch release on CPUs.
 
@@ -486,7 +490,7 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
 
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
                             release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,
-                            monitor_labels=monitor_labels)
+                            monitor_labels=monitor_labels, openai_image=openai_image)
     objects = release_manifests(read_release(repository), launch_overrides(assignments), options, kserve=kserve)
     if out_dir == "-":
         if json_mode:

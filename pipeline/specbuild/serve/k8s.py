@@ -8,6 +8,10 @@ Each replica's serving container is a :class:`PodPlan`, made from the release by
   GPU the engines were built on (the build record's GPU name, as NVIDIA's GPU feature discovery labels nodes);
 * the embedded ``torch`` runtime: ``specbuild serve`` in the CPU image (``docker/Dockerfile.cpu``), no GPU.
 
+specbuild's OpenAI-compatible API comes with ``specbuild serve`` in the CPU image, and beside a ``tensorrt-llm``
+release's container as a second container (``specbuild openai`` in the CPU image, on the pod's gRPC port); a
+``tensorrt-llm-llmapi`` release has no orchestrator for it to call. Its port is on the Service.
+
 Everything around the container is common to both: Deployment + Service, or KServe ``ServingRuntime`` +
 ``InferenceService`` (RawDeployment mode: several ports, no Knative, autoscaling handed to the HPA here); a
 PodDisruptionBudget; a Prometheus Operator ``PodMonitor``; and a HorizontalPodAutoscaler on
@@ -36,7 +40,14 @@ import yaml
 
 from specbuild.build.runtimes import ROLES, runtime_for
 from specbuild.errors import UsageError
-from specbuild.serve.launch import DEFAULT_SHM_GIB, LaunchPlan, apply_launch_settings, published_ports, release_plan
+from specbuild.serve.launch import (
+    DEFAULT_SHM_GIB,
+    LaunchPlan,
+    api_port,
+    apply_launch_settings,
+    published_ports,
+    release_plan,
+)
 from specbuild.speculation.stats import IN_FLIGHT
 from specbuild.spec import BuildSpec
 
@@ -80,6 +91,8 @@ class DeployOptions:
     monitor_labels: dict[str, str] = field(default_factory=dict)  # labels a Prometheus selects PodMonitors by
     startup_timeout_s: int = 1800  # engine load (a 70B target takes minutes)
     termination_grace_s: int = 120
+    # specbuild's OpenAI-compatible API beside a GPU release's Triton (docker/Dockerfile.cpu builds this image)
+    openai_image: str = "specbuild:cpu"
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,9 @@ class PodPlan:
     memory_gib: int  # request = limit
     volume_mounts: tuple[dict[str, Any], ...]
     node_selector: dict[str, str]
+    # a container of its own for the OpenAI-compatible API, on this port (a GPU release's image has no specbuild;
+    # `specbuild serve` in the CPU image serves the API itself, its port among ``ports``); None: none
+    openai_sidecar_port: int | None = None
 
 
 def k8s_name(name: str) -> str:
@@ -186,14 +202,15 @@ def gpu_pod_plan(spec: BuildSpec, options: DeployOptions, footprint: ReleaseFoot
                    gpus=plan.gpu_count, cpu=cpu,
                    memory_gib=_memory_gib(options, footprint.weight_bytes / 2**30, plan.gpu_count),
                    volume_mounts=_volume_mounts(plan),
-                   node_selector={GPU_PRODUCT_LABEL: gpu_label_value(footprint.gpu)} if footprint.gpu else {})
+                   node_selector={GPU_PRODUCT_LABEL: gpu_label_value(footprint.gpu)} if footprint.gpu else {},
+                   openai_sidecar_port=plan.openai_port)
 
 
 def cpu_pod_plan(spec: BuildSpec, options: DeployOptions, footprint: ReleaseFootprint) -> PodPlan:
     """``specbuild serve`` in the CPU image: the repository with its engines beside it, as compiled. CPU requests
     equal limits (whole cores): with the kubelet's static CPU manager the pod gets cores of its own, the ones torch
     sizes its threads by."""
-    ports = published_ports(spec)
+    ports = {**published_ports(spec), "openai": api_port(spec)}  # serve runs the OpenAI-compatible API too
     threads = spec.torch
     if options.cpu is not None:
         cores = options.cpu
@@ -266,6 +283,29 @@ def _container(pod: PodPlan, options: DeployOptions, name: str) -> dict[str, Any
     }
 
 
+def _openai_container(spec: BuildSpec, pod: PodPlan, options: DeployOptions, port: int) -> dict[str, Any]:
+    """The OpenAI-compatible API (``specbuild openai``) beside Triton: it reads the release's tokenizer from the
+    repository mount and calls the orchestrator on the pod's own gRPC port; ready when Triton's orchestrator is."""
+    [repository] = [mount for mount in pod.volume_mounts if mount["mountPath"] == spec.triton.repository_mount]
+    return {
+        "name": "openai",
+        "image": options.openai_image,
+        "args": ["openai", spec.triton.repository_mount, "--triton", f"127.0.0.1:{pod.ports['grpc']}",
+                 "--host", "0.0.0.0", "--port", str(port)],
+        "ports": [{"name": "openai", "containerPort": port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
+        "readinessProbe": {"httpGet": {"path": "/health/ready", "port": "openai"}, "periodSeconds": 10,
+                           "timeoutSeconds": 5, "failureThreshold": 3},
+        "volumeMounts": [repository],
+        "securityContext": _container_security(),
+    }
+
+
+def _service_ports(pod: PodPlan) -> dict[str, int]:
+    sidecar = {} if pod.openai_sidecar_port is None else {"openai": pod.openai_sidecar_port}
+    return {**pod.ports, **sidecar}
+
+
 def _scheduling(pod: PodPlan) -> dict[str, Any]:
     """Node selector and, for GPU pods, the toleration of the taint GPU nodes usually carry."""
     placement: dict[str, Any] = {"nodeSelector": pod.node_selector} if pod.node_selector else {}
@@ -283,7 +323,8 @@ def deployment(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[st
     pod_spec: dict[str, Any] = {
         "securityContext": _pod_security(),
         "terminationGracePeriodSeconds": options.termination_grace_s,
-        "containers": [_container(pod, options, "triton")],
+        "containers": [_container(pod, options, "triton")] + ([] if pod.openai_sidecar_port is None else [
+            _openai_container(spec, pod, options, pod.openai_sidecar_port)]),
         "volumes": _volumes(options),
         **_scheduling(pod),
     }
@@ -319,7 +360,7 @@ def service(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[str, 
             "type": "ClusterIP",
             "selector": _labels(spec),
             "ports": [{"name": kind, "port": port, "targetPort": kind, "protocol": "TCP"}
-                      for kind, port in pod.ports.items()],
+                      for kind, port in _service_ports(pod).items()],
         },
     }
 
