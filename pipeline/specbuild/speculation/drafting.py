@@ -149,9 +149,10 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, stats
                   on_failure: Callable[[Exception], None] | None = None) -> DraftSource | None:
     """The sources a request drafts from: prompt lookup first when it is on, then the draft model (unless the
     release drafts by lookup only, ``lookup_draft_fallback=False``); None when nothing drafts (K=0), and for a
-    request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): the
-    backend penalises each step by the tokens before it, which a verification pass over drafted positions is
-    not known to reproduce in TensorRT-LLM, so only the target alone is exact there."""
+    request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
+    generated token is penalised for the tokens before it, but TensorRT-LLM's penalty kernel gives every
+    drafted position of a verification step the same counts (``penaltyKernels.cu``), so only the target alone
+    is exact there."""
     if request.num_draft_tokens <= 0:
         return None
     if request.sampling.penalized:
