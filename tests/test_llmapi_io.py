@@ -11,7 +11,7 @@ from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.package.llmapi_contract import LLMAPI_INPUTS, LLMAPI_OUTPUTS, LLMAPIAdapterParameters
 from specbuild.serve.llmapi_io import LLMAPIAnswer, LLMAPIRequest, decode_answer, decode_request, encode_answer, \
     encode_request
-from specbuild.serve.llmapi_requests import RowProgress, parse_rows, response_arrays
+from specbuild.serve.llmapi_requests import RowProgress, parse_rows
 
 SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True)
 
@@ -21,7 +21,9 @@ def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
     arrays = {"text_input": np.array([[b"def main("]] * rows, dtype=object),
               "max_tokens": np.array([[8]] * rows, dtype=np.int32)}
     dtypes = {"stream": bool, "temperature": np.float32, "top_k": np.int32, "top_p": np.float32,
-              "random_seed": np.uint64, "end_id": np.int32, "num_draft_tokens": np.int32, "beam_width": np.int32,
+              "random_seed": np.uint64, "seed": np.uint64, "min_tokens": np.int32, "min_length": np.int32,
+              "repetition_penalty": np.float32, "presence_penalty": np.float32, "num_return_sequences": np.int32,
+              "apply_chat_template": bool, "max_time": np.float32, "end_id": np.int32, "num_draft_tokens": np.int32, "beam_width": np.int32,
               "use_draft_logits": bool, "adaptive_draft": bool, "prompt_lookup": bool,
               "exclude_input_in_output": bool}
     for name, value in values.items():
@@ -88,9 +90,13 @@ def test_a_public_request_maps_onto_sampling_params() -> None:
                                         use_draft_logits=False, end_id=2, exclude_input_in_output=False), SETTINGS)
     assert row.llm == LLMAPIRequest(prompt="def main(", max_tokens=8, top_k=1, seed=7, stop=("\n\n",), streaming=True)
     assert row.stream and not row.include_prompt  # a stream never carries the prompt
-    [sampled] = parse_rows(ensemble_request(temperature=0.8, top_p=0.0), SETTINGS)
-    # normalised as for every runtime: no top_k limit is 0, top_p 0 means no limit
+    [sampled] = parse_rows(ensemble_request(temperature=0.8, top_p=1.0), SETTINGS)
     assert (sampled.llm.temperature, sampled.llm.top_k, sampled.llm.top_p) == (pytest.approx(0.8), 0, 1.0)
+    # NVIDIA's rule, as for every runtime: top_k and top_p 0 are greedy whatever the temperature
+    [greedy] = parse_rows(ensemble_request(temperature=0.8, top_p=0.0), SETTINGS)
+    assert (greedy.llm.top_k, greedy.llm.top_p) == (1, None)
+    [seeded] = parse_rows(ensemble_request(seed=9, random_seed=9), SETTINGS)  # either name, the same value
+    assert seeded.llm.seed == 9
     [whole] = parse_rows(ensemble_request(exclude_input_in_output=False), SETTINGS)
     assert whole.include_prompt and whole.llm.exclude_input_from_output
 
@@ -110,6 +116,12 @@ def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> 
     ({"beam_width": 2}, "beam_width=2", "send beam_width=1"),
     ({"end_id": 5}, "end_id=5", "send end_id=2"),
     ({"bad_words": ["foo"]}, "bad_words=['foo']", "leave bad_words out"),
+    ({"min_length": 3}, "min_tokens=3", "leave min_tokens out"),
+    ({"repetition_penalty": 1.5}, "repetition_penalty=1.5", "leave repetition_penalty out"),
+    ({"presence_penalty": 0.5}, "presence_penalty=0.5", "leave presence_penalty out"),
+    ({"num_return_sequences": 2}, "num_return_sequences=2", "leave num_return_sequences out"),
+    ({"apply_chat_template": True}, "apply_chat_template=True", "leave apply_chat_template out"),
+    ({"max_time": 2.0}, "max_time=2.0", "leave max_time out"),
 ])
 def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict, named: str, fix: str) -> None:
     with pytest.raises(RequestError) as refused:
@@ -119,7 +131,8 @@ def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict
 
 @pytest.mark.parametrize(("values", "expected"), [
     ({"max_tokens": 0}, "max_tokens must be at least 1"),
-    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0"),
 ])
 def test_bad_values_are_refused(values: dict, expected: str) -> None:
     arrays = ensemble_request(**{k: v for k, v in values.items() if k != "max_tokens"})
@@ -143,17 +156,22 @@ def test_a_streamed_row_sends_deltas_and_keeps_the_stop_string() -> None:
     assert progress.take_new_text() == "örldEND" and progress.sent == "Hello, wörldEND"
 
 
-def test_statistics_carry_over_answers_that_lack_them() -> None:
+def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about_one_row() -> None:
     [row] = parse_rows(ensemble_request(), SETTINGS)
-    progress = RowProgress(row)
-    progress.update(LLMAPIAnswer("a", acceptance_rate=0.25, total_accepted_draft_tokens=1, total_draft_tokens=4))
-    progress.update(LLMAPIAnswer("ab"))
+    progress = RowProgress(row, index=1, prompt_tokens=5, scheduled_ns=10)
+    progress.update(LLMAPIAnswer("a", acceptance_rate=0.25, total_accepted_draft_tokens=1, total_draft_tokens=4), 20)
+    progress.update(LLMAPIAnswer("ab"), 30)
     assert (progress.answer.text, progress.answer.total_draft_tokens) == ("ab", 4)
     progress.tokens = 2
-    arrays = response_arrays(["ab", ""], [progress, RowProgress(row)])
-    assert arrays["text_output"].tolist() == [[b"ab"], [b""]]
-    assert arrays["acceptance_rate"].dtype == np.float32 and arrays["acceptance_rate"][:, 0].tolist() == [0.25, 0.0]
-    assert arrays["total_draft_tokens"].tolist() == [[4], [0]] and arrays["output_token_count"].tolist() == [[2], [0]]
+    arrays = progress.response("ab", arrival_ns=5)
+    assert arrays["text_output"].tolist() == [b"ab"]  # 1-D, as NVIDIA's postprocessing: clients read [0]
+    assert arrays["acceptance_rate"].dtype == np.float32 and arrays["acceptance_rate"].tolist() == [[0.25]]
+    assert (arrays["batch_index"].item(), arrays["total_draft_tokens"].item(), arrays["output_token_count"].item(),
+            arrays["num_input_tokens"].item()) == (1, 4, 2, 5)
+    assert [arrays[name].item() for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                                             "last_token_time_ns")] == [5, 10, 20, 30]
+    progress.tokens = 3
+    assert progress.response("c", arrival_ns=5)["num_output_tokens"].item() == 1  # the tokens since the last one
 
 
 def test_a_stop_reason_that_is_not_a_requested_string_adds_nothing() -> None:

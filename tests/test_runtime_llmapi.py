@@ -253,6 +253,7 @@ def test_kubernetes_and_kserve_manifests_validate_and_mount_the_checkpoints(rele
     assert mounts["/checkpoints/draft"]["subPath"] == Path(release.spec.draft.checkpoint).name
     assert mounts["/triton_repo"]["subPath"] == release.repository.name
     assert containers[0]["args"][:5] == ["mpirun", "--allow-run-as-root", "-n", "1", TRITONSERVER]
+    assert len(containers) == 1  # no OpenAI-compatible API: it calls specbuild's orchestrator, which is not here
     [metric] = objects[2]["spec"]["metrics"]  # the HPA: on the adapter's gauge (the LLM-API model has none)
     assert metric["pods"]["metric"] == {"name": "specbuild_requests_in_flight",
                                         "selector": {"matchLabels": {"model": ADAPTER_MODEL}}}

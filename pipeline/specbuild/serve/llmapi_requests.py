@@ -10,20 +10,22 @@ normalised as the other runtimes normalise it for their engines, so every runtim
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from specbuild.errors import RequestError
+from specbuild.package.contract import ENSEMBLE_OUTPUTS, NUMPY_DTYPES, by_name
 from specbuild.package.llmapi_contract import LLMAPIAdapterParameters
-from specbuild.serve.batch import row_value
+from specbuild.serve.batch import RENAMED, finite, renamed_value, row_value
 from specbuild.serve.llmapi_io import LLMAPIAnswer, LLMAPIRequest
 from specbuild.serve.text import decode_utf8, text_after
 from specbuild.speculation.rules import SamplingParams
 
 Arrays = Mapping[str, "np.ndarray | None"]
+_OUTPUTS = by_name(ENSEMBLE_OUTPUTS)
 _STATISTICS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 FIXED_K = "fixed when TensorRT-LLM loads the models (its LLM API has no per-request draft length)"
 
@@ -54,6 +56,20 @@ def sampling_values(sampling: SamplingParams) -> dict[str, float | int]:
 
 def _refuse(name: str, value: Any, why: str, fix: str) -> RequestError:
     return RequestError(f"{name}={value!r}: {why}", fix)
+
+
+# Inputs of the public interface that the LLM-API Triton model has no input for (or that its CPU stand-in does not
+# rehearse), with the value that means "not used".
+UNAVAILABLE = {"min_tokens": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+               "num_return_sequences": 1, "apply_chat_template": False, "max_time": None}
+
+
+def _refuse_unavailable(get: Callable[[str], Any]) -> None:
+    for name, unused in UNAVAILABLE.items():
+        value = renamed_value(get, name) if name in RENAMED else get(name)
+        if value is not None and value != unused:
+            raise _refuse(name, value, "this release serves TensorRT-LLM's LLM-API model, which takes no such input",
+                          f"leave {name} out" + (f" (or send {unused})" if unused is not None else ""))
 
 
 def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[AdapterRow]:
@@ -94,11 +110,13 @@ def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[Adapte
         if bad_words:
             raise _refuse("bad_words", list(bad_words), "the LLM-API Triton model takes no bad words",
                           "leave bad_words out")
+        _refuse_unavailable(get)
+        finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
         try:
-            sampling = SamplingParams.from_request(get("temperature"), get("top_k"), get("top_p"))
+            sampling = SamplingParams.from_backend(get("temperature"), get("top_k"), get("top_p"))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        seed = get("random_seed")
+        seed = renamed_value(get, "seed")
         stream = bool(get("stream", False))
         rows.append(AdapterRow(
             llm=LLMAPIRequest(prompt=prompt, max_tokens=wanted, seed=None if seed is None else int(seed),
@@ -112,19 +130,29 @@ def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[Adapte
 
 @dataclass
 class RowProgress:
-    """What a row's client has been sent, and the latest answer of the LLM-API model for it."""
+    """What a row's client has been sent, the latest answer of the LLM-API model for it, and when (epoch ns)."""
 
     row: AdapterRow
+    index: int = 0  # batch_index
     answer: LLMAPIAnswer | None = None
     sent: str = ""
     finished: bool = False
     tokens: int = 0  # output_token_count of the latest text
+    reported_tokens: int = 0  # of those, the ones previous responses covered
+    prompt_tokens: int = 0
+    scheduled_ns: int = 0
+    first_text_ns: int = 0
+    last_text_ns: int = 0
 
-    def update(self, answer: LLMAPIAnswer) -> None:
-        """Take the model's latest answer; statistics it did not send keep their last values."""
+    def update(self, answer: LLMAPIAnswer, now_ns: int = 0) -> None:
+        """Take the model's latest answer, received at ``now_ns``; statistics it did not send keep their last
+        values."""
         if self.answer is not None:
             kept = {name: getattr(self.answer, name) for name in _STATISTICS if getattr(answer, name) is None}
             answer = replace(answer, **kept)
+        if answer.text != (self.answer.text if self.answer is not None else ""):
+            self.first_text_ns = self.first_text_ns or now_ns
+            self.last_text_ns = now_ns
         self.answer = answer
 
     def generated(self) -> str:
@@ -143,17 +171,21 @@ class RowProgress:
         self.sent += new
         return new
 
-
-def response_arrays(texts: Sequence[str], progress: Sequence[RowProgress]) -> dict[str, np.ndarray]:
-    """The ensemble's outputs for every row: ``texts`` and each row's figures so far."""
-    def column(values: Sequence[Any], dtype: Any) -> np.ndarray:
-        return np.array([[value] for value in values], dtype=dtype)
-
-    answers = [item.answer for item in progress]
-    return {
-        "text_output": column([text.encode("utf-8") for text in texts], np.object_),
-        "acceptance_rate": column([(a and a.acceptance_rate) or 0.0 for a in answers], np.float32),
-        "total_accepted_draft_tokens": column([(a and a.total_accepted_draft_tokens) or 0 for a in answers], np.int32),
-        "total_draft_tokens": column([(a and a.total_draft_tokens) or 0 for a in answers], np.int32),
-        "output_token_count": column([item.tokens for item in progress], np.int32),
-    }
+    def response(self, text: str, arrival_ns: int) -> dict[str, np.ndarray]:
+        """A response about this row (as every response is: ``batch_index``): ``text`` 1-D as NVIDIA's
+        postprocessing sends it, and the row's figures so far (``num_output_tokens``: the tokens since the
+        previous response)."""
+        answer = self.answer
+        values = {
+            "batch_index": self.index,
+            "acceptance_rate": (answer and answer.acceptance_rate) or 0.0,
+            "total_accepted_draft_tokens": (answer and answer.total_accepted_draft_tokens) or 0,
+            "total_draft_tokens": (answer and answer.total_draft_tokens) or 0,
+            "arrival_time_ns": arrival_ns, "first_scheduled_time_ns": self.scheduled_ns,
+            "first_token_time_ns": self.first_text_ns, "last_token_time_ns": self.last_text_ns,
+            "num_input_tokens": self.prompt_tokens, "num_output_tokens": self.tokens - self.reported_tokens,
+            "output_token_count": self.tokens,
+        }
+        self.reported_tokens = self.tokens
+        arrays = {name: np.array([[value]], dtype=NUMPY_DTYPES[_OUTPUTS[name].dtype]) for name, value in values.items()}
+        return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_), **arrays}

@@ -18,15 +18,13 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
-from specbuild.serve.batch import row_value
+from specbuild.serve.batch import finite, renamed_value, row_value
 from specbuild.serve.text import decode_word_list
 from specbuild.speculation.loop import GenerationRequest
 from specbuild.speculation.rules import SamplingParams
 from specbuild.speculation.stats import SpeculationStats
 
 Arrays = Mapping[str, "np.ndarray | None"]
-# Inputs tensorrtllm_backend renamed in May 2025 (PR #749): current name -> the name before.
-RENAMED = {"seed": "random_seed", "min_tokens": "min_length"}
 _OUTPUTS = by_name(ORCHESTRATOR_OUTPUTS)
 
 
@@ -51,26 +49,9 @@ def _end_id(value: Any, vocab_size: int) -> int | None:
     return int(value)
 
 
-def _either_name(get: Callable[[str], Any], current: str) -> Any:
-    """An input sent under its current name or the one before the rename; both sent must agree."""
-    value, older = get(current), get(RENAMED[current])
-    if value is not None and older is not None and value != older:
-        raise RequestError(f"{current}={value} and {RENAMED[current]}={older} disagree (the same input under its "
-                           "current and former name)", f"send only {current}")
-    return older if value is None else value
-
-
-def _finite(name: str, value: Any, *, positive: bool = False) -> float | None:
-    if value is None:
-        return None
-    if not math.isfinite(float(value)) or (positive and float(value) <= 0):
-        raise RequestError(f"{name} must be a finite number{' above 0' if positive else ''}, got {value}")
-    return float(value)
-
-
 def _deadline(get: Callable[[str], Any], settings: OrchestratorParameters) -> float | None:
     """The row's time limit: the client's ``max_time`` within the server's ``max_request_seconds`` (0: none)."""
-    limits = [limit for limit in (_finite("max_time", get("max_time"), positive=True),
+    limits = [limit for limit in (finite("max_time", get("max_time"), positive=True),
                                   settings.max_request_seconds or None) if limit is not None]
     return min(limits) if limits else None
 
@@ -107,8 +88,8 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
         if int(get("num_return_sequences", 1)) != 1:
             raise RequestError("num_return_sequences must be 1: one sequence per request (send the request again "
                                "for more)")
-        _finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
-        min_tokens = int(_either_name(get, "min_tokens") or 0)
+        finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
+        min_tokens = int(renamed_value(get, "min_tokens") or 0)
         if min_tokens < 0:
             raise RequestError(f"min_tokens must be 0 or more, got {min_tokens}")
         try:
@@ -117,7 +98,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
                                                    get("frequency_penalty"))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        seed = _either_name(get, "seed")
+        seed = renamed_value(get, "seed")
         stream = bool(get("stream", False))
         rows.append(RowRequest(
             generation=GenerationRequest(

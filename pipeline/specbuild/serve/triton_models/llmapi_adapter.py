@@ -2,8 +2,9 @@
 
 The ensemble of a ``tensorrt-llm-llmapi`` release routes the public inputs here unchanged; this decoupled
 model turns each row into a request to the ``tensorrt_llm`` model (BLS, decoupled), whose draft-target
-speculation runs inside TensorRT-LLM, and answers with the public outputs: the text (as deltas when streamed,
-the LLM API sending the whole text each time), the acceptance figures TensorRT-LLM reports, and the generated
+speculation runs inside TensorRT-LLM, and answers each row with the public outputs (one response per row and
+round, ``batch_index`` naming it, as the orchestrator answers): the text (as deltas when streamed, the LLM API
+sending the whole text each time), the acceptance figures TensorRT-LLM reports, timings, and the generated
 token count (the LLM-API model returns text only: ``max_tokens`` when the answer ran to it, else the text
 re-tokenized with the target's tokenizer, shipped under ``tokenizer/``). The request handling is in
 :mod:`specbuild.serve.llmapi_requests` and :mod:`specbuild.serve.llmapi_io` (pure, unit-tested); this file only
@@ -19,6 +20,7 @@ if not __name__.startswith("specbuild."):  # inside a repository: this release's
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncio  # noqa: E402
+import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -27,7 +29,7 @@ from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.contract import ENSEMBLE_INPUTS  # noqa: E402
 from specbuild.package.llmapi_contract import ADAPTER_WANTS, LLMAPIAdapterParameters  # noqa: E402
 from specbuild.serve.llmapi_io import decode_answer, encode_request  # noqa: E402
-from specbuild.serve.llmapi_requests import RowProgress, parse_rows, response_arrays  # noqa: E402
+from specbuild.serve.llmapi_requests import RowProgress, parse_rows  # noqa: E402
 from specbuild.serve.triton_models.common import (  # noqa: E402
     FINAL,
     model_dir,
@@ -60,20 +62,22 @@ class TritonPythonModel:
         return None
 
     async def _serve(self, request: Any) -> None:
-        """Answer one request; its last response goes out after the counters and the gauge are updated, so a
-        client that reads the metrics next finds its request there."""
+        """Answer one request, one response per row and round (``batch_index``); its last responses go out after
+        the counters and the gauge are updated, so a client that reads the metrics next finds its request there."""
         sender = request.get_response_sender()
+        arrival_ns = time.time_ns()
         self.metrics.in_flight(+1)
-        last: Any = None  # the final response, or an error message
+        last: Any = None  # the final responses, or an error message
         try:
             rows = parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)
-            progress = [RowProgress(row) for row in rows]
-            texts = await self._answer(request, sender, progress)
+            progress = [RowProgress(row, index, prompt_tokens=len(self.tokenizer.encode(row.llm.prompt)))
+                        for index, row in enumerate(rows)]
+            texts = await self._answer(request, sender, progress, arrival_ns)
             if texts is None:
                 self.metrics.count("cancelled")
             else:
                 self._record(progress)
-                last = response(response_arrays(texts, progress))
+                last = [response(item.response(text, arrival_ns)) for item, text in zip(progress, texts)]
         except Exception as exc:  # noqa: BLE001 - a bad or failed request must end, never the model
             self.metrics.count("errors")
             if not isinstance(exc, RequestError):
@@ -86,7 +90,8 @@ class TritonPythonModel:
         elif isinstance(last, str):
             send_error(sender, last)
         else:
-            sender.send(last, flags=FINAL)
+            for index, answer in enumerate(last):
+                sender.send(answer, flags=FINAL if index == len(last) - 1 else 0)
 
     def _record(self, progress: list[RowProgress]) -> None:
         stats = SpeculationStats()
@@ -96,9 +101,10 @@ class TritonPythonModel:
             stats.accepted_tokens += (answer and answer.total_accepted_draft_tokens) or 0
         self.metrics.record(stats, sum(item.tokens for item in progress))
 
-    async def _answer(self, request: Any, sender: Any, progress: list[RowProgress]) -> list[str] | None:
-        """Run every row; streamed, one response whenever a row has new text. Returns the final response's texts
-        (the rest of a stream, else the whole answer), or None when the client cancelled."""
+    async def _answer(self, request: Any, sender: Any, progress: list[RowProgress],
+                      arrival_ns: int) -> list[str] | None:
+        """Run every row; streamed, a response whenever a row has new text. Returns each row's last text (the rest
+        of a stream, else the whole answer), or None when the client cancelled."""
         stream = any(item.row.stream for item in progress)
         events: asyncio.Queue[BaseException | None] = asyncio.Queue()
         tasks = [asyncio.create_task(self._run_row(item, events)) for item in progress]
@@ -113,9 +119,9 @@ class TritonPythonModel:
                     return [(item.row.llm.prompt if item.row.include_prompt and not stream else "")
                             + item.take_new_text() for item in progress]
                 if stream:
-                    texts = [item.take_new_text() for item in progress]
-                    if any(texts):
-                        sender.send(response(response_arrays(texts, progress)))
+                    for item in progress:
+                        if text := item.take_new_text():
+                            sender.send(response(item.response(text, arrival_ns)))
         finally:
             for task in tasks:
                 task.cancel()
@@ -123,6 +129,7 @@ class TritonPythonModel:
     async def _run_row(self, item: RowProgress, events: asyncio.Queue[BaseException | None]) -> None:
         """Ask the LLM-API model for one row, recording each of its answers in ``item``; an event per answer."""
         answers = None
+        item.scheduled_ns = time.time_ns()
         try:
             inputs = [pb_utils.Tensor(name, value) for name, value in encode_request(item.row.llm).items()]
             bls = pb_utils.InferenceRequest(model_name=self.settings.llmapi_model,
@@ -138,7 +145,7 @@ class TritonPythonModel:
                 arrays = {name: tensor.as_numpy() for name in ADAPTER_WANTS
                           if (tensor := pb_utils.get_output_tensor_by_name(answer, name)) is not None}
                 if arrays:  # the final answer may come empty
-                    item.update(decode_answer(arrays))
+                    item.update(decode_answer(arrays), time.time_ns())
                     self._count(item)
                     events.put_nowait(None)
             item.finished = True
