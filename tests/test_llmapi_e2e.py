@@ -16,15 +16,7 @@ from specbuild.serve.client import GenerationRequest, SpecbuildClient
 from specbuild.serve.rehearsal import rehearsal_repository
 from specbuild.serve.server import TritonServer
 from served_tiny import raw_stream
-from test_e2e_serving import (  # noqa: F401 - fixtures
-    infer_stream,
-    metrics,
-    scalars,
-    target_alone,
-    text_array,
-    texts_of,
-    tokenizer,
-)
+from test_e2e_serving import infer_stream, metrics, scalars, text_array, texts_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -109,8 +101,8 @@ def test_a_cancelled_stream_stops_the_adapter_and_the_server_keeps_serving(main_
     assert client.run(GenerationRequest(PROMPTS[1], 4)).output_token_count == 4
 
 
-def test_stop_words_end_the_text_as_on_the_torch_release(llmapi_client, tiny_client, target_alone,  # noqa: F811
-                                                         tokenizer) -> None:  # noqa: F811
+def test_stop_words_end_the_text_as_on_the_torch_release(llmapi_client, tiny_client, target_alone,
+                                                         tokenizer) -> None:
     """A stop word that the greedy answer contains (two of its tokens, which the tokenizer encodes back the same):
     both runtimes end the text with it (TensorRT-LLM leaves it out; the adapter puts it back)."""
     tokens = list(target_alone(PROMPTS[2], MAX_TOKENS).tokens)
