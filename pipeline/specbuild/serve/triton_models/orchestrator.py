@@ -106,9 +106,13 @@ class TritonPythonModel:
             unfinished = len(rows)
 
             def report(row: RowProgress) -> None:
-                """After each round of a row: its response when one is due, the last one final."""
+                """After each round of a row: its response when one is due, the last one final (and counted
+                before it goes, so a client reading the metrics next finds its request there)."""
                 nonlocal unfinished
                 unfinished -= row.finished
+                if not unfinished and any(item.finish_reason == TIME_LIMIT for item in rows):
+                    self.metrics.count("timed_out")
+                    self.logger.log_info("orchestrator: a request reached its time limit; stopped after its round")
                 if row.has_news:
                     sender.send(response(row.response(arrival_ns)), flags=0 if unfinished else FINAL)
 
@@ -118,9 +122,6 @@ class TritonPythonModel:
             finally:  # one failed or cancelled row ends the request: stop the others' work too
                 for task in tasks:
                     task.cancel()
-            if any(row.finish_reason == TIME_LIMIT for row in rows):
-                self.metrics.count("timed_out")
-                self.logger.log_info("orchestrator: a request reached its time limit and was stopped after its round")
         except RequestCancelled:
             self.metrics.count("cancelled")
             self.logger.log_info("orchestrator: the client cancelled a request; its work stopped")
@@ -149,8 +150,11 @@ class TritonPythonModel:
                     raise RequestCancelled
                 late = limit is not None and time.monotonic() - started >= limit
                 row.add(step.tokens, time.time_ns(), step.finish_reason or (TIME_LIMIT if late else None))
+                if row.finished:  # counted before its last response goes
+                    self.metrics.record(row.stats, len(row.tokens))
                 report(row)
                 if row.finished:
                     return
         finally:
-            self.metrics.record(row.stats, len(row.tokens))
+            if not row.finished:  # cancelled or failed: its work so far still counts
+                self.metrics.record(row.stats, len(row.tokens))
