@@ -26,6 +26,7 @@ FAILURES: dict[str, Args] = {
     "build": lambda tmp: ["build", "--set", "no_such_section.key=1", "--target", "t", "--draft", "d"],
     "package": lambda tmp: ["package", "--spec", f"{MISSING}.yaml"],
     "serve": lambda tmp: ["serve", MISSING],
+    "openai": lambda tmp: ["openai", MISSING],
     "generate": lambda tmp: ["generate", ""],
     "deploy": lambda tmp: ["deploy", MISSING, "-o", "-"],
     "bench": lambda tmp: ["bench"],
@@ -79,6 +80,7 @@ SUCCESSES_WITHOUT_A_SERVER: dict[str, Callable[..., list[str]]] = {
     "build": lambda release, spec, tmp: ["build", "--spec", str(spec), "--dry-run"],
     "package": lambda release, spec, tmp: ["package", "--spec", str(spec), "--dry-run"],
     "serve": lambda release, spec, tmp: ["serve", str(release.repository), "--dry-run"],
+    "openai": lambda release, spec, tmp: ["openai", str(release.repository), "--dry-run"],
     "deploy": lambda release, spec, tmp: ["deploy", str(release.repository), "-o", str(tmp / "k8s"), "--pvc", "r"],
     "demo-models": lambda release, spec, tmp: ["demo-models", "--tiny"],
 }

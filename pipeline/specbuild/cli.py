@@ -343,20 +343,39 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
               help="gRPC address of the Triton server that serves the release")
 @click.option("--host", default="127.0.0.1", show_default=True, help="bind address")
 @click.option("--port", type=click.IntRange(0, 65535), default=9000, show_default=True, help="0 = a free port")
+@click.option("--dry-run", is_flag=True, help="say what would be served, and where, without serving it")
+@click.option("--json", "json_mode", is_flag=True, help="JSON Lines on stdout: one object when the API is ready "
+              "(URL, model), one when it stops (or the error); with --dry-run, one document")
 @reports_errors
-def openai_command(repository: str, triton_url: str, host: str, port: int) -> None:
+def openai_command(repository: str, triton_url: str, host: str, port: int, dry_run: bool, json_mode: bool) -> None:
     """Serve the OpenAI-compatible API of the release in REPOSITORY for a Triton server running elsewhere (a
-    container, a Kubernetes pod's Triton) until Ctrl-C."""
-    from specbuild.errors import ServerError
-    from specbuild.serve.frontend import OpenAIFrontend
+    container, a Kubernetes pod's Triton) until Ctrl-C or SIGTERM."""
+    from specbuild.errors import ServerError, UsageError
+    from specbuild.serve.frontend import OpenAIFrontend, serves_openai
     from specbuild.serve.server import stop_signals, wait_until
 
+    if not serves_openai(repository):
+        raise UsageError(f"{repository} is not a release the OpenAI-compatible API can serve (it needs the "
+                         "orchestrator and preprocessing models of a torch or tensorrt-llm release)",
+                         "pass the repository folder `specbuild compile` wrote for such a release")
     _, model = _release_and_name(repository)
-    with OpenAIFrontend(repository, triton_url, model, host=host, port=port) as frontend, stop_signals() as stop:
+    frontend = OpenAIFrontend(repository, triton_url, model, host=host, port=port)
+    if dry_run:
+        plan = {"model": model, "url": frontend.url, "triton": triton_url, "repository": str(Path(repository))}
+        if json_mode:
+            print_json(plan)
+        else:
+            console.print(f"would serve {model} at {frontend.url} (Triton at {triton_url})", highlight=False)
+        return
+    with frontend, stop_signals() as stop:
+        if json_mode:
+            print_json({"event": "ready", "model": model, "url": frontend.url, "triton": triton_url}, line=True)
         console.print(f"OpenAI-compatible API for {model} at {frontend.url} (Triton at {triton_url}); "
                       "press Ctrl-C to stop", highlight=False)
         if not wait_until(stop, frontend.is_running):
             raise ServerError("the OpenAI-compatible API stopped unexpectedly", "read the errors above")
+    if json_mode:
+        print_json({"event": "stopped", "exit_code": 0}, line=True)
 
 
 @main.command()
