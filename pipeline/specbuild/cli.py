@@ -538,7 +538,7 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
                      help="requests per (K, concurrency) cell"),
         click.option("--max-seconds", type=click.FloatRange(min=1), default=300.0, show_default=True,
-                     help="per cell: no request starts after this"),
+                     help="per cell: no further round of blocks starts once a cell has run this long"),
     ]
     for option in reversed(options):
         command = option(command)
@@ -553,6 +553,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
     if not json_mode:
         for table in tables(report.cells):
             console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if out_dir:
         for path in write_outputs(report, out_dir, with_plots=plots):
             console.print(f"wrote {path}", highlight=False)
@@ -592,6 +594,7 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
           json_mode: bool) -> None:
     """Measure speculative speedup per K and concurrency (streaming): latency percentiles, tokens/s,
     acceptance, and the speedup the analytic model expects from the measured acceptance and step costs.
+    The cells of each concurrency level run interleaved, prompt block by prompt block, in rotating order.
 
     With --gate, a release gate: every speculative cell must meet each threshold (exit 3 otherwise, the failing
     figures in the JSON and in gate.json)."""
