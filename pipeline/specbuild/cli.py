@@ -730,19 +730,33 @@ def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=96, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--precision", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units")
+              help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units and "
+                   "on GPUs that support it")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="where the target answers and the draft trains; auto: a CUDA GPU when there is one")
+@click.option("--generate-batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="prompts the target answers at once (a GPU takes hundreds)")
+@click.option("--batch-tokens", type=click.IntRange(min=64), default=2048, show_default=True,
+              help="padded tokens per training step")
+@click.option("--answers", type=click.Choice(["greedy", "greedy+sampled"]), default="greedy", show_default=True,
+              help="greedy+sampled: the target also answers every training prompt by sampling (temperature 0.7)")
+@click.option("--teacher", type=click.Choice(["labels", "joint"]), default="labels", show_default=True,
+              help="labels: the target's top-k stored once; joint: the target runs in every training step and the "
+                   "loss is the KL divergence from its full-vocabulary distribution")
 @click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
 @json_option
 @reports_errors
 def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
-                  held_out: int, max_new_tokens: int, seed: int, precision: str, resume: bool,
-                  json_mode: bool) -> None:
+                  held_out: int, max_new_tokens: int, seed: int, precision: str, device: str, generate_batch: int,
+                  batch_tokens: int, answers: str, teacher: str, resume: bool, json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
     from specbuild.drafts.distill import DraftOptions, make_draft
     from specbuild.drafts.model_pairs import progress_display
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
-                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision)
+                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision,
+                           device=device, generate_batch=generate_batch, batch_tokens=batch_tokens, answers=answers,
+                           teacher=teacher)
     with progress_display(console) as progress:
         summary = make_draft(target, out, options, resume=resume, progress=progress)
     if json_mode:
