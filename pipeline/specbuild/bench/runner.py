@@ -106,8 +106,8 @@ class BenchReport:
 
 
 def rotated(items: Sequence[T], shift: int) -> list[T]:
-    """``items`` rotated left by ``shift`` (modulo their count): the run order for the ``shift``-th prompt, so
-    that over consecutive prompts every item runs first, second, ... equally often.
+    """``items`` rotated left by ``shift`` (modulo their count): the run order for the ``shift``-th block of
+    prompts, so that over consecutive blocks every item runs first, second, ... equally often.
 
     >>> [rotated("abc", i) for i in range(4)]
     [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['a', 'b', 'c']]
@@ -245,7 +245,10 @@ def run_level(client: Any, texts: Sequence[str], categories: Sequence[str], plan
         run = runs[key]
         run.traces += traces
         run.wall += wall
-        run.counters = run.counters + (after - before) if None not in (run.counters, before, after) else None
+        if run.counters is not None and before is not None and after is not None:
+            run.counters += after - before
+        else:  # a missed reading leaves the cell without counters rather than with wrong ones
+            run.counters = None
     return runs
 
 
