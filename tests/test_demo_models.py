@@ -3,6 +3,8 @@ its embeddings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -30,6 +32,18 @@ def test_the_shipped_draft_asset_matches_its_checksum_and_says_where_it_came_fro
     assert sha256_file(layers) == recorded
     provenance = (layers.parent / "README.md").read_text(encoding="utf-8")
     assert "Apache-2.0" in provenance and recorded in provenance and "docs/benchmarks.md" in provenance
+
+
+def test_the_wheel_ships_the_draft_asset_with_its_checksum_and_provenance(tmp_path):
+    import zipfile
+
+    hatchling = pytest.importorskip("hatchling.builders.wheel")
+    root = Path(__file__).resolve().parents[1]
+    wheel = next(iter(hatchling.WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    folder = "specbuild/drafts/assets/demo-draft"
+    assert {f"{folder}/{demo_models.DRAFT_LAYERS_FILE}", f"{folder}/{demo_models.CHECKSUM_FILE}",
+            f"{folder}/README.md"} <= names
 
 
 def test_a_missing_checksum_is_a_checkpoint_error(tmp_path):

