@@ -110,7 +110,8 @@ def test_demo_pair_loads_and_answers(demo_pair):
     assert draft.config.vocab_size == target.config.vocab_size
     assert torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight)
     layers, sha256 = demo_models.draft_asset()
-    assert demo_pair.info["recipe"]["draft_sha256"] == sha256 and demo_pair.info["recipe"]["draft_layers"] == layers.name
+    recipe = demo_pair.info["recipe"]
+    assert recipe["draft_sha256"] == sha256 and recipe["draft_layers"] == layers.name
     assert demo_pair.info["greedy_acceptance"]["1"] > 0.3  # the distilled layers agree; a truncation got 0.04
     inputs = tokenizer("The capital of France is", return_tensors="pt")
     with torch.no_grad():

@@ -272,7 +272,7 @@ def _load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizer
         figures = json.loads((work / "data.json").read_text(encoding="utf-8"))
         return DistillData(**tensors, held_out=options.held_out, figures=figures)
     started = time.monotonic()
-    prompts = _encode_prompts(tokenizer, options)
+    prompts = encode_prompts(tokenizer, options)
     sampled = options.answers == "greedy+sampled"
     greedy_deadline = started + (deadline - started) / 2 if sampled else deadline  # an even split of the time
     sequences = target_answers(teacher, tokenizer, prompts, options, greedy_deadline, progress)
@@ -294,7 +294,7 @@ def _load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizer
     return data
 
 
-def _encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
     """The distillation prompts, held-out ones first, in the target's chat template when it has one."""
     from specbuild.drafts.prompts import distillation_prompts
     from specbuild.bench.prompts import load_prompts
@@ -530,7 +530,8 @@ class Trainer:
             log_q = self.student.lm_head(states).float().log_softmax(-1)
             per_token = (log_p.exp() * (log_p - log_q)).sum(-1)  # KL(teacher || student), full vocabulary
         if self.frozen_head:
-            per_token = per_token + HIDDEN_WEIGHT * ((states - target_states) ** 2).mean(-1) / target_states.pow(2).mean()
+            regression = ((states - target_states) ** 2).mean(-1) / target_states.pow(2).mean()
+            per_token = per_token + HIDDEN_WEIGHT * regression
         return (per_token * weights).sum() / weights.sum()
 
     def run(self, deadline: float, checkpoint: Path, progress: Progress | None) -> None:
