@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from specbuild.errors import SpecbuildError, Terminated
 from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec, parse_override
@@ -35,9 +36,11 @@ def print_json(data: Any, *, line: bool = False) -> None:
 def exit_with(error: dict[str, Any], json_mode: bool) -> None:
     """Report ``error`` (``{"error", "fix", "exit_code", ...}``) on stderr, and as JSON on stdout under ``--json``;
     exit with its code."""
-    console.print(f"[bold red]error:[/] {error['error']}", highlight=False, markup=True)
+    # soft_wrap: the terminal wraps, so a path in the message stays whole (copied as one) and no bracket in it
+    # is read as markup
+    console.print(f"[bold red]error:[/] {escape(error['error'])}", highlight=False, soft_wrap=True)
     if error.get("fix"):
-        console.print(f"[bold]fix:[/] {error['fix']}", highlight=False)
+        console.print(f"[bold]fix:[/] {escape(error['fix'])}", highlight=False, soft_wrap=True)
     if json_mode:
         print_json(error, line=True)  # one line: a document, and a valid last line of a JSON Lines stream
     sys.exit(error["exit_code"])
