@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.bench.metrics import (COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare, expected_speedup,
-                             leviathan_tokens_per_step, match_baseline, per_token_acceptance, percentiles, summarize)
-from specbuild.bench.runner import BenchPlan, is_loopback
+from specbuild.bench.metrics import (COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare,
+                                     drift_warnings, expected_speedup, leviathan_tokens_per_step, match_baseline,
+                                     per_token_acceptance, percentiles, summarize)
+from specbuild.bench.runner import BenchPlan, is_loopback, rotated
 from specbuild.errors import UsageError
 from specbuild.bench.prompts import CATEGORIES, interleave, load_prompts, parse_jsonl
 
@@ -260,6 +261,50 @@ def test_plan_always_includes_k0_and_skips_adaptive_and_lookup_at_k0():
         BenchPlan(concurrencies=(0,))
 
 
+def test_rotated_puts_every_item_first_in_turn():
+    assert [rotated([1, 2, 3], shift) for shift in range(4)] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
+    assert rotated([], 5) == []
+
+
+def test_cells_run_interleaved_block_by_block_in_rotating_order():
+    plan = BenchPlan(ks=(2,), lookup=(False, True), concurrencies=(1, 2), requests=3)
+    level_one = [(0, False, False, 1), (2, False, False, 1), (2, False, True, 1)]
+    assert plan.blocks(1) == [[0], [1], [2]] and plan.blocks(2) == [[0, 1], [2]]
+    assert plan.schedule(1) == [(level_one[0], [0]), (level_one[1], [0]), (level_one[2], [0]),
+                                (level_one[1], [1]), (level_one[2], [1]), (level_one[0], [1]),
+                                (level_one[2], [2]), (level_one[0], [2]), (level_one[1], [2])]
+    level_two = plan.schedule(2)
+    assert [key[3] for key, _ in level_two] == [2] * 6
+    assert [block for _, block in level_two] == [[0, 1]] * 3 + [[2]] * 3
+    # every cell runs every block once, and no cell always goes first
+    for schedule in (plan.schedule(1), level_two):
+        cells = {key for key, _ in schedule}
+        assert all(sorted(b for k, block in schedule if k == key for b in block) == [0, 1, 2] for key in cells)
+        assert len({schedule[i][0] for i in range(0, len(schedule), len(cells))}) > 1
+
+
+def test_counter_deltas_add_up_over_blocks():
+    first = Counters(rounds=10, accepted_tokens=4, accepted_per_position=(3.0, 1.0))
+    second = Counters(rounds=5, accepted_tokens=2, accepted_per_position=(2.0,), drafted_per_position=(4.0,))
+    total = Counters() + first + second
+    assert total.rounds == 15 and total.accepted_tokens == 6
+    assert total.accepted_per_position == (5.0, 1.0) and total.drafted_per_position == (4.0,)
+    assert total - second == first
+
+
+def test_drift_warning_when_verification_comes_out_cheaper_than_a_step():
+    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
+    honest = synthetic_cell(2, 24.0, Counters(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50,
+                                              draft_seconds=100 * 0.1 * STEP, target_seconds=50 * 1.2 * STEP))
+    drifted = synthetic_cell(2, 30.0, Counters(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50,
+                                               draft_seconds=100 * 0.1 * STEP, target_seconds=50 * 0.9 * STEP),
+                             lookup=True)
+    cells = compare([base, honest, drifted])
+    [warning] = drift_warnings(cells)
+    assert warning.startswith("K=2+lookup at concurrency 1: V(K) = 0.90 < 1")
+    assert drift_warnings(cells[:2]) == []
+
+
 @pytest.mark.parametrize("url", ["127.0.0.1:8001", "localhost:8001", "http://127.0.0.1:8002/metrics", "[::1]:8001"])
 def test_loopback_addresses_are_recognised(url):
     assert is_loopback(url)
@@ -282,7 +327,7 @@ def test_reports_are_written(tmp_path: Path):
                                               target_seconds=2.5, lookup_drafts=10, lookup_drafted_tokens=20,
                                               lookup_accepted_tokens=11), lookup=True)
     report = BenchReport(BenchPlan(ks=(2,), lookup=(False, True)), "127.0.0.1:1", 82, compare([base, spec, lookup]),
-                         True, {"cpus": 2})
+                         True, {"cpus": 2}, warnings=["K=2 drifted"])
     written = write_outputs(report, tmp_path / "out")
     assert sorted(p.name for p in written) == ["acceptance.png", "bench.json", "bench.md", "latency.png",
                                                "speedup.png"]
@@ -293,7 +338,9 @@ def test_reports_are_written(tmp_path: Path):
     assert data["cells"][2]["label"] == "K=2+lookup" and data["cells"][2]["lookup"] is True
     assert data["cells"][2]["lookup_share"] == 0.25 and data["cells"][2]["lookup_acceptance"] == 0.55
     assert data["plan"]["lookup"] == [False, True]
+    assert data["order"] == "interleaved" and data["warnings"] == ["K=2 drifted"]
     text = markdown(report)
+    assert "**Warning:** K=2 drifted" in text
     assert "| 2 | 1 | 4 | 26.0 | 1.30x |" in text
     assert "| 2+lookup | 1 | 4 | 30.0 | 1.50x |" in text and "| 25%/0.55 |" in text
     speed, _ = tables(report.cells)
@@ -359,6 +406,32 @@ def test_bench_against_a_real_server(bench_release: Path, tmp_path: Path):
             assert all(0.0 <= a <= 1.0 for a in cell["acceptance_per_position"])
             assert cell["expected_speedup"] > 0 and cell["verify_cost"] > 0 and cell["cost_ratio"] > 0
     assert {p.name for p in out.iterdir()} >= {"bench.md", "speedup.png", "acceptance.png", "latency.png"}
+    assert data["order"] == "interleaved"
+    impossible = [c for c in data["cells"] if c["k"] and c["verify_cost"] < 1]
+    assert len(data["warnings"]) == len(impossible)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_interleaved_cells_count_only_their_own_blocks(tiny_release, tiny_server):
+    """Cells of one level run block by block in turn against the shared tiny server: each cell's counter
+    deltas are its own blocks' (K=0 drafts nothing, K=1 at most one token a round), and every cell sent
+    every prompt."""
+    from specbuild.bench.runner import repository_tokenizer, run_bench
+
+    plan = BenchPlan(ks=(1, 3), lookup=(False, True), concurrencies=(1, 2), requests=3, max_tokens=10)
+    prompts = [prompt for prompt in load_prompts() if len(prompt.prompt) < 200][:3]  # within max_input_len
+    report = run_bench(tiny_server.grpc_url, prompts, plan, metrics_url=tiny_server.metrics_url,
+                       tokenizer_dir=repository_tokenizer(tiny_release.repository))
+    assert [cell.key for cell in report.cells] == plan.cells()
+    for cell in report.cells:
+        assert cell.requests == 3 and cell.errors == 0 and cell.source == "metrics"
+        assert cell.matches_baseline == 1.0
+        if cell.k == 0:
+            assert cell.acceptance_rate is None and cell.draft_tokens_per_round is None
+        else:
+            assert 0 < cell.draft_tokens_per_round <= cell.k and cell.verify_cost > 0
+    assert report.warnings == drift_warnings(report.cells)
 
 
 @pytest.mark.slow

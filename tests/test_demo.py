@@ -28,3 +28,19 @@ def test_demo_compiles_serves_streams_and_matches_the_target_alone(tiny_pair, tm
     log = console.export_text()
     assert "server ready" in log and "identical" in log
     assert f"the pair's folder: {pair_dir('tiny', tmp_path)}" in " ".join(log.split())
+    speculative = result.speculative
+    accepted = speculative.total_accepted_draft_tokens
+    own = speculative.output_token_count - accepted
+    drafted = speculative.total_draft_tokens
+    assert (f"where the tokens came from: {accepted} accepted from the draft model (of {drafted} drafted), 0 from "
+            f"prompt lookup (of 0 drafted), {own} made by the target itself") in " ".join(log.split())
+
+
+def test_token_sources_split_accepted_tokens_by_draft_source():
+    from specbuild.bench.metrics import Counters
+    from specbuild.demo import token_sources
+
+    counters = Counters(output_tokens=64, rounds=40, drafts=30, drafted_tokens=60, accepted_tokens=24,
+                        lookup_drafts=10, lookup_drafted_tokens=20, lookup_accepted_tokens=9)
+    assert token_sources(counters) == ("15 accepted from the draft model (of 40 drafted), 9 from prompt lookup (of 20 "
+                                       "drafted), 40 made by the target itself, in 40 target steps")

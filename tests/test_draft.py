@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.drafts.distill import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, DraftOptions, compute_dtype, label,
-                             learning_rate, spread_layers, state_dir, student_from_target)
+from specbuild.drafts.distill import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, DraftOptions, Trainer, compute_dtype,
+                                      label, learning_rate, resolve_device, spread_layers, state_dir,
+                                      student_from_target)
 from specbuild.drafts.prompts import distillation_prompts
 from specbuild.errors import UsageError
 
@@ -140,6 +141,55 @@ def test_batched_labels_equal_one_sequence_at_a_time(tiny_target):
         torch.testing.assert_close(batched.hidden[start:end].float(), one.hidden.float(), atol=2e-3, rtol=2e-3)
 
 
+def test_the_reference_recipe_runs_on_the_tiny_pair(tiny_pair, tmp_path):
+    """Greedy and sampled answers, and a joint teacher: no stored labels, the target runs in each step."""
+    from safetensors import safe_open
+
+    out = tmp_path / "draft"
+    code, output = run_draft(tiny_pair.target_dir, out, "--steps", "2", "--answers", "greedy+sampled",
+                             "--teacher", "joint", "--device", "cpu", "--generate-batch", "4", "--batch-tokens", "256")
+    assert code == 0, output
+    summary = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert summary["device"] == "cpu" and summary["steps_done"] == 2
+    assert summary["data"]["greedy_answers"] == 6 and summary["data"]["sampled_answers"] == 4  # held-out: none
+    assert summary["data"]["sequences"] == 10
+    with safe_open(str(state_dir(out) / DATA_FILE), "pt") as stored:
+        assert set(stored.keys()) == {"ids", "offsets", "prompt_lens"}
+    assert all(0 <= rate <= 1 for rate in summary["held_out_acceptance"].values())
+
+
+def test_joint_teacher_loss_is_zero_for_a_copy_of_the_target(tiny_target):
+    """KL(target || draft) over the full vocabulary and the hidden-state term both vanish when the draft is
+    the target, and are positive for a shallower draft."""
+    import torch
+
+    generator = torch.Generator().manual_seed(2)
+    vocab = tiny_target.config.vocab_size
+    sequences = [(torch.randint(0, vocab, (length,), generator=generator).tolist(), 3) for length in (9, 14)]
+    data = label(tiny_target, sequences, None, progress=None)
+    assert data.top_ids is None and data.figures["sequences"] == 2
+    options = DraftOptions(held_out=1, teacher="joint")
+    rows = data.rows(range(2))
+    copy, _ = student_from_target(tiny_target, tiny_target.config.num_hidden_layers)
+    same = Trainer(copy.eval(), data, options, frozen_head=True, dtype=torch.float32, teacher=tiny_target)
+    with torch.no_grad():
+        assert same.loss(rows).item() == pytest.approx(0.0, abs=1e-5)
+        shallow, _ = student_from_target(tiny_target, 1)
+        other = Trainer(shallow.eval(), data, options, frozen_head=True, dtype=torch.float32, teacher=tiny_target)
+        assert other.loss(rows).item() > 1e-3
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tiny_pair, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        assert resolve_device("auto").type == "cuda"
+        return
+    assert resolve_device("auto").type == "cpu"
+    code, output = run_draft(tiny_pair.target_dir, tmp_path / "draft", "--device", "cuda")
+    assert code == 2 and "no CUDA GPU" in output and "Traceback" not in output
+
+
 def test_precision_choices():
     import torch
 
@@ -147,6 +197,10 @@ def test_precision_choices():
     assert compute_dtype("auto") in (torch.float32, torch.bfloat16)
     with pytest.raises(UsageError, match="precision"):
         DraftOptions(precision="fp8").validate()
+    for bad, word in ((DraftOptions(device="tpu"), "device"), (DraftOptions(teacher="soft"), "teacher"),
+                      (DraftOptions(answers="sampled"), "answers")):
+        with pytest.raises(UsageError, match=word):
+            bad.validate()
 
 
 def test_learning_rate_warms_up_then_decays():

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from specbuild.errors import SpecbuildError, Terminated
 from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec, parse_override
@@ -36,9 +37,11 @@ def print_json(data: Any, *, line: bool = False) -> None:
 def exit_with(error: dict[str, Any], json_mode: bool) -> None:
     """Report ``error`` (``{"error", "fix", "exit_code", ...}``) on stderr, and as JSON on stdout under ``--json``;
     exit with its code."""
-    console.print(f"[bold red]error:[/] {error['error']}", highlight=False, markup=True)
+    # soft_wrap: the terminal wraps, so a path in the message stays whole (copied as one) and no bracket in it
+    # is read as markup
+    console.print(f"[bold red]error:[/] {escape(error['error'])}", highlight=False, soft_wrap=True)
     if error.get("fix"):
-        console.print(f"[bold]fix:[/] {error['fix']}", highlight=False)
+        console.print(f"[bold]fix:[/] {escape(error['fix'])}", highlight=False, soft_wrap=True)
     if json_mode:
         print_json(error, line=True)  # one line: a document, and a valid last line of a JSON Lines stream
     sys.exit(error["exit_code"])
@@ -622,7 +625,7 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
                      help="requests per (K, concurrency) cell"),
         click.option("--max-seconds", type=click.FloatRange(min=1), default=300.0, show_default=True,
-                     help="per cell: no request starts after this"),
+                     help="per cell: no further round of blocks starts once a cell has run this long"),
     ]
     for option in reversed(options):
         command = option(command)
@@ -637,6 +640,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
     if not json_mode:
         for table in tables(report.cells):
             console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if out_dir:
         for path in write_outputs(report, out_dir, with_plots=plots):
             console.print(f"wrote {path}", highlight=False)
@@ -676,6 +681,7 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
           json_mode: bool) -> None:
     """Measure speculative speedup per K and concurrency (streaming): latency percentiles, tokens/s,
     acceptance, and the speedup the analytic model expects from the measured acceptance and step costs.
+    The cells of each concurrency level run interleaved, prompt block by prompt block, in rotating order.
 
     With --gate, a release gate: every speculative cell must meet each threshold (exit 3 otherwise, the failing
     figures in the JSON and in gate.json)."""
@@ -811,19 +817,33 @@ def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=96, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--precision", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units")
+              help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units and "
+                   "on GPUs that support it")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="where the target answers and the draft trains; auto: a CUDA GPU when there is one")
+@click.option("--generate-batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="prompts the target answers at once (a GPU takes hundreds)")
+@click.option("--batch-tokens", type=click.IntRange(min=64), default=2048, show_default=True,
+              help="padded tokens per training step")
+@click.option("--answers", type=click.Choice(["greedy", "greedy+sampled"]), default="greedy", show_default=True,
+              help="greedy+sampled: the target also answers every training prompt by sampling (temperature 0.7)")
+@click.option("--teacher", type=click.Choice(["labels", "joint"]), default="labels", show_default=True,
+              help="labels: the target's top-k stored once; joint: the target runs in every training step and the "
+                   "loss is the KL divergence from its full-vocabulary distribution")
 @click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
 @json_option
 @reports_errors
 def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
-                  held_out: int, max_new_tokens: int, seed: int, precision: str, resume: bool,
-                  json_mode: bool) -> None:
+                  held_out: int, max_new_tokens: int, seed: int, precision: str, device: str, generate_batch: int,
+                  batch_tokens: int, answers: str, teacher: str, resume: bool, json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
     from specbuild.drafts.distill import DraftOptions, make_draft
     from specbuild.drafts.model_pairs import progress_display
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
-                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision)
+                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision,
+                           device=device, generate_batch=generate_batch, batch_tokens=batch_tokens, answers=answers,
+                           teacher=teacher)
     with progress_display(console) as progress:
         summary = make_draft(target, out, options, resume=resume, progress=progress)
     if json_mode:

@@ -1,13 +1,12 @@
 """``specbuild demo``: the whole product on the embedded default, end to end.
 
-Make the demo pair (SmolLM2-135M-Instruct and its draft, offline), compile it with the ``torch`` runtime,
-start the bundled Triton server, stream one answer through the ensemble with speculation on, ask the same
-question with speculation off for comparison, print both with their acceptance figures, stop the server.
+Make the demo pair (SmolLM2-135M-Instruct and the draft specbuild ships for it, offline), compile it with
+the ``torch`` runtime, start the bundled Triton server, stream one answer through the ensemble with
+speculation on, ask the same question with speculation off for comparison, print both with their
+acceptance figures and where the accepted draft tokens came from, stop the server.
 
-The SmolLM2 release drafts by prompt lookup only (``speculation.prompt_lookup`` with ``draft_fallback:
-false``): the draft the demo can make in minutes agrees with the target on ~5% of tokens and made it slower
-(0.79x through the server), while lookup costs nothing (about 1.0x on chat; docs/benchmarks.md). A
-distilled draft (``specbuild draft``) with lookup measured 1.07x. The tiny pair's draft is good: it drafts as usual.
+The SmolLM2 release drafts by prompt lookup first and by its distilled draft model when lookup finds
+nothing (:data:`DEMO_SPECULATION`). The tiny pair's draft drafts alone.
 """
 
 from __future__ import annotations
@@ -15,13 +14,31 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+if TYPE_CHECKING:
+    from specbuild.bench.metrics import Counters
+
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
-LOOKUP_ONLY = {"speculation.num_draft_tokens": 2, "speculation.prompt_lookup.enabled": True,
-               "speculation.prompt_lookup.draft_fallback": False}
+# K chosen with `specbuild tune --goal latency` on this release (command and figures: docs/benchmarks.md, "The
+# demo's draft"). On 2 cores shared with other jobs tune kept K=0 (verification cost V(K) 1.6-2.7 target steps
+# there); K=3 with lookup was the best K > 0 with one thread per engine model (V(1..3) measured alike, so lookup's
+# longer matches come free). Re-tune once the engines stop inflating V(K).
+DEMO_SPECULATION = {"speculation.num_draft_tokens": 3, "speculation.prompt_lookup.enabled": True}
+
+
+def token_sources(counters: Counters) -> str:
+    """Where one request's tokens came from, from the orchestrator's counter deltas over it: accepted draft
+    tokens by source (the draft model, prompt lookup), and the tokens the target made itself."""
+    lookup = counters.lookup_accepted_tokens
+    model = counters.accepted_tokens - lookup
+    model_drafted = counters.drafted_tokens - counters.lookup_drafted_tokens
+    own = counters.output_tokens - counters.accepted_tokens
+    return (f"{model:.0f} accepted from the draft model (of {model_drafted:.0f} drafted), {lookup:.0f} from prompt "
+            f"lookup (of {counters.lookup_drafted_tokens:.0f} drafted), {own:.0f} made by the target itself, in "
+            f"{counters.rounds:.0f} target steps")
 
 
 @dataclass
@@ -39,7 +56,7 @@ class DemoResult:
 def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
              num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
     from specbuild import compiler
-    from specbuild.bench.runner import chat_prompts
+    from specbuild.bench.runner import chat_prompts, read_counters
     from specbuild.drafts.model_pairs import pair_dir, progress_display
     from specbuild.bench.prompts import Prompt
     from specbuild.serve.client import GenerationRequest, SpecbuildClient
@@ -67,7 +84,7 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
         "target.checkpoint": str(pair.target_dir), "draft.checkpoint": str(pair.draft_dir),
         "outputs.build_dir": str(workdir / "build"), "outputs.engines_dir": str(workdir / "engines"),
         "outputs.repository_dir": str(workdir / "triton_repo"),
-        **({} if tiny else LOOKUP_ONLY),
+        **({} if tiny else DEMO_SPECULATION),
     }, base_dir=workdir)
     result = compiler.run(spec, console=console)
     console.rule("[bold]3/4 serve (Triton, loopback)")
@@ -80,14 +97,18 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
                                 [Prompt(category="chat", prompt=question)])
         console.rule("[bold]4/4 generate (streamed, speculation on)")
         console.print(f"[bold]question:[/] {question}")
-        source = "the draft model" if tiny else "prompt lookup (the demo's truncated draft costs more than it brings)"
+        source = "the draft model" if tiny else "prompt lookup, and the distilled draft model when lookup finds nothing"
         console.print(f"[bold]drafts from:[/] {source}")
         client.generate(prompt, 1, num_draft_tokens=0, stream=True)  # warm-up, so neither timed run pays it
         request = GenerationRequest(prompt, max_tokens, stream=True, num_draft_tokens=num_draft_tokens)
+        before = read_counters(server.metrics_url)
         speculative = client.run(request, on_chunk=lambda chunk: console.print(
             chunk.text, end="", highlight=False, markup=False, soft_wrap=True))
+        after = read_counters(server.metrics_url)
         console.print()
         console.print(f"[bold]speculative:[/] {speculative.summary()}")
+        if before is not None and after is not None:
+            console.print(f"[bold]where the tokens came from:[/] {token_sources(after - before)}")
         # Streamed too, so both runs pay the same per-response cost and their tokens/s compare.
         baseline = client.generate(prompt, max_tokens, num_draft_tokens=0, stream=True)
         console.print(f"[bold]target alone:[/] {baseline.summary()}")

@@ -2,8 +2,7 @@
 target's own answers, step costs timed on this machine, and the analytic model of
 :func:`specbuild.bench.metrics.expected_speedup` (the one formula; every prediction goes through it).
 
-Used by ``specbuild init`` (the K a starter spec begins with), ``specbuild draft`` (a new draft's summary) and
-the demo pair's recipe (which truncation to keep).
+Used by ``specbuild init`` (the K a starter spec begins with) and ``specbuild draft`` (a new draft's summary).
 """
 
 from __future__ import annotations

@@ -142,20 +142,27 @@ class Counters:
         return cls(**totals, **vectors)
 
     def __sub__(self, before: Counters) -> Counters:
-        scalars = {key: getattr(self, key) - getattr(before, key) for key in COUNTER_NAMES}
-        vectors = {key: _subtract(getattr(self, key), getattr(before, key)) for key in PER_POSITION}
+        return self._combine(before, -1.0)
+
+    def __add__(self, other: Counters) -> Counters:
+        """Sums of counter deltas: a cell measured in many blocks adds up each block's change."""
+        return self._combine(other, 1.0)
+
+    def _combine(self, other: Counters, sign: float) -> Counters:
+        scalars = {key: getattr(self, key) + sign * getattr(other, key) for key in COUNTER_NAMES}
+        vectors = {key: _combine(getattr(self, key), getattr(other, key), sign) for key in PER_POSITION}
         return Counters(**scalars, **vectors)
 
 
-def _subtract(after: tuple[float, ...], before: tuple[float, ...]) -> tuple[float, ...]:
-    """Element-wise ``after - before`` of per-position counts, trailing zeros dropped."""
-    width = max(len(after), len(before))
-    padded_after = list(after) + [0.0] * (width - len(after))
-    padded_before = list(before) + [0.0] * (width - len(before))
-    delta = tuple(a - b for a, b in zip(padded_after, padded_before))
-    while delta and delta[-1] == 0:
-        delta = delta[:-1]
-    return delta
+def _combine(first: tuple[float, ...], second: tuple[float, ...], sign: float) -> tuple[float, ...]:
+    """Element-wise ``first + sign * second`` of per-position counts, trailing zeros dropped."""
+    width = max(len(first), len(second))
+    padded_first = list(first) + [0.0] * (width - len(first))
+    padded_second = list(second) + [0.0] * (width - len(second))
+    combined = tuple(a + sign * b for a, b in zip(padded_first, padded_second))
+    while combined and combined[-1] == 0:
+        combined = combined[:-1]
+    return combined
 
 
 def acceptance_per_position(counters: Counters) -> list[float]:
@@ -341,6 +348,15 @@ def compare(cells: Sequence[Cell]) -> list[Cell]:
             cell.efficiency = _ratio(cell.speedup or 0.0, cell.expected_speedup)
         compared.append(cell)
     return compared
+
+
+def drift_warnings(cells: Sequence[Cell]) -> list[str]:
+    """One warning per cell whose V(K) came out below 1: verifying K+1 tokens cannot cost less than making
+    one, so the machine ran faster during that cell than during K=0 and its ratios are not to be trusted."""
+    return [f"{cell.label} at concurrency {cell.concurrency}: V(K) = {cell.verify_cost:.2f} < 1 is physically "
+            "impossible (verifying K+1 tokens costs at least one target step): the load on this machine changed "
+            "between this cell and K=0, so their ratios drifted; rerun on a quieter machine or with more prompts"
+            for cell in cells if cell.k and cell.verify_cost is not None and cell.verify_cost < 1.0]
 
 
 def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]]) -> None:

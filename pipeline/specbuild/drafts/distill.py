@@ -21,6 +21,16 @@ On CPUs with bfloat16 matrix units (Intel AMX, AVX512-BF16) the target's answers
 training matmuls run in bfloat16 (``precision="auto"``): 4-6x the float32 throughput on such a CPU, so the
 same budget buys that much more data. The saved draft and the acceptance summary stay float32.
 
+The same code runs on a CUDA GPU (``device``; ``auto`` takes one when there is one, in bfloat16 where it
+supports it): only the device and dtype differ, so the CPU tests cover it. Two options follow the recipe
+that reached 0.42-0.53 held-out agreement for SmolLM2-135M on an H200 (docs/benchmarks.md), worth their
+cost where compute is plentiful:
+
+- ``answers="greedy+sampled"``: after the greedy answers, the target answers the training prompts again
+  by sampling (temperature ``sample_temperature``): more, and more varied, text of the target's own;
+- ``teacher="joint"``: no stored top-k labels; the target runs inside every training step and the loss is
+  the KL divergence from its full-vocabulary distribution (plus the same hidden-state regression).
+
 Everything runs under a hard wall-clock budget with periodic checkpoints in ``<OUT>.state/`` (outside the
 checkpoint folder, so ``specbuild compile`` never sees it) and ``resume``. Seeds fix the prompts, the
 batch order and the initialisation. The summary reports held-out greedy acceptance at K=1..4 (answers to
@@ -57,6 +67,9 @@ WARMUP_SHARE, FINAL_LR_SHARE = 0.05, 0.1
 MAX_K = 4
 EVAL_RESERVE_SECONDS = 60
 PRECISIONS = ("auto", "float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+ANSWERS = ("greedy", "greedy+sampled")
+TEACHERS = ("labels", "joint")
 LABEL_BATCH_TOKENS = 4096
 
 
@@ -80,6 +93,10 @@ class DraftOptions:
     checkpoint_every: int = 100
     threads: int = 2
     precision: str = "auto"  # "auto": bfloat16 where the CPU has bfloat16 matrix units, else float32
+    device: str = "auto"  # "auto": CUDA when there is a GPU, else the CPU
+    answers: str = "greedy"  # "greedy+sampled": a sampled answer to every training prompt as well
+    sample_temperature: float = 0.7
+    teacher: str = "labels"  # "joint": the target's full distribution computed in each training step
 
     def validate(self) -> None:
         checks = [(self.layers >= 1, "--layers must be at least 1"), (self.minutes > 0, "--minutes must be > 0"),
@@ -87,7 +104,11 @@ class DraftOptions:
                   "prompts must outnumber the held-out prompts (at least 1)"),
                   (0 < self.data_share < 1, "data_share must be between 0 and 1"),
                   (self.hidden is None or self.hidden >= 1, "--hidden must be positive"),
-                  (self.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}")]
+                  (self.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}"),
+                  (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}"),
+                  (self.answers in ANSWERS, f"--answers must be one of {', '.join(ANSWERS)}"),
+                  (self.sample_temperature > 0, "the sampling temperature must be > 0"),
+                  (self.teacher in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}")]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message, "see `specbuild draft --help`")
@@ -95,7 +116,8 @@ class DraftOptions:
     def architecture(self) -> dict[str, Any]:
         """The settings a resumed run must share with the run it continues (``steps`` may grow to train on)."""
         return {key: getattr(self, key) for key in ("layers", "hidden", "prompts", "held_out", "max_new_tokens",
-                                                    "top_k", "seed", "batch_tokens", "learning_rate")}
+                                                    "top_k", "seed", "batch_tokens", "learning_rate", "answers",
+                                                    "sample_temperature", "teacher")}
 
 
 def state_dir(out_dir: str | Path) -> Path:
@@ -119,27 +141,32 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
     train_deadline = started + budget - min(EVAL_RESERVE_SECONDS, 0.1 * budget)  # leave time for the summary
     out, work = Path(out_dir), state_dir(out_dir)
     _check_paths(Path(target_dir), out, work, resume, options)
+    device = resolve_device(options.device)
     with torch_threads(options.threads):
         torch.manual_seed(options.seed)
-        target, tokenizer = _load_target(Path(target_dir))
-        dtype = compute_dtype(options.precision)
-        data = _load_or_make_data(target, tokenizer, work, options, data_deadline, dtype, progress)
+        target, tokenizer = _load_target(Path(target_dir), device)
+        dtype = compute_dtype(options.precision, device)
+        teacher = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)  # fp32 needs no copy
+        data = _load_or_make_data(teacher, tokenizer, work, options, data_deadline, progress)
         student, copied = student_from_target(target, options.layers, options.hidden)
-        trainer = Trainer(student, data, options, frozen_head=options.hidden in (None, target.config.hidden_size),
-                          dtype=dtype)
+        trainer = Trainer(student.to(device), data, options, dtype=dtype,
+                          frozen_head=options.hidden in (None, target.config.hidden_size),
+                          teacher=teacher if options.teacher == "joint" else None)
+        del teacher  # a labels teacher's bfloat16 copy is not needed any more
         if resume and (work / TRAIN_FILE).is_file():
             trainer.load(work / TRAIN_FILE)
         resumed_from = trainer.step
         trainer.run(train_deadline, work / TRAIN_FILE, progress)
         figures = evaluate(target, student, data, progress)
     summary = {
-        "target": str(target_dir), "options": asdict(options), "compute_dtype": str(dtype).removeprefix("torch."),
+        "target": str(target_dir), "options": asdict(options), "device": str(device),
+        "compute_dtype": str(dtype).removeprefix("torch."),
         "copied_layers": copied,
         "parameters": parameter_count(student), "resumed_from_step": resumed_from, "steps_done": trainer.step,
         "train_seconds": round(trainer.seconds, 1), "data": data.figures, **figures,
     }
     with atomic_output_dir(out) as scratch:
-        save_checkpoint(student, tokenizer, scratch)
+        save_checkpoint(student.cpu(), tokenizer, scratch)
         summary["bytes"] = folder_bytes(scratch)
         (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
@@ -156,8 +183,8 @@ def _check_paths(target: Path, out: Path, work: Path, resume: bool, options: Dra
     recorded = work / "options.json"
     if work.exists() and not resume:
         raise UsageError(f"{work} holds an earlier run", "pass --resume to continue it, or remove the folder")
-    if resume and recorded.is_file():
-        previous = json.loads(recorded.read_text(encoding="utf-8"))
+    if resume and recorded.is_file():  # settings added since that run was made have their defaults there
+        previous = {**DraftOptions().architecture(), **json.loads(recorded.read_text(encoding="utf-8"))}
         if previous != options.architecture():
             changed = sorted(key for key in previous if previous.get(key) != options.architecture().get(key))
             raise UsageError(f"--resume with different settings than the saved run: {', '.join(changed)}",
@@ -166,7 +193,7 @@ def _check_paths(target: Path, out: Path, work: Path, resume: bool, options: Dra
     atomic_write_bytes(recorded, json.dumps(options.architecture(), indent=2).encode("utf-8"))
 
 
-def _load_target(folder: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+def _load_target(folder: Path, device: torch.device) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -178,15 +205,30 @@ def _load_target(folder: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBas
     if model.config.model_type != "llama":
         raise CheckpointError(f"specbuild draft makes Llama drafts, and copies layers from the target, but the target "
                               f"is {model.config.model_type!r}", "use a Llama-architecture target")
-    return model.float().eval(), tokenizer
+    return model.float().to(device).eval(), tokenizer
 
 
-def compute_dtype(precision: str) -> torch.dtype:
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda``, or for ``auto`` CUDA when a GPU is visible; a clear error for ``cuda`` without one."""
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda, but torch sees no CUDA GPU",
+                         "use --device cpu (or auto), or install a CUDA build of torch on a GPU machine")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def compute_dtype(precision: str, device: torch.device | None = None) -> torch.dtype:
     """The dtype for the target's answers, labels and training matmuls (see the module docstring)."""
     import torch
 
     if precision == "auto":
-        fast_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        if device is not None and device.type == "cuda":
+            fast_bf16 = torch.cuda.is_bf16_supported()
+        else:
+            fast_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
         return torch.bfloat16 if fast_bf16 else torch.float32
     return torch.bfloat16 if precision == "bfloat16" else torch.float32
 
@@ -194,20 +236,21 @@ def compute_dtype(precision: str) -> torch.dtype:
 # --- data ------------------------------------------------------------------------------------------------
 @dataclass
 class DistillData:
-    """Every sequence (prompt + the target's greedy answer) as one flat stream, with the target's labels.
+    """Every sequence (prompt + one of the target's answers) as one flat stream, with the target's labels.
 
-    ``offsets[i]:offsets[i+1]`` is sequence i; ``top_ids``/``top_logp`` hold the target's top-k next-token
-    ids and log-probabilities at each position, ``hidden`` its final normed hidden state (fp16).
+    ``offsets[i]:offsets[i+1]`` is sequence i, the held-out ones first; ``top_ids``/``top_logp`` hold the
+    target's top-k next-token ids and log-probabilities at each position, ``hidden`` its final normed hidden
+    state (fp16). A joint teacher needs no labels: they are None then.
     """
 
     ids: torch.Tensor
     offsets: torch.Tensor
     prompt_lens: torch.Tensor
-    top_ids: torch.Tensor
-    top_logp: torch.Tensor
-    hidden: torch.Tensor
     held_out: int
     figures: dict[str, Any]
+    top_ids: torch.Tensor | None = None
+    top_logp: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
     def rows(self, indices: range) -> list[tuple[int, int, int]]:
         """(start, end, prompt length) of the given sequences."""
@@ -218,9 +261,9 @@ class DistillData:
         return len(self.prompt_lens)
 
 
-def _load_or_make_data(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work: Path,
-                       options: DraftOptions, deadline: float, dtype: torch.dtype,
-                       progress: Progress | None) -> DistillData:
+def _load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work: Path,
+                       options: DraftOptions, deadline: float, progress: Progress | None) -> DistillData:
+    """The target's answers (and, for a ``labels`` teacher, their labels), made once and kept in ``work``."""
     from safetensors.torch import load, save
 
     path = work / DATA_FILE
@@ -229,24 +272,29 @@ def _load_or_make_data(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
         figures = json.loads((work / "data.json").read_text(encoding="utf-8"))
         return DistillData(**tensors, held_out=options.held_out, figures=figures)
     started = time.monotonic()
-    prompts = _encode_prompts(tokenizer, options)
-    teacher = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)  # fp32 needs no copy
-    sequences = target_answers(teacher, tokenizer, prompts, options, deadline, progress)
+    prompts = encode_prompts(tokenizer, options)
+    sampled = options.answers == "greedy+sampled"
+    greedy_deadline = started + (deadline - started) / 2 if sampled else deadline  # an even split of the time
+    sequences = target_answers(teacher, tokenizer, prompts, options, greedy_deadline, progress)
     if len(sequences) <= options.held_out:
         raise UsageError(f"the data budget produced only {len(sequences)} answers, fewer than the {options.held_out} "
                          "held out", "give the run more --minutes")
-    data = label(teacher, sequences, options.top_k, progress)
-    del teacher
+    greedy_count = len(sequences)
+    if sampled:  # the prompts answered greedily, held-out ones excepted, answered again by sampling
+        sequences += target_answers(teacher, tokenizer, prompts[options.held_out:greedy_count], options, deadline,
+                                    progress, temperature=options.sample_temperature)
+    data = label(teacher, sequences, options.top_k if options.teacher == "labels" else None, progress)
     data.held_out = options.held_out
-    data.figures.update(generate_seconds=round(time.monotonic() - started, 1))
+    data.figures.update(generate_seconds=round(time.monotonic() - started, 1), greedy_answers=greedy_count,
+                        sampled_answers=len(sequences) - greedy_count)
     tensors = {name: getattr(data, name).contiguous() for name in
-               ("ids", "offsets", "prompt_lens", "top_ids", "top_logp", "hidden")}
+               ("ids", "offsets", "prompt_lens", "top_ids", "top_logp", "hidden") if getattr(data, name) is not None}
     atomic_write_bytes(path, save(tensors))
     atomic_write_bytes(work / "data.json", json.dumps(data.figures).encode("utf-8"))
     return data
 
 
-def _encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
     """The distillation prompts, held-out ones first, in the target's chat template when it has one."""
     from specbuild.drafts.prompts import distillation_prompts
     from specbuild.bench.prompts import load_prompts
@@ -261,27 +309,36 @@ def _encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -
 
 
 def target_answers(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
-                   options: DraftOptions, deadline: float, progress: Progress | None) -> list[tuple[list[int], int]]:
-    """The target's greedy answers, batched (left-padded), until the prompts or the data budget run out.
+                   options: DraftOptions, deadline: float, progress: Progress | None, *,
+                   temperature: float | None = None) -> list[tuple[list[int], int]]:
+    """The target's greedy answers (sampled ones at ``temperature``, no top-k or top-p cut), batched
+    (left-padded) on the target's device, until the prompts or the data budget run out.
 
     Returns (prompt + answer, prompt length) per prompt, each answer cut after its first end-of-sequence.
+    The budget never stops the greedy pass before it has the held-out answers.
     """
     import torch
+
+    sampling = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature else
+                {"do_sample": False, "temperature": None, "top_p": None, "top_k": None})
+    needed = 0 if temperature else options.held_out
+    device = target.device
 
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
     sequences: list[tuple[list[int], int]] = []
-    with stage(progress, "draft: target answers prompts", len(prompts)) as advance, torch.no_grad():
+    description = f"draft: target answers prompts ({'sampled' if temperature else 'greedy'})"
+    with stage(progress, description, len(prompts)) as advance, torch.no_grad():
         for first in range(0, len(prompts), options.generate_batch):
-            if time.monotonic() > deadline and len(sequences) > options.held_out:
+            if time.monotonic() > deadline and len(sequences) > needed:
                 break
             batch = prompts[first:first + options.generate_batch]
             width = max(map(len, batch))
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-            out = target.generate(ids, attention_mask=mask, max_new_tokens=options.max_new_tokens, do_sample=False,
-                                  pad_token_id=pad, temperature=None, top_p=None, top_k=None)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+            out = target.generate(ids, attention_mask=mask, max_new_tokens=options.max_new_tokens,
+                                  pad_token_id=pad, **sampling)
             for prompt, row in zip(batch, out[:, width:].tolist()):
                 answer = next((row[:i + 1] for i, token in enumerate(row) if token in eos_ids), row)
                 sequences.append((prompt + answer, len(prompt)))
@@ -289,12 +346,21 @@ def target_answers(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase,
     return sequences
 
 
-def label(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], top_k: int,
+def label(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], top_k: int | None,
           progress: Progress | None) -> DistillData:
     """Teacher-forced target passes (sequences of similar length batched, right-padded: causal attention
-    never lets a real position see padding) keeping top-k log-probabilities and final hidden states."""
+    never lets a real position see padding) keeping top-k log-probabilities and final hidden states
+    (on the CPU); ``top_k=None`` keeps the sequences only (a joint teacher labels them while training)."""
     import torch
 
+    lengths = torch.tensor([0] + [len(sequence) for sequence, _ in sequences])
+    data = DistillData(
+        ids=torch.tensor([token for sequence, _ in sequences for token in sequence]),
+        offsets=lengths.cumsum(0), prompt_lens=torch.tensor([length for _, length in sequences]), held_out=0,
+        figures={"sequences": len(sequences), "tokens": int(lengths.sum()),
+                 "answer_tokens": sum(len(s) - p for s, p in sequences)})
+    if top_k is None:
+        return data
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
     top_ids: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     top_logp, hidden = list(top_ids), list(top_ids)
@@ -306,22 +372,18 @@ def label(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], top_
                 last += 1
             batch = order[first:last]
             width = len(sequences[batch[-1]][0])
-            ids = torch.tensor([sequences[i][0] + [0] * (width - len(sequences[i][0])) for i in batch])
+            ids = torch.tensor([sequences[i][0] + [0] * (width - len(sequences[i][0])) for i in batch],
+                               device=target.device)
             states = target.model(input_ids=ids).last_hidden_state
             values, indices = target.lm_head(states).float().log_softmax(-1).topk(top_k, dim=-1)
             for row, i in enumerate(batch):
                 length = len(sequences[i][0])
-                top_ids[i], top_logp[i] = indices[row, :length].int(), values[row, :length]
-                hidden[i] = states[row, :length].half()
+                top_ids[i], top_logp[i] = indices[row, :length].int().cpu(), values[row, :length].cpu()
+                hidden[i] = states[row, :length].half().cpu()
             advance(len(batch))
             first = last
-    lengths = torch.tensor([0] + [len(sequence) for sequence, _ in sequences])
-    return DistillData(
-        ids=torch.tensor([token for sequence, _ in sequences for token in sequence]),
-        offsets=lengths.cumsum(0), prompt_lens=torch.tensor([length for _, length in sequences]),
-        top_ids=torch.cat(top_ids), top_logp=torch.cat(top_logp), hidden=torch.cat(hidden), held_out=0,
-        figures={"sequences": len(sequences), "tokens": int(lengths.sum()),
-                 "answer_tokens": sum(len(s) - p for s, p in sequences)})
+    data.top_ids, data.top_logp, data.hidden = torch.cat(top_ids), torch.cat(top_logp), torch.cat(hidden)
+    return data
 
 
 # --- the draft -------------------------------------------------------------------------------------------
@@ -386,13 +448,20 @@ def learning_rate(step: int, steps: int, peak: float) -> float:
 
 
 class Trainer:
-    """Distillation steps over :class:`DistillData` with a cosine schedule, checkpoints and resume."""
+    """Distillation steps over :class:`DistillData` with a cosine schedule, checkpoints and resume.
+
+    The teacher's view of each position comes from the stored labels (top-k cross-entropy over the tokens
+    the target ever ranks in its top-k), or with a ``teacher`` model from that model, run in the step
+    (KL divergence from its full-vocabulary distribution). Batches are moved to the student's device.
+    """
 
     def __init__(self, student: LlamaForCausalLM, data: DistillData, options: DraftOptions, *,
-                 frozen_head: bool, dtype: torch.dtype) -> None:
+                 frozen_head: bool, dtype: torch.dtype, teacher: LlamaForCausalLM | None = None) -> None:
         import torch
 
         self.student, self.data, self.options, self.frozen_head = student, data, options, frozen_head
+        self.teacher = teacher
+        self.device = student.device
         self.dtype = dtype  # matmuls only: weights, optimizer state and the loss's softmax stay float32
         if frozen_head:
             student.model.embed_tokens.weight.requires_grad_(False)
@@ -401,10 +470,12 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.parameters, lr=options.learning_rate, betas=(0.9, 0.95),
                                            weight_decay=0.0)
         self.batches = self._batches(range(data.held_out, data.count))
-        # Training softmax runs over the tokens the target ever ranks in its top-k (the saved head is whole).
-        self.vocabulary = data.top_ids[int(data.offsets[data.held_out]):].unique().long()
-        self.position = torch.full((student.config.vocab_size,), -1, dtype=torch.long)
-        self.position[self.vocabulary] = torch.arange(len(self.vocabulary))
+        if teacher is None:
+            # Training softmax runs over the tokens the target ever ranks in its top-k (the saved head is whole).
+            self.vocabulary = data.top_ids[int(data.offsets[data.held_out]):].unique().long()
+            self.position = torch.full((student.config.vocab_size,), -1, dtype=torch.long)
+            self.position[self.vocabulary] = torch.arange(len(self.vocabulary))
+            self.vocabulary = self.vocabulary.to(self.device)
         self.step, self.seconds, self.last_loss = 0, 0.0, float("nan")
 
     def _batches(self, indices: range) -> list[list[tuple[int, int, int]]]:
@@ -439,16 +510,28 @@ class Trainer:
             weight[row, :length - 1] = PROMPT_WEIGHT  # position t is labelled with the target's view of t+1
             weight[row, prompt_len - 1:length - 1] = 1.0
         flat = torch.cat([torch.arange(start, end) for start, end, _ in rows])
-        selected = weight[mask.bool()] > 0
-        weights = weight[mask.bool()][selected]
-        states = self.student.model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()][selected].float()
-        teacher = flat[selected]
-        logits = states @ self.student.lm_head.weight[self.vocabulary].T
-        log_q = logits.log_softmax(-1).gather(-1, self.position[data.top_ids[teacher].long()])
-        per_token = -(data.top_logp[teacher].exp() * log_q).sum(-1)
+        real = mask.bool()
+        selected = weight[real] > 0
+        labelled = flat[selected]  # stream positions, to look up stored labels (they stay on the CPU)
+        weights = weight[real][selected].to(self.device)
+        ids, mask, real, selected = (tensor.to(self.device) for tensor in (ids, mask, real, selected))
+        states = self.student.model(input_ids=ids, attention_mask=mask).last_hidden_state[real][selected].float()
+        if self.teacher is None:
+            logits = states @ self.student.lm_head.weight[self.vocabulary].T
+            columns = self.position[data.top_ids[labelled].long()].to(self.device)
+            log_q = logits.log_softmax(-1).gather(-1, columns)
+            per_token = -(data.top_logp[labelled].to(self.device).exp() * log_q).sum(-1)
+            target_states = data.hidden[labelled].to(self.device).float()
+        else:
+            with torch.no_grad():
+                target_states = self.teacher.model(input_ids=ids, attention_mask=mask).last_hidden_state[real][selected]
+                log_p = self.teacher.lm_head(target_states).float().log_softmax(-1)
+            target_states = target_states.float()
+            log_q = self.student.lm_head(states).float().log_softmax(-1)
+            per_token = (log_p.exp() * (log_p - log_q)).sum(-1)  # KL(teacher || student), full vocabulary
         if self.frozen_head:
-            target_states = data.hidden[teacher].float()
-            per_token = per_token + HIDDEN_WEIGHT * ((states - target_states) ** 2).mean(-1) / target_states.pow(2).mean()
+            regression = ((states - target_states) ** 2).mean(-1) / target_states.pow(2).mean()
+            per_token = per_token + HIDDEN_WEIGHT * regression
         return (per_token * weights).sum() / weights.sum()
 
     def run(self, deadline: float, checkpoint: Path, progress: Progress | None) -> None:
@@ -464,7 +547,7 @@ class Trainer:
                     began = time.monotonic()
                     for group in self.optimizer.param_groups:
                         group["lr"] = learning_rate(self.step, self.options.steps, self.options.learning_rate)
-                    with torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32):
+                    with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
                         loss = self.loss(self.batch_for(self.step))
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
@@ -509,7 +592,7 @@ def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillD
     matches = []
     with stage(progress, "draft: held-out acceptance", data.held_out) as advance, torch.no_grad():
         for start, end, prompt_len in data.rows(range(data.held_out)):
-            sequence = data.ids[start:end]
+            sequence = data.ids[start:end].to(student.device)
             matches.append(draft_matches(student(input_ids=sequence[None]).logits[0], sequence, prompt_len))
             advance(1)
     acceptance = acceptance_by_k(matches, MAX_K)

@@ -533,7 +533,7 @@ def verify_release(repository: str | Path) -> None:
     report = verify(Path(repository) / MANIFEST_NAME)
     if report.ok:
         return
-    problems = [f"{kind} {path}" for kind, paths in (("changed", report.changed), ("missing", report.missing),
+    problems = [f"{kind} {(Path(repository) / path).resolve()}" for kind, paths in (("changed", report.changed), ("missing", report.missing),
                                                       ("extra", report.extra)) for path in paths]
     shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
     raise VerificationError(f"the release does not match its manifest: {report.summary()}: {shown}",

@@ -138,6 +138,7 @@ class TorchEngine:
         ).to(self.device)
         self.model.eval()
         self._cache_argument = cache_keyword(self.model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         config = self.model.config
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_seq_len = int(max_seq_len or getattr(config, "max_position_embeddings", 2048))
@@ -185,11 +186,16 @@ class TorchEngine:
                 "draft and target must have the same vocabulary size for draft-logits acceptance",
             )
 
-    def _forward(self, tokens: list[int], cache: Any) -> torch.Tensor:
-        """Feed ``tokens`` after what ``cache`` holds; return float32 logits ``[len(tokens), vocab]``."""
+    def _forward(self, tokens: list[int], cache: Any, keep: int) -> torch.Tensor:
+        """Feed ``tokens`` after what ``cache`` holds; return float32 logits ``[keep, vocab]`` of the last ``keep``.
+
+        The output head runs on those positions only where the model allows it: over a prompt, or over the
+        tokens a draft catches up on after a round, a 49k-row head on every position costs more than a small
+        draft's decoder layers."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, use_cache=True, **{self._cache_argument: cache})
-        return out.logits[0].float()
+        kept = {"logits_to_keep": keep} if self._keeps_logits else {}
+        out = self.model(input_ids=ids, use_cache=True, **kept, **{self._cache_argument: cache})
+        return out.logits[0, -keep:].float()
 
     def _new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -234,7 +240,7 @@ class TorchEngine:
         tokens: list[int] = []
         kept_logits: list[torch.Tensor] = []
         for step in range(request.max_new_tokens):
-            logits = self._masked(self._forward(feed, cache)[-1], sequence, request, step)
+            logits = self._masked(self._forward(feed, cache, 1)[-1], sequence, request, step)
             sampled, params = self._sampled(logits[None], [sequence], request.sampling)
             token = self._pick(sampled[0], params, generator)
             tokens.append(token)
@@ -254,7 +260,7 @@ class TorchEngine:
         prompt = list(request.input_ids)
         cache, reused = self._take_cache(prompt)
         contexts = [prompt + drafts[:position] for position in range(len(drafts) + 1)]
-        raw = self._forward(prompt[reused:] + drafts, cache)[-(len(drafts) + 1):]
+        raw = self._forward(prompt[reused:] + drafts, cache, len(drafts) + 1)
         logits = torch.stack([self._masked(row, context, request, position)
                               for position, (row, context) in enumerate(zip(raw, contexts))])
         target, params = self._sampled(logits, contexts, request.sampling)
