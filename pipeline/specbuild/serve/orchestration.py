@@ -9,7 +9,6 @@ once; the request's last response carries the final flag.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable

@@ -287,7 +287,7 @@ class TritonServer:
         env = self.environment(install)
         sources = (install.python_backend / "libtriton_python.so",
                    install.python_backend / "triton_python_backend_utils.py", install.stub())
-        argv = [f'--backend-directory="$BACKENDS"' if arg.startswith("--backend-directory=") else shlex.quote(arg)
+        argv = ['--backend-directory="$BACKENDS"' if arg.startswith("--backend-directory=") else shlex.quote(arg)
                 for arg in self.command(install, Path("."))]
         libs = env["LD_LIBRARY_PATH"].split(os.pathsep)[:2]
         return "\n".join([
