@@ -85,7 +85,7 @@ COMMANDS: dict[str, Callable[..., list[str]]] = {
         "-m", "specbuild.cli", "demo", "--tiny", "--workdir", str(tmp), "--max-tokens", "64"],
     "serve": lambda release, tmp: [
         "-m", "specbuild.cli", "serve", str(release.repository), "--http-port", "0", "--grpc-port", "0",
-        "--metrics-port", "0", "--json"],
+        "--metrics-port", "0", "--openai-port", "0", "--json"],
     "a script using TritonServer": lambda release, tmp: [
         "-c", "import sys, time\nfrom specbuild.serve.server import TritonServer\n"
               f"with TritonServer({str(release.repository)!r}):\n    time.sleep(3600)\n"],
@@ -104,6 +104,8 @@ def test_sigterm_stops_the_server_its_models_and_their_shared_memory(name, tiny_
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         server = _ready_server(command)
+        if name == "serve":  # ready once its OpenAI API is up too, which it announces
+            announced = [json.loads(command.stdout.readline())]
         processes, regions = _left_behind(server["prefix"])
         assert len(processes) >= 6 and regions  # the server and its python models, with their shared memory
         command.send_signal(signal.SIGTERM)
@@ -114,7 +116,7 @@ def test_sigterm_stops_the_server_its_models_and_their_shared_memory(name, tiny_
     assert _left_behind(server["prefix"]) == ([], [])
     assert server["prefix"].startswith(SHM_PREFIX)
     if name == "serve":  # serving until told to stop is its job: a clean exit, announced in JSON Lines
-        events = [json.loads(line) for line in stdout.splitlines()]
+        events = announced + [json.loads(line) for line in stdout.splitlines()]
         assert [event["event"] for event in events] == ["ready", "stopped"] and command.returncode == 0
         assert events[0]["processes"]["tritonserver"] == events[0]["pid"]
     elif name == "a script using TritonServer":
