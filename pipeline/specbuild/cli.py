@@ -282,7 +282,7 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
         repository = str(rehearsal_repository(repository, workdir))
     elif release is not None and runtime_for(release.spec.runtime).container_launch:
         from specbuild.serve.launch import release_launch_plan
-        from specbuild.serve.server import reachable_host, run_foreground
+        from specbuild.serve.processes import reachable_host, run_foreground
 
         plan = release_launch_plan(repository, launch_overrides(assignments, host=host, **ports),
                                    verify_files=not no_verify)
@@ -355,7 +355,7 @@ def openai_command(repository: str, triton_url: str, host: str, port: int, dry_r
     container, a Kubernetes pod's Triton) until Ctrl-C or SIGTERM."""
     from specbuild.errors import ServerError, UsageError
     from specbuild.serve.frontend import OpenAIFrontend, serves_openai
-    from specbuild.serve.server import stop_signals, wait_until
+    from specbuild.serve.processes import stop_signals, wait_until
 
     if not serves_openai(repository):
         raise UsageError(f"{repository} is not a release the OpenAI-compatible API can serve (it needs the "
