@@ -508,7 +508,8 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
     and a HorizontalPodAutoscaler on the requests in flight (prometheus-adapter rule written beside them).
     """
     from specbuild.package.manifest import read_release
-    from specbuild.serve.k8s import DeployOptions, release_manifests, to_yaml, write_manifests
+    from specbuild.serve.k8s import release_manifests, to_yaml, write_manifests
+    from specbuild.serve.k8s_pods import DeployOptions
 
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
                             release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,
