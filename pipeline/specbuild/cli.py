@@ -281,7 +281,7 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
         atexit.register(shutil.rmtree, workdir, ignore_errors=True)
         repository = str(rehearsal_repository(repository, workdir))
     elif release is not None and runtime_for(release.spec.runtime).container_launch:
-        from specbuild.serve.launch import release_launch_plan
+        from specbuild.serve.release_launch import release_launch_plan
         from specbuild.serve.processes import reachable_host, run_foreground
 
         plan = release_launch_plan(repository, launch_overrides(assignments, host=host, **ports),

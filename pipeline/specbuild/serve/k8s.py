@@ -40,7 +40,7 @@ import yaml
 from specbuild.build.runtimes import runtime_for
 from specbuild.errors import UsageError
 from specbuild.serve.k8s_pods import DeployOptions, PodPlan, ReleaseFootprint, check_options, k8s_name, pod_plan
-from specbuild.serve.launch import apply_launch_settings
+from specbuild.serve.release_launch import apply_launch_settings, check_compiled_layout, release_launch_spec
 from specbuild.speculation.stats import IN_FLIGHT
 from specbuild.spec import BuildSpec
 
@@ -330,9 +330,7 @@ def manifests(spec: BuildSpec, footprint: ReleaseFootprint, options: DeployOptio
 def release_manifests(release: Release, overrides: dict[str, Any], options: DeployOptions, *,
                       kserve: bool = False) -> list[dict[str, Any]]:
     """:func:`manifests` of a compiled release, with ``overrides`` only where a launch may choose; a GPU release
-    is also held to the launch layout it was compiled for (:mod:`specbuild.serve.launch`)."""
-    from specbuild.serve.launch import check_compiled_layout, release_launch_spec
-
+    is also held to the launch layout it was compiled for (:mod:`specbuild.serve.release_launch`)."""
     if runtime_for(release.spec.runtime).container_launch:
         spec = release_launch_spec(release.spec, overrides)
         check_compiled_layout(release.repository, spec)
