@@ -29,7 +29,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from specbuild.bench.prompts import load_prompts
 from specbuild.bench.runner import chat_prompts
-from specbuild.drafts.distill import DraftOptions, encode_prompts, compute_dtype, target_answers
+from specbuild.drafts.distill import DraftOptions, compute_dtype
+from specbuild.drafts.distill_data import encode_prompts, target_answers
 from specbuild.drafts.model_pairs import acceptance_by_k
 
 CONTEXT = 200

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from served_tiny import MAX_INPUT_LEN, checkpoints, raw_stream, served, tiny_repository  # noqa: F401
 
-from specbuild.check.checkpoints import read_checkpoint, read_safetensors_header
+from specbuild.check.checkpoints import read_checkpoint
+from specbuild.check.weights import read_safetensors_header
 from specbuild.cli import main
 from specbuild.errors import CheckpointError, SpecError
 from specbuild.spec import BuildSpec, load_spec

@@ -26,7 +26,8 @@ from specbuild.serve.client import (
     parse_sse,
 )
 from specbuild.errors import RequestError, ServerError
-from specbuild.serve.server import TritonServer, free_port
+from specbuild.serve.processes import free_port
+from specbuild.serve.server import TritonServer
 
 TOY = Path(__file__).parent / "data" / "toy_triton"
 

@@ -64,7 +64,7 @@ def layers_file(student, path):
 
 def test_assembled_draft_is_the_layers_file_plus_the_targets_embeddings(tiny_pair, tmp_path):
     from specbuild.build.hashing import sha256_file
-    from specbuild.drafts.distill import student_from_target
+    from specbuild.drafts.distill_training import student_from_target
 
     target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()
     student, _ = student_from_target(target, 1)
@@ -85,7 +85,7 @@ def test_assembled_draft_is_the_layers_file_plus_the_targets_embeddings(tiny_pai
 
 
 def test_a_tampered_draft_file_is_refused_before_use(tiny_pair, tmp_path):
-    from specbuild.drafts.distill import student_from_target
+    from specbuild.drafts.distill_training import student_from_target
 
     target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()
     path = layers_file(student_from_target(target, 1)[0], tmp_path / "layers.safetensors")

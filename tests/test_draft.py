@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.drafts.distill import (DATA_FILE, SUMMARY_FILE, TRAIN_FILE, DraftOptions, Trainer, compute_dtype,
-                                      label, learning_rate, resolve_device, spread_layers, state_dir,
-                                      student_from_target)
+from specbuild.drafts.distill import SUMMARY_FILE, TRAIN_FILE, DraftOptions, compute_dtype, resolve_device, state_dir
+from specbuild.drafts.distill_data import DATA_FILE, label
+from specbuild.drafts.distill_training import Trainer, learning_rate, spread_layers, student_from_target
 from specbuild.drafts.prompts import distillation_prompts
 from specbuild.errors import UsageError
 

@@ -32,7 +32,7 @@ from specbuild.cli import main
 from specbuild.serve.client import Generation, GenerationRequest, SpecbuildClient
 from specbuild.errors import StageError
 from specbuild.package.manifest import verify
-from specbuild.serve.server import free_port
+from specbuild.serve.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

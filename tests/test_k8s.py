@@ -17,8 +17,8 @@ from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_MODEL
 from specbuild.errors import UsageError
 from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
-from specbuild.serve.k8s import (ADAPTER_RULES_FILE, DeployOptions, ReleaseFootprint, adapter_rules,
-                                 gpu_label_value, k8s_name, manifests, to_yaml, write_manifests)
+from specbuild.serve.k8s import ADAPTER_RULES_FILE, adapter_rules, manifests, to_yaml, write_manifests
+from specbuild.serve.k8s_pods import DeployOptions, ReleaseFootprint, gpu_label_value, k8s_name
 from specbuild.serve.launch import launch_plan
 from specbuild.spec import BuildSpec
 

@@ -17,9 +17,9 @@ from specbuild.serve.launch import (
     launch_as_dict,
     launch_plan,
     model_devices,
-    release_launch_spec,
     resolve_mode,
 )
+from specbuild.serve.release_launch import release_launch_spec
 from specbuild.spec import BuildSpec
 
 

@@ -268,7 +268,7 @@ def test_generate_applies_the_chat_template_unless_raw_and_keeps_stdin_as_read(s
 
 def test_specbuild_openai_serves_the_api_for_a_triton_running_elsewhere(tiny_server, tiny_release):
     """What the compose file's and the Kubernetes pod's front end run: the API alone, beside a Triton server."""
-    from specbuild.serve.server import free_port
+    from specbuild.serve.processes import free_port
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "specbuild.cli", "openai", str(tiny_release.repository),

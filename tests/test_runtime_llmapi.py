@@ -36,8 +36,10 @@ from specbuild.package.llmapi_contract import (
 )
 from specbuild.package.manifest import read_release, verify
 from specbuild.package.repository import read_config, validate_repository
-from specbuild.serve.k8s import DeployOptions, ReleaseFootprint, manifests
-from specbuild.serve.launch import LLMAPI_LAUNCH, TRITONSERVER, release_launch_plan
+from specbuild.serve.k8s import manifests
+from specbuild.serve.k8s_pods import DeployOptions, ReleaseFootprint
+from specbuild.serve.launch import LLMAPI_LAUNCH, TRITONSERVER
+from specbuild.serve.release_launch import release_launch_plan
 from test_k8s import validate
 
 RUNTIME = "tensorrt-llm-llmapi"

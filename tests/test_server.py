@@ -23,7 +23,9 @@ from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
 from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from specbuild.errors import ServerError, UsageError
-from specbuild.serve.server import SHM_DIR, TritonServer, find_triton, free_port, log_errors
+from specbuild.serve.processes import free_port
+from specbuild.serve.server import SHM_DIR, TritonServer
+from specbuild.serve.triton_install import find_triton, log_errors
 
 TOY = Path(__file__).parent / "data" / "toy_triton"
 

@@ -9,8 +9,9 @@ import yaml
 
 from specbuild.bench.metrics import Cell, percentiles
 from specbuild.errors import SpecError, UsageError
-from specbuild.spec import load_spec, starter_spec
-from specbuild.bench.tune import candidate_ks, pick, set_section_values, write_choice
+from specbuild.spec import load_spec, render_spec, starter_spec
+from checkpoint_factory import checkpoints, package_gpu_release, release_spec  # noqa: F401
+from specbuild.bench.tune import candidate_ks, pick, release_max_draft_len, set_section_values, tune, write_choice
 
 
 def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,
@@ -34,6 +35,19 @@ def test_pick_by_goal_skipping_failed_and_wrong_settings():
 def test_candidate_ks_stay_within_the_engine_limit():
     assert candidate_ks(8) == (0, 1, 2, 3, 4, 6, 8)
     assert candidate_ks(3) == (0, 1, 2, 3)
+
+
+def test_the_k_values_tried_are_bounded_by_the_release_engine_not_the_spec_file(checkpoints, tmp_path: Path):
+    """The server enforces the target engine's max_draft_len; a spec file edited since the build must not widen
+    (or narrow) what tune tries."""
+    release = package_gpu_release(checkpoints, tmp_path, {"speculation.max_draft_len": 4})
+    assert release_max_draft_len(release.repository) == 4
+    edited = release_spec(checkpoints, tmp_path, "tensorrt-llm", {"speculation.max_draft_len": 8})
+    spec_file = tmp_path / "specbuild.yaml"
+    spec_file.write_text(render_spec(edited), encoding="utf-8")
+    assert load_spec(spec_file).speculation.max_draft_len == 8
+    with pytest.raises(UsageError, match=r"K=6 is above the engine's max_draft_len \(4\)"):
+        tune(spec_file, "latency", [], ks=(2, 6), write=False)  # refused before any server starts
 
 
 def test_set_section_values_edits_only_the_scalars_and_keeps_comments():

@@ -29,6 +29,21 @@ def candidate_ks(max_draft_len: int) -> tuple[int, ...]:
     return tuple(k for k in CANDIDATE_KS if k <= max_draft_len)
 
 
+def release_max_draft_len(repository: str | Path) -> int:
+    """The most draft tokens a request to the release in ``repository`` may ask for: its target engine's build
+    record, as the server reads it (the spec file may have changed since the release was built)."""
+    from specbuild.package.contract import TARGET_MODEL
+    from specbuild.package.manifest import read_release
+    from specbuild.package.repository import EngineInfo
+
+    release = read_release(repository)
+    record = release.build_info.get(TARGET_MODEL)
+    if record is None:
+        raise UsageError(f"the release in {repository} records no {TARGET_MODEL} engine, so its max_draft_len is "
+                         "unknown", "compile it again (specbuild compile) before tuning it")
+    return EngineInfo.from_record(release.engines / TARGET_MODEL, TARGET_MODEL, record).max_draft_len
+
+
 def score(cell: Cell, goal: Goal) -> float | None:
     """Higher is better: output tokens/s for throughput, minus the median end-to-end latency for latency."""
     if goal == "throughput":
@@ -116,15 +131,16 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
     from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
 
     spec = load_spec(spec_path)
-    too_long = [k for k in ks or () if k > spec.speculation.max_draft_len]
+    repository = Path(spec.outputs.repository_dir)
+    max_draft_len = release_max_draft_len(repository)
+    too_long = [k for k in ks or () if k > max_draft_len]
     if too_long:
-        raise UsageError(f"K={too_long[0]} is above the engine's max_draft_len ({spec.speculation.max_draft_len})",
+        raise UsageError(f"K={too_long[0]} is above the engine's max_draft_len ({max_draft_len})",
                          "choose K values up to max_draft_len, or rebuild with a larger one")
-    plan = BenchPlan(ks=tuple(ks or candidate_ks(spec.speculation.max_draft_len)), adaptive=tuple(adaptive),
+    plan = BenchPlan(ks=tuple(ks or candidate_ks(max_draft_len)), adaptive=tuple(adaptive),
                      lookup=(spec.speculation.prompt_lookup.enabled,),
                      concurrencies=(concurrency or (1 if goal == "latency" else min(4, spec.limits.max_batch_size)),),
                      max_tokens=max_tokens, requests=requests, max_seconds=max_seconds)
-    repository = Path(spec.outputs.repository_dir)
     with bench_server(url, None if url else repository) as (grpc_url, metrics_url):
         report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url,
                            tokenizer_dir=repository_tokenizer(repository), console=console)

@@ -36,14 +36,15 @@ checkpoint folder, so ``specbuild compile`` never sees it) and ``resume``. Seeds
 batch order and the initialisation. The summary reports held-out greedy acceptance at K=1..4 (answers to
 prompts never trained on), measured step costs and the expected speedup with the measured verification
 cost V(K).
+
+Step 1 lives in :mod:`specbuild.drafts.distill_data`, steps 2 and 3 in :mod:`specbuild.drafts.distill_training`;
+this module holds the options, the run and its held-out evaluation.
 """
 
 from __future__ import annotations
 
 import copy
-import io
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,8 +52,10 @@ from typing import TYPE_CHECKING, Any
 
 from specbuild.bench.estimate import COST_REPEATS, measure_step_costs, predicted_speedups
 from specbuild.build.atomic import atomic_output_dir, atomic_write_bytes
-from specbuild.errors import CheckpointError, UsageError
+from specbuild.drafts.distill_data import DistillData, load_or_make_data
+from specbuild.drafts.distill_training import Trainer, student_from_target
 from specbuild.drafts.model_pairs import acceptance_by_k, draft_matches, folder_bytes, parameter_count, save_checkpoint, stage, torch_threads
+from specbuild.errors import CheckpointError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -60,17 +63,13 @@ if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 SUMMARY_FILE = "specbuild-draft.json"
-DATA_FILE, TRAIN_FILE = "data.safetensors", "train.pt"
-PROMPT_WEIGHT = 0.2  # prompt positions teach the draft too, but only answer positions are ever drafted
-HIDDEN_WEIGHT = 1.0
-WARMUP_SHARE, FINAL_LR_SHARE = 0.05, 0.1
+TRAIN_FILE = "train.pt"
 MAX_K = 4
 EVAL_RESERVE_SECONDS = 60
 PRECISIONS = ("auto", "float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 ANSWERS = ("greedy", "greedy+sampled")
 TEACHERS = ("labels", "joint")
-LABEL_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -147,7 +146,7 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
         target, tokenizer = _load_target(Path(target_dir), device)
         dtype = compute_dtype(options.precision, device)
         teacher = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)  # fp32 needs no copy
-        data = _load_or_make_data(teacher, tokenizer, work, options, data_deadline, progress)
+        data = load_or_make_data(teacher, tokenizer, work, options, data_deadline, progress)
         student, copied = student_from_target(target, options.layers, options.hidden)
         trainer = Trainer(student.to(device), data, options, dtype=dtype,
                           frozen_head=options.hidden in (None, target.config.hidden_size),
@@ -231,356 +230,6 @@ def compute_dtype(precision: str, device: torch.device | None = None) -> torch.d
             fast_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
         return torch.bfloat16 if fast_bf16 else torch.float32
     return torch.bfloat16 if precision == "bfloat16" else torch.float32
-
-
-# --- data ------------------------------------------------------------------------------------------------
-@dataclass
-class DistillData:
-    """Every sequence (prompt + one of the target's answers) as one flat stream, with the target's labels.
-
-    ``offsets[i]:offsets[i+1]`` is sequence i, the held-out ones first; ``top_ids``/``top_logp`` hold the
-    target's top-k next-token ids and log-probabilities at each position, ``hidden`` its final normed hidden
-    state (fp16). A joint teacher needs no labels: they are None then.
-    """
-
-    ids: torch.Tensor
-    offsets: torch.Tensor
-    prompt_lens: torch.Tensor
-    held_out: int
-    figures: dict[str, Any]
-    top_ids: torch.Tensor | None = None
-    top_logp: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None
-
-    def rows(self, indices: range) -> list[tuple[int, int, int]]:
-        """(start, end, prompt length) of the given sequences."""
-        return [(int(self.offsets[i]), int(self.offsets[i + 1]), int(self.prompt_lens[i])) for i in indices]
-
-    @property
-    def count(self) -> int:
-        return len(self.prompt_lens)
-
-
-def _load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work: Path,
-                       options: DraftOptions, deadline: float, progress: Progress | None) -> DistillData:
-    """The target's answers (and, for a ``labels`` teacher, their labels), made once and kept in ``work``."""
-    from safetensors.torch import load, save
-
-    path = work / DATA_FILE
-    if path.is_file():
-        tensors = load(path.read_bytes())
-        figures = json.loads((work / "data.json").read_text(encoding="utf-8"))
-        return DistillData(**tensors, held_out=options.held_out, figures=figures)
-    started = time.monotonic()
-    prompts = encode_prompts(tokenizer, options)
-    sampled = options.answers == "greedy+sampled"
-    greedy_deadline = started + (deadline - started) / 2 if sampled else deadline  # an even split of the time
-    sequences = target_answers(teacher, tokenizer, prompts, options, greedy_deadline, progress)
-    if len(sequences) <= options.held_out:
-        raise UsageError(f"the data budget produced only {len(sequences)} answers, fewer than the {options.held_out} "
-                         "held out", "give the run more --minutes")
-    greedy_count = len(sequences)
-    if sampled:  # the prompts answered greedily, held-out ones excepted, answered again by sampling
-        sequences += target_answers(teacher, tokenizer, prompts[options.held_out:greedy_count], options, deadline,
-                                    progress, temperature=options.sample_temperature)
-    data = label(teacher, sequences, options.top_k if options.teacher == "labels" else None, progress)
-    data.held_out = options.held_out
-    data.figures.update(generate_seconds=round(time.monotonic() - started, 1), greedy_answers=greedy_count,
-                        sampled_answers=len(sequences) - greedy_count)
-    tensors = {name: getattr(data, name).contiguous() for name in
-               ("ids", "offsets", "prompt_lens", "top_ids", "top_logp", "hidden") if getattr(data, name) is not None}
-    atomic_write_bytes(path, save(tensors))
-    atomic_write_bytes(work / "data.json", json.dumps(data.figures).encode("utf-8"))
-    return data
-
-
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
-    """The distillation prompts, held-out ones first, in the target's chat template when it has one."""
-    from specbuild.drafts.prompts import distillation_prompts
-    from specbuild.bench.prompts import load_prompts
-
-    benchmark = frozenset(prompt.prompt for prompt in load_prompts())
-    texts = distillation_prompts(options.prompts, options.seed, exclude=benchmark)
-    if not getattr(tokenizer, "chat_template", None):
-        return [tokenizer(text)["input_ids"] for text in texts]
-    rendered = (tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                              add_generation_prompt=True) for text in texts)
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
-
-
-def target_answers(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
-                   options: DraftOptions, deadline: float, progress: Progress | None, *,
-                   temperature: float | None = None) -> list[tuple[list[int], int]]:
-    """The target's greedy answers (sampled ones at ``temperature``, no top-k or top-p cut), batched
-    (left-padded) on the target's device, until the prompts or the data budget run out.
-
-    Returns (prompt + answer, prompt length) per prompt, each answer cut after its first end-of-sequence.
-    The budget never stops the greedy pass before it has the held-out answers.
-    """
-    import torch
-
-    sampling = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature else
-                {"do_sample": False, "temperature": None, "top_p": None, "top_k": None})
-    needed = 0 if temperature else options.held_out
-    device = target.device
-
-    eos = target.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
-    sequences: list[tuple[list[int], int]] = []
-    description = f"draft: target answers prompts ({'sampled' if temperature else 'greedy'})"
-    with stage(progress, description, len(prompts)) as advance, torch.no_grad():
-        for first in range(0, len(prompts), options.generate_batch):
-            if time.monotonic() > deadline and len(sequences) > needed:
-                break
-            batch = prompts[first:first + options.generate_batch]
-            width = max(map(len, batch))
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-            out = target.generate(ids, attention_mask=mask, max_new_tokens=options.max_new_tokens,
-                                  pad_token_id=pad, **sampling)
-            for prompt, row in zip(batch, out[:, width:].tolist()):
-                answer = next((row[:i + 1] for i, token in enumerate(row) if token in eos_ids), row)
-                sequences.append((prompt + answer, len(prompt)))
-            advance(len(batch))
-    return sequences
-
-
-def label(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], top_k: int | None,
-          progress: Progress | None) -> DistillData:
-    """Teacher-forced target passes (sequences of similar length batched, right-padded: causal attention
-    never lets a real position see padding) keeping top-k log-probabilities and final hidden states
-    (on the CPU); ``top_k=None`` keeps the sequences only (a joint teacher labels them while training)."""
-    import torch
-
-    lengths = torch.tensor([0] + [len(sequence) for sequence, _ in sequences])
-    data = DistillData(
-        ids=torch.tensor([token for sequence, _ in sequences for token in sequence]),
-        offsets=lengths.cumsum(0), prompt_lens=torch.tensor([length for _, length in sequences]), held_out=0,
-        figures={"sequences": len(sequences), "tokens": int(lengths.sum()),
-                 "answer_tokens": sum(len(s) - p for s, p in sequences)})
-    if top_k is None:
-        return data
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
-    top_ids: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
-    top_logp, hidden = list(top_ids), list(top_ids)
-    with stage(progress, "draft: label with the target", len(sequences)) as advance, torch.no_grad():
-        first = 0
-        while first < len(order):
-            last = first + 1
-            while last < len(order) and (last - first + 1) * len(sequences[order[last]][0]) <= LABEL_BATCH_TOKENS:
-                last += 1
-            batch = order[first:last]
-            width = len(sequences[batch[-1]][0])
-            ids = torch.tensor([sequences[i][0] + [0] * (width - len(sequences[i][0])) for i in batch],
-                               device=target.device)
-            states = target.model(input_ids=ids).last_hidden_state
-            values, indices = target.lm_head(states).float().log_softmax(-1).topk(top_k, dim=-1)
-            for row, i in enumerate(batch):
-                length = len(sequences[i][0])
-                top_ids[i], top_logp[i] = indices[row, :length].int().cpu(), values[row, :length].cpu()
-                hidden[i] = states[row, :length].half().cpu()
-            advance(len(batch))
-            first = last
-    data.top_ids, data.top_logp, data.hidden = torch.cat(top_ids), torch.cat(top_logp), torch.cat(hidden)
-    return data
-
-
-# --- the draft -------------------------------------------------------------------------------------------
-def spread_layers(count: int, depth: int) -> list[int]:
-    """``count`` layer indices spread over ``depth`` layers, first and last included (first only for 1)."""
-    if count > depth:
-        raise UsageError(f"--layers {count} exceeds the target's {depth} layers", f"use at most {depth}")
-    if count == 1:
-        return [0]
-    return [round(i * (depth - 1) / (count - 1)) for i in range(count)]
-
-
-def student_from_target(target: LlamaForCausalLM, layers: int,
-                        hidden: int | None = None) -> tuple[LlamaForCausalLM, list[int]]:
-    """A Llama draft with the target's vocabulary, initialised from the target (see the module docstring),
-    and the target layers it copied."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    source = target.config
-    settings = {key: value for key, value in source.to_dict().items()
-                if key not in ("_name_or_path", "architectures", "layer_types", "transformers_version")}
-    settings["num_hidden_layers"] = layers
-    copy_layers = hidden is None or hidden == source.hidden_size
-    chosen = spread_layers(layers, source.num_hidden_layers) if copy_layers else []
-    if not copy_layers:
-        head_dim = getattr(source, "head_dim", None) or source.hidden_size // source.num_attention_heads
-        if hidden % head_dim:
-            raise UsageError(f"--hidden {hidden} is not a multiple of the target's head size {head_dim}",
-                             f"use a multiple of {head_dim}, or omit --hidden to copy the target's layers")
-        heads = hidden // head_dim
-        settings.update(hidden_size=hidden, num_attention_heads=heads, head_dim=head_dim,
-                        num_key_value_heads=math.gcd(heads, source.num_key_value_heads),
-                        intermediate_size=round(hidden * source.intermediate_size / source.hidden_size),
-                        tie_word_embeddings=True)
-    if getattr(source, "layer_types", None) and copy_layers:
-        settings["layer_types"] = [source.layer_types[i] for i in chosen]
-    student = LlamaForCausalLM(LlamaConfig(**settings))
-    with torch.no_grad():
-        if copy_layers:
-            student.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
-            student.lm_head.weight.copy_(target.lm_head.weight)
-            student.model.norm.weight.copy_(target.model.norm.weight)
-            for mine, theirs in zip(student.model.layers, chosen):
-                mine.load_state_dict(target.model.layers[theirs].state_dict())
-        else:  # the embeddings' top principal directions keep as much of the target's geometry as fits
-            embeddings = target.model.embed_tokens.weight
-            basis = torch.linalg.svd(embeddings - embeddings.mean(0), full_matrices=False).Vh[:hidden].T
-            student.model.embed_tokens.weight.copy_(embeddings @ basis)
-    student.generation_config = target.generation_config
-    return student, chosen
-
-
-# --- training --------------------------------------------------------------------------------------------
-def learning_rate(step: int, steps: int, peak: float) -> float:
-    """Linear warm-up over the first 5% of ``steps``, then cosine decay to 10% of ``peak``."""
-    warmup = max(1, round(steps * WARMUP_SHARE))
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-    return peak * (FINAL_LR_SHARE + (1 - FINAL_LR_SHARE) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-class Trainer:
-    """Distillation steps over :class:`DistillData` with a cosine schedule, checkpoints and resume.
-
-    The teacher's view of each position comes from the stored labels (top-k cross-entropy over the tokens
-    the target ever ranks in its top-k), or with a ``teacher`` model from that model, run in the step
-    (KL divergence from its full-vocabulary distribution). Batches are moved to the student's device.
-    """
-
-    def __init__(self, student: LlamaForCausalLM, data: DistillData, options: DraftOptions, *,
-                 frozen_head: bool, dtype: torch.dtype, teacher: LlamaForCausalLM | None = None) -> None:
-        import torch
-
-        self.student, self.data, self.options, self.frozen_head = student, data, options, frozen_head
-        self.teacher = teacher
-        self.device = student.device
-        self.dtype = dtype  # matmuls only: weights, optimizer state and the loss's softmax stay float32
-        if frozen_head:
-            student.model.embed_tokens.weight.requires_grad_(False)
-            student.lm_head.weight.requires_grad_(False)
-        self.parameters = [p for p in student.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.parameters, lr=options.learning_rate, betas=(0.9, 0.95),
-                                           weight_decay=0.0)
-        self.batches = self._batches(range(data.held_out, data.count))
-        if teacher is None:
-            # Training softmax runs over the tokens the target ever ranks in its top-k (the saved head is whole).
-            self.vocabulary = data.top_ids[int(data.offsets[data.held_out]):].unique().long()
-            self.position = torch.full((student.config.vocab_size,), -1, dtype=torch.long)
-            self.position[self.vocabulary] = torch.arange(len(self.vocabulary))
-            self.vocabulary = self.vocabulary.to(self.device)
-        self.step, self.seconds, self.last_loss = 0, 0.0, float("nan")
-
-    def _batches(self, indices: range) -> list[list[tuple[int, int, int]]]:
-        """Sequences sorted by length, grouped up to ``batch_tokens`` padded tokens per batch."""
-        rows = sorted(self.data.rows(indices), key=lambda row: row[1] - row[0])
-        batches: list[list[tuple[int, int, int]]] = [[]]
-        for row in rows:
-            if batches[-1] and (len(batches[-1]) + 1) * (row[1] - row[0]) > self.options.batch_tokens:
-                batches.append([])
-            batches[-1].append(row)
-        return batches
-
-    def batch_for(self, step: int) -> list[tuple[int, int, int]]:
-        """The batch of ``step``: a seeded permutation per epoch, so a resumed run sees the same order."""
-        import torch
-
-        epoch, index = divmod(step, len(self.batches))
-        order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.options.seed * 7919 + epoch))
-        return self.batches[int(order[index])]
-
-    def loss(self, rows: list[tuple[int, int, int]]) -> torch.Tensor:
-        import torch
-
-        data, width = self.data, max(end - start for start, end, _ in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        weight = torch.zeros(len(rows), width)
-        for row, (start, end, prompt_len) in enumerate(rows):
-            length = end - start
-            ids[row, :length] = data.ids[start:end]
-            mask[row, :length] = 1
-            weight[row, :length - 1] = PROMPT_WEIGHT  # position t is labelled with the target's view of t+1
-            weight[row, prompt_len - 1:length - 1] = 1.0
-        flat = torch.cat([torch.arange(start, end) for start, end, _ in rows])
-        real = mask.bool()
-        selected = weight[real] > 0
-        labelled = flat[selected]  # stream positions, to look up stored labels (they stay on the CPU)
-        weights = weight[real][selected].to(self.device)
-        ids, mask, real, selected = (tensor.to(self.device) for tensor in (ids, mask, real, selected))
-        states = self.student.model(input_ids=ids, attention_mask=mask).last_hidden_state[real][selected].float()
-        if self.teacher is None:
-            logits = states @ self.student.lm_head.weight[self.vocabulary].T
-            columns = self.position[data.top_ids[labelled].long()].to(self.device)
-            log_q = logits.log_softmax(-1).gather(-1, columns)
-            per_token = -(data.top_logp[labelled].to(self.device).exp() * log_q).sum(-1)
-            target_states = data.hidden[labelled].to(self.device).float()
-        else:
-            with torch.no_grad():
-                target_states = self.teacher.model(input_ids=ids, attention_mask=mask).last_hidden_state[real][selected]
-                log_p = self.teacher.lm_head(target_states).float().log_softmax(-1)
-            target_states = target_states.float()
-            log_q = self.student.lm_head(states).float().log_softmax(-1)
-            per_token = (log_p.exp() * (log_p - log_q)).sum(-1)  # KL(teacher || student), full vocabulary
-        if self.frozen_head:
-            regression = ((states - target_states) ** 2).mean(-1) / target_states.pow(2).mean()
-            per_token = per_token + HIDDEN_WEIGHT * regression
-        return (per_token * weights).sum() / weights.sum()
-
-    def run(self, deadline: float, checkpoint: Path, progress: Progress | None) -> None:
-        """Train until ``options.steps`` or the deadline, saving every ``checkpoint_every`` steps and on exit."""
-        import torch
-
-        self.student.train()
-        start_step = self.step
-        with stage(progress, "draft: distil", self.options.steps) as advance:
-            advance(start_step)
-            try:
-                while self.step < self.options.steps and time.monotonic() < deadline:
-                    began = time.monotonic()
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = learning_rate(self.step, self.options.steps, self.options.learning_rate)
-                    with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-                        loss = self.loss(self.batch_for(self.step))
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.step += 1
-                    self.seconds += time.monotonic() - began
-                    self.last_loss = float(loss.detach())
-                    advance(1)
-                    if self.step % self.options.checkpoint_every == 0:
-                        self.save(checkpoint)
-                        if progress is not None:
-                            progress.console.print(f"step {self.step}: loss {self.last_loss:.3f}", highlight=False)
-            finally:  # an interrupted run keeps its progress for --resume
-                if self.step > start_step:
-                    self.save(checkpoint)
-        self.student.eval()
-
-    def save(self, path: Path) -> None:
-        import torch
-
-        buffer = io.BytesIO()
-        torch.save({"student": self.student.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "step": self.step, "seconds": self.seconds}, buffer)
-        atomic_write_bytes(path, buffer.getvalue())
-
-    def load(self, path: Path) -> None:
-        import torch
-
-        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and numbers only, never code
-        self.student.load_state_dict(state["student"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.seconds = int(state["step"]), float(state["seconds"])
 
 
 # --- evaluation ------------------------------------------------------------------------------------------

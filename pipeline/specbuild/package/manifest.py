@@ -389,6 +389,24 @@ def verify(path: str | Path) -> VerifyReport:
     )
 
 
+def refuse_modified_release(repository: str | Path) -> None:
+    """Refuse to serve a release whose files differ from its ``manifest.json`` (when it has one).
+
+    Raises :class:`VerificationError` naming the first changed, missing or extra files.
+    """
+    if not (Path(repository) / MANIFEST_NAME).is_file():
+        return
+    report = verify(Path(repository) / MANIFEST_NAME)
+    if report.ok:
+        return
+    problems = [f"{kind} {(Path(repository) / path).resolve()}"
+                for kind, paths in (("changed", report.changed), ("missing", report.missing), ("extra", report.extra))
+                for path in paths]
+    shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
+    raise VerificationError(f"the release does not match its manifest: {report.summary()}: {shown}",
+                            f"{report.fix}; `specbuild serve --no-verify` serves it anyway")
+
+
 def report_table(report: VerifyReport) -> Table:
     """The differences as a rich table: one row per changed, missing or extra file."""
     table = Table(title=f"{report.manifest}: differences from the manifest", title_justify="left")

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 
 from specbuild.errors import ServerError, UsageError
-from specbuild.serve.server import free_port, reachable_host
+from specbuild.serve.processes import free_port, reachable_host
 
 DEFAULT_OPENAI_PORT = 9000  # as Triton's own OpenAI frontend
 

@@ -19,13 +19,10 @@ needs. Starting it by hand has sharp edges (see the project's triton-on-cpu note
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
-import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -35,96 +32,27 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
-from specbuild.errors import ServerError, Terminated, UsageError, VerificationError
+from specbuild.errors import ServerError, Terminated, UsageError
+from specbuild.serve.processes import STOP_SIGNALS, free_port, reachable_host, stop_signals, wait_until
+from specbuild.serve.triton_install import TritonInstall, find_triton, log_errors
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
-INSTALL_FIX = "install the serve extra: pip install 'specbuild[serve]' (it brings nvidia-pytriton)"
-# Log lines that a CPU-only machine always prints; they say nothing about the repository.
-_HARMLESS = re.compile(r"CudaDriverHelper|CUDA driver|unable to create stream|pinned memory", re.IGNORECASE)
-_GLOG_ERROR = re.compile(r'^E\d{4} [\d:.]+\s+\d+ \S+\] "?(?P<message>.*?)"?$')
-
-
-@dataclass(frozen=True)
-class TritonInstall:
-    """Where the pieces of the wheel's Triton server are."""
-
-    root: Path  # .../site-packages/pytriton/tritonserver
-    libs: Path  # .../site-packages/nvidia_pytriton.libs
-
-    @property
-    def binary(self) -> Path:
-        return self.root / "bin" / "tritonserver"
-
-    @property
-    def python_backend(self) -> Path:
-        return self.root / "backends" / "python"
-
-    @property
-    def caches(self) -> Path:
-        return self.root / "caches"
-
-    def stub(self, version: str = f"{sys.version_info.major}.{sys.version_info.minor}") -> Path:
-        return self.root / "python_backend_stubs" / version / "triton_python_backend_stub"
-
-
-def find_triton() -> TritonInstall:
-    """Locate the Triton server of the installed ``nvidia-pytriton`` wheel."""
-    try:
-        import pytriton
-    except ImportError as exc:
-        raise ServerError("the Triton server is not installed (nvidia-pytriton is missing)", INSTALL_FIX) from exc
-    package = Path(pytriton.__file__).parent
-    install = TritonInstall(package / "tritonserver", package.parent / "nvidia_pytriton.libs")
-    if not install.binary.is_file():
-        raise ServerError(f"no tritonserver binary at {install.binary}", INSTALL_FIX)
-    if not install.stub().is_file():
-        raise ServerError(
-            f"nvidia-pytriton has no python backend stub for Python {sys.version_info.major}.{sys.version_info.minor}",
-            "use Python 3.8-3.13 for the environment that runs the server",
-        )
-    return install
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def log_errors(log: str) -> list[str]:
-    """The errors worth showing from a tritonserver log: model load failures first, else every error.
-
-    Triton logs each failing model instance and then the model; the per-model lines
-    ("failed to load 'x' version 1: ...", "ensemble 'e' depends on 'x' ...") say it all when present.
-    """
-    errors: list[str] = []
-    for line in log.splitlines():
-        match = _GLOG_ERROR.match(line)
-        if match and not _HARMLESS.search(line):
-            errors.append(match["message"].replace("\\n", "\n").replace('\\"', '"').rstrip())
-        elif line.startswith("error: "):
-            errors.append(line.removeprefix("error: "))
-    per_model = [e for e in errors if e.startswith("failed to load '") or "depends on" in e]
-    return list(dict.fromkeys(per_model or errors))
 
 
 # --- stopping on signals ---------------------------------------------------------------------------------
 _RUNNING: set["TritonServer"] = set()  # servers started by this process and not stopped yet
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _DEFAULT_HANDLERS = (signal.SIG_DFL, signal.default_int_handler)
 _replaced: dict[int, Any] = {}  # signal -> the default handler that _on_stop_signal replaced
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
     """Stop every running server (further signals ignored meanwhile), then unwind as Ctrl-C does."""
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     try:
         for server in list(_RUNNING):
@@ -139,7 +67,7 @@ def _guard_signals() -> None:
     can only be set from the main thread; a program that set its own keeps it)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         current = signal.getsignal(sig)
         if current in _DEFAULT_HANDLERS:
             _replaced[sig] = current
@@ -153,12 +81,6 @@ def _restore_signals() -> None:
         if signal.getsignal(sig) in (_on_stop_signal, signal.SIG_IGN):
             signal.signal(sig, handler)
         del _replaced[sig]
-
-
-def reachable_host(host: str) -> str:
-    """How this machine reaches a server bound to ``host``: loopback for every interface, IPv6 in brackets."""
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"[{host}]" if ":" in host else host
 
 
 # Our own server is local: never send its health checks through an http_proxy from the environment.
@@ -314,7 +236,9 @@ class TritonServer:
         if self._process is not None:
             raise ServerError("this server is already started")
         if self.verify:
-            verify_release(self.repository)
+            from specbuild.package.manifest import refuse_modified_release
+
+            refuse_modified_release(self.repository)
         install = find_triton()
         self._workdir = Path(tempfile.mkdtemp(prefix="specbuild-triton-"))
         self._bytecode_dirs = self._model_bytecode_dirs()
@@ -499,57 +423,3 @@ class TritonServer:
             return 0
         finally:
             self.stop()
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[threading.Event]:
-    """An event that SIGINT or SIGTERM sets while in the block (main thread only; the handlers are restored)."""
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def wait_until(stop: threading.Event, alive: Callable[[], bool], poll_seconds: float = 0.5) -> bool:
-    """Block until ``stop`` is set (True) or ``alive()`` turns false (False)."""
-    while not stop.wait(poll_seconds):
-        if not alive():
-            return False
-    return True
-
-
-def verify_release(repository: str | Path) -> None:
-    """Refuse to serve a release whose files differ from its ``manifest.json`` (when it has one).
-
-    Raises :class:`VerificationError` naming the first changed, missing or extra files.
-    """
-    from specbuild.package.manifest import MANIFEST_NAME, verify
-
-    if not (Path(repository) / MANIFEST_NAME).is_file():
-        return
-    report = verify(Path(repository) / MANIFEST_NAME)
-    if report.ok:
-        return
-    problems = [f"{kind} {(Path(repository) / path).resolve()}" for kind, paths in (("changed", report.changed), ("missing", report.missing),
-                                                      ("extra", report.extra)) for path in paths]
-    shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
-    raise VerificationError(f"the release does not match its manifest: {report.summary()}: {shown}",
-                            f"{report.fix}; `specbuild serve --no-verify` serves it anyway")
-
-
-def run_foreground(argv: Sequence[str]) -> int:
-    """Run a launch command (e.g. ``docker run ...``) in the foreground until it exits; SIGTERM and SIGINT to
-    this process are passed on to it (``docker run`` passes them to the container) and waited for."""
-    if shutil.which(argv[0]) is None:
-        raise ServerError(f"{argv[0]} is not installed on this machine",
-                          f"install {argv[0]}, or print the commands with --dry-run and run them where it is")
-    process = subprocess.Popen(list(argv))
-    previous = {sig: signal.signal(sig, lambda signum, _: process.send_signal(signum)) for sig in _STOP_SIGNALS}
-    try:
-        return process.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

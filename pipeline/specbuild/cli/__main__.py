@@ -1,0 +1,5 @@
+"""``python -m specbuild.cli``: the ``specbuild`` command."""
+
+from specbuild.cli import main
+
+main()

@@ -1,0 +1,295 @@
+"""``specbuild bench``, ``tune``, ``demo``, ``demo-models`` and ``draft``: measuring a release, and making pairs and drafts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from specbuild.cli import console, generation_json, json_option, main, print_json, reports_errors
+from specbuild.errors import SpecbuildError
+from specbuild.spec import DEFAULT_SPEC_FILE
+
+
+@main.command()
+@click.option("--workdir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="where models/, build/, engines/ and triton_repo/ go")
+@click.option("--question", default=None, help="what to ask the demo model")
+@click.option("--max-tokens", type=click.IntRange(1, 1024), default=64, show_default=True)
+@click.option("--num-draft-tokens", type=click.IntRange(0, 64), default=None, help="K (default: the spec's)")
+@click.option("--tiny", is_flag=True, help="use the tiny pair made from nothing (seconds, meaningless text)")
+@json_option
+@reports_errors
+def demo(workdir: str, question: str | None, max_tokens: int, num_draft_tokens: int | None, tiny: bool,
+         json_mode: bool) -> None:
+    """Make the demo pair, compile it (torch runtime), serve it on Triton and stream one answer."""
+    from specbuild.demo import DEFAULT_PROMPT, run_demo
+
+    result = run_demo(workdir, question=question or DEFAULT_PROMPT, max_tokens=max_tokens,
+                      num_draft_tokens=num_draft_tokens, tiny=tiny, console=console)
+    data = {"repository": str(result.repository), "identical": result.identical,
+            "speculative": generation_json(result.speculative), "baseline": generation_json(result.baseline)}
+    if not result.identical:
+        raise SpecbuildError("greedy output with speculation differed from the target alone",
+                             "please report this with the JSON output (--json)", details=data)
+    if json_mode:
+        print_json(data)
+
+
+def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    """``"0,2,4"`` -> ``(0, 2, 4)``."""
+    if value is None:
+        return None
+    try:
+        return tuple(int(item) for item in value.split(",") if item.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,2,4") from None
+
+
+ADAPTIVE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+LOOKUP_CHOICES = {"off": (False,), "on": (True,), "off,on": (False, True)}
+
+
+def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The prompts and bounds shared by ``bench`` and ``tune``."""
+    options = [
+        click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+                     help="JSONL file of {category, prompt} lines  [default: the bundled set]"),
+        click.option("--category", "categories", multiple=True, help="only prompts of this category (repeatable)"),
+        click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="use the first N prompts "
+                     "(taken round-robin across categories)"),
+        click.option("--max-tokens", type=click.IntRange(1, 4096), default=64, show_default=True),
+        click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
+                     help="requests per (K, concurrency) cell"),
+        click.option("--max-seconds", type=click.FloatRange(min=1), default=300.0, show_default=True,
+                     help="per cell: no further round of blocks starts once a cell has run this long"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) -> None:
+    """The report's tables on the terminal (not under ``--json``: the caller prints the document), its files in
+    ``out_dir``."""
+    from specbuild.bench.report import tables, write_outputs
+
+    if not json_mode:
+        for table in tables(report.cells):
+            console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if out_dir:
+        for path in write_outputs(report, out_dir, with_plots=plots):
+            console.print(f"wrote {path}", highlight=False)
+
+
+@main.command()
+@click.option("--url", default=None, help="gRPC address of a running server, e.g. 127.0.0.1:8001 (another machine "
+              "only when named here)")
+@click.option("--metrics-url", default=None, help="its metrics endpoint  [default: http://<host>:8002/metrics]")
+@click.option("--repository", type=click.Path(file_okay=False), default=None,
+              help="start a server on this repository for the run (loopback, free ports)")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="wrap prompts in this tokenizer's chat template  [default: the repository's, if given]")
+@click.option("--k", "ks", default="0,1,2,4", show_default=True, callback=_int_list,
+              help="K values, comma-separated (0 is always included)")
+@click.option("--concurrency", "concurrencies", default="1", show_default=True, callback=_int_list,
+              help="concurrency levels, comma-separated")
+@click.option("--adaptive", type=click.Choice(list(ADAPTIVE_CHOICES)), default="off", show_default=True,
+              help="adaptive K per request")
+@click.option("--lookup", type=click.Choice(list(LOOKUP_CHOICES)), default="off", show_default=True,
+              help="prompt lookup drafting (the draft model when lookup finds nothing); not at K=0")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="default: greedy")
+@workload_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench_results", show_default=True,
+              help="folder for bench.json, bench.md and the plots")
+@click.option("--plots/--no-plots", default=True, show_default=True)
+@click.option("--gate", "gate", multiple=True, metavar="NAME=VALUE",
+              help="a release gate threshold (repeatable): min_speedup=X, min_acceptance=X, greedy_identical, "
+                   "max_p95_ms=X, max_error_rate=X; exit 3 when one fails. Without max_error_rate, any failed "
+                   "request fails the run")
+@json_option
+@reports_errors
+def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None,
+          ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, temperature: float | None,
+          prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None, max_tokens: int,
+          requests: int, max_seconds: float, out_dir: str, plots: bool, gate: tuple[str, ...],
+          json_mode: bool) -> None:
+    """Measure speculative speedup per K and concurrency (streaming): latency percentiles, tokens/s,
+    acceptance, and the speedup the analytic model expects from the measured acceptance and step costs.
+    The cells of each concurrency level run interleaved, prompt block by prompt block, in rotating order.
+
+    With --gate, a release gate: every speculative cell must meet each threshold (exit 3 otherwise, the failing
+    figures in the JSON and in gate.json)."""
+    from pydantic import ValidationError
+
+    from specbuild.bench.gate import evaluate, parse_thresholds
+    from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
+    from specbuild.errors import UsageError
+    from specbuild.bench.prompts import load_prompts
+
+    thresholds = parse_thresholds(gate)
+    if thresholds.greedy_identical and temperature:
+        raise UsageError("--gate greedy_identical compares greedy answers, but --temperature samples",
+                         "drop --temperature (greedy), or the greedy_identical threshold")
+
+    try:
+        plan = BenchPlan(ks=ks, concurrencies=concurrencies, adaptive=ADAPTIVE_CHOICES[adaptive],
+                         lookup=LOOKUP_CHOICES[lookup],
+                         max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, temperature=temperature)
+    except ValidationError as exc:
+        raise UsageError(f"invalid bench options: {exc.errors()[0]['msg']}", "see specbuild bench --help") from None
+    prompts = load_prompts(prompts_file, categories=categories or None, limit=num_prompts)
+    tokenizer = tokenizer or (repository_tokenizer(repository) if repository else None)
+    with bench_server(url, repository) as (grpc_url, server_metrics_url):
+        report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url or server_metrics_url,
+                           tokenizer_dir=tokenizer, console=console)
+    _show_bench(report, out_dir, plots, json_mode)
+    verdict = evaluate(report.to_dict(), thresholds)
+    _gate_outcome(verdict, {**report.to_dict(), "gate": verdict.to_dict()}, out_dir, json_mode)
+
+
+def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, json_mode: bool) -> None:
+    """Show the gate's checks and keep them in ``gate.json``; refuse the release (exit 3) when one failed."""
+    from specbuild.bench.report import gate_table
+    from specbuild.build.atomic import atomic_write_text
+    from specbuild.errors import GateError
+
+    if out_dir:
+        path = atomic_write_text(Path(out_dir) / "gate.json", json.dumps(document["gate"], indent=2) + "\n")
+        console.print(f"wrote {path}", highlight=False)
+    if not json_mode:
+        console.print(gate_table(verdict))
+    if not verdict.passed:
+        raise GateError(verdict.summary(), "the release missed the thresholds above: improve the draft (specbuild "
+                        "draft) or K (specbuild tune), or read the server log for failed requests",
+                        details=document)
+    if json_mode:
+        print_json(document)
+    else:
+        console.print(f"[green]{verdict.summary()}[/]", highlight=False)
+
+
+@main.command()
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=DEFAULT_SPEC_FILE, show_default=True,
+              help="the release's build spec: its repository is benchmarked, and the choice written into it")
+@click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True,
+              help="latency: lowest median end-to-end latency at concurrency 1; throughput: most output tokens/s")
+@click.option("--k", "ks", default=None, callback=_int_list,
+              help="K values to try, comma-separated  [default: 0,1,2,3,4,6,8 up to max_draft_len]")
+@click.option("--adaptive", type=click.Choice(list(ADAPTIVE_CHOICES)), default="both", show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="[default: 1 for latency, min(4, max_batch_size) for throughput]")
+@click.option("--url", default=None, help="benchmark this running server instead of starting one")
+@workload_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="also write the bench report")
+@click.option("--dry-run", is_flag=True, help="measure and show the choice; change nothing")
+@json_option
+@reports_errors
+def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, concurrency: int | None,
+         url: str | None, prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None,
+         max_tokens: int, requests: int, max_seconds: float, out_dir: str | None, dry_run: bool,
+         json_mode: bool) -> None:
+    """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default."""
+    from specbuild.bench.prompts import load_prompts
+    from specbuild.bench.tune import tune as run_tune
+
+    prompts = load_prompts(prompts_file, categories=categories or None, limit=num_prompts)
+    result = run_tune(spec_file, goal, prompts, ks=ks, adaptive=ADAPTIVE_CHOICES[adaptive],  # type: ignore[arg-type]
+                      concurrency=concurrency, max_tokens=max_tokens, requests=requests, max_seconds=max_seconds,
+                      url=url, write=not dry_run, console=console)
+    _show_bench(result.report, out_dir, True, json_mode)
+    choice = result.choice
+    if json_mode:
+        print_json({**result.report.to_dict(), "goal": goal, "choice": choice.to_dict(), "spec": spec_file,
+                    "repository": str(result.compiled.repository) if result.compiled is not None else None})
+    console.print(f"best for {goal}: [bold]{choice.label}[/] ({choice.tokens_per_second:.1f} tokens/s, "
+                  f"speedup {choice.speedup or 1.0:.2f}x at concurrency {choice.concurrency})", highlight=False)
+    if result.compiled is not None:
+        console.print(f"wrote speculation.num_draft_tokens={choice.k}, adaptive={str(choice.adaptive).lower()} "
+                      f"into {spec_file}; re-packaged {result.compiled.repository} (restart its server to use it)",
+                      highlight=False)
+
+
+@main.command("demo-models")
+@click.argument("out", type=click.Path(file_okay=False), required=False)
+@click.option("--tiny", is_flag=True, help="the tiny pair made from nothing (for tests) instead of SmolLM2")
+@json_option
+@reports_errors
+def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
+    """Make the demo target/draft pair in OUT, offline (nothing downloaded; reused when already built).
+
+    OUT defaults to the cache the demo and the tests share: .cache/demo-pair (or tiny-pair), or under
+    $SPECBUILD_CACHE when set.
+    """
+    from specbuild.drafts.model_pairs import pair_dir, progress_display
+
+    out = out or str(pair_dir("tiny" if tiny else "demo"))
+    if tiny:
+        from specbuild.drafts.tiny_models import build_tiny_pair as build
+    else:
+        from specbuild.drafts.demo_models import build_demo_pair as build
+    with progress_display(console) as progress:
+        pair = build(out, progress=progress)
+    if json_mode:
+        print_json(pair.info)
+    console.print(f"target: {pair.target_dir}\ndraft:  {pair.draft_dir}", highlight=False)
+
+
+@main.command("draft")
+@click.argument("target", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True, help="decoder layers of the draft")
+@click.option("--hidden", type=click.IntRange(min=1), default=None,
+              help="hidden size (default: the target's, copying its embeddings, head and spread layers)")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="hard wall-clock budget of this run (data, training and the summary)")
+@click.option("--steps", type=click.IntRange(min=1), default=1500, show_default=True,
+              help="training steps of the schedule (the budget may stop it earlier)")
+@click.option("--prompts", type=click.IntRange(min=2), default=1200, show_default=True,
+              help="distillation prompts the target answers (within 40% of the budget)")
+@click.option("--held-out", type=click.IntRange(min=1), default=48, show_default=True,
+              help="of those, kept out of training to measure acceptance")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=96, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--precision", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units and "
+                   "on GPUs that support it")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="where the target answers and the draft trains; auto: a CUDA GPU when there is one")
+@click.option("--generate-batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="prompts the target answers at once (a GPU takes hundreds)")
+@click.option("--batch-tokens", type=click.IntRange(min=64), default=2048, show_default=True,
+              help="padded tokens per training step")
+@click.option("--answers", type=click.Choice(["greedy", "greedy+sampled"]), default="greedy", show_default=True,
+              help="greedy+sampled: the target also answers every training prompt by sampling (temperature 0.7)")
+@click.option("--teacher", type=click.Choice(["labels", "joint"]), default="labels", show_default=True,
+              help="labels: the target's top-k stored once; joint: the target runs in every training step and the "
+                   "loss is the KL divergence from its full-vocabulary distribution")
+@click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
+@json_option
+@reports_errors
+def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
+                  held_out: int, max_new_tokens: int, seed: int, precision: str, device: str, generate_batch: int,
+                  batch_tokens: int, answers: str, teacher: str, resume: bool, json_mode: bool) -> None:
+    """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
+    from specbuild.drafts.distill import DraftOptions, make_draft
+    from specbuild.drafts.model_pairs import progress_display
+
+    options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
+                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision,
+                           device=device, generate_batch=generate_batch, batch_tokens=batch_tokens, answers=answers,
+                           teacher=teacher)
+    with progress_display(console) as progress:
+        summary = make_draft(target, out, options, resume=resume, progress=progress)
+    if json_mode:
+        print_json(summary)
+    acceptance = " ".join(f"K={k}: {rate:.2f}" for k, rate in summary["held_out_acceptance"].items())
+    console.print(f"draft: {out} ({summary['parameters'] / 1e6:.1f}M parameters, {summary['steps_done']} steps)\n"
+                  f"held-out acceptance {acceptance}\n"
+                  f"draft step {summary['draft_step_ms']} ms, target step {summary['target_step_ms']} ms; "
+                  f"expected speedup {summary['expected_speedup'][str(summary['best_k'])]:.2f}x at K={summary['best_k']}",
+                  highlight=False)

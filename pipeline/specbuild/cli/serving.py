@@ -1,0 +1,330 @@
+"""``specbuild serve``, ``openai``, ``generate``, ``verify`` and ``deploy``: a compiled release, served or deployed."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from specbuild.cli import console, generation_json, json_option, main, print_json, reports_errors
+from specbuild.spec import parse_override
+
+
+@main.command()
+@click.argument("directory", type=click.Path())
+@json_option
+@reports_errors
+def verify(directory: str, json_mode: bool) -> None:
+    """Re-hash a release against its manifest.json (DIR: the repository folder, or the folder above it).
+
+    Exit 0: every file matches; 1: changed, missing or extra files (listed); 2: no manifest found.
+    """
+    from specbuild.errors import VerificationError
+    from specbuild.package.manifest import report_table, verify as verify_release
+
+    report = verify_release(directory)
+    if not report.ok:
+        if not json_mode:
+            console.print(report_table(report))
+        raise VerificationError(report.summary(), report.fix, details=report.to_json())
+    if json_mode:
+        print_json(report.to_json())
+    else:
+        console.print(f"[green]ok[/]: {report.checked} files match {report.manifest} (profile {report.profile_id})")
+
+
+@main.command()
+@click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
+@click.option("--host", default=None, help="bind address  [default: the release's triton.host, 127.0.0.1]")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="[default: 8000; 0 = a free port]")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="[default: 8001; 0 = a free port]")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="[default: 8002; 0 = a free port]")
+@click.option("--openai-port", type=click.IntRange(0, 65535), default=None,
+              help="the OpenAI-compatible API  [default: the release's triton.openai_port, 9000; 0 = a free port]")
+@click.option("--no-openai", is_flag=True, help="serve Triton only, without the OpenAI-compatible API")
+@click.option("--timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="seconds to wait for the models to load (bundled server)")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None,
+              help="keep the server log here (bundled server)")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="launch settings of a GPU release (triton.image, ...); the rest is the release's")
+@click.option("--dry-run", is_flag=True, help="print the commands instead of running them")
+@click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json")
+@click.option("--rehearse", is_flag=True, help="a tensorrt-llm-llmapi release: serve it here on the bundled Triton, "
+              "a CPU stand-in in place of TensorRT-LLM's LLM-API model")
+@click.option("--json", "json_mode", is_flag=True, help="JSON Lines on stdout: one object when the server is ready "
+              "(URLs, PIDs), one when it stops (or the error); with --dry-run, one document")
+@reports_errors
+def serve(repository: str, host: str | None, http_port: int | None, grpc_port: int | None,
+          metrics_port: int | None, openai_port: int | None, no_openai: bool, timeout: float, log_file: str | None,
+          assignments: tuple[str, ...], dry_run: bool, no_verify: bool, rehearse: bool, json_mode: bool) -> None:
+    """Serve the release in REPOSITORY (default: triton_repo) with Triton, and specbuild's OpenAI-compatible API
+    next to it, until Ctrl-C or SIGTERM.
+
+    A torch release runs on the Triton server bundled with specbuild (loopback by default); a tensorrt-llm or
+    tensorrt-llm-llmapi release in its NGC container, laid out as it was compiled (`--dry-run` prints the
+    docker/mpirun commands), or, rehearsed, a tensorrt-llm-llmapi release on the bundled server. The API runs
+    for releases with specbuild's orchestrator (torch, tensorrt-llm), on this host beside a container; a
+    repository without a release manifest gets Triton only.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    from specbuild.build.runtimes import runtime_for
+    from specbuild.serve.frontend import OpenAIFrontend, serves_openai
+
+    ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port, "openai_port": openai_port}
+    release, model = _release_and_name(repository)
+    with_openai = not no_openai and not rehearse and release is not None and serves_openai(release.repository)
+    if rehearse:
+        from specbuild.serve.rehearsal import rehearsal_repository
+
+        workdir = tempfile.mkdtemp(prefix="specbuild-rehearsal-")
+        atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+        repository = str(rehearsal_repository(repository, workdir))
+    elif release is not None and runtime_for(release.spec.runtime).container_launch:
+        from specbuild.serve.release_launch import release_launch_plan
+        from specbuild.serve.processes import reachable_host, run_foreground
+
+        plan = release_launch_plan(repository, launch_overrides(assignments, host=host, **ports),
+                                   verify_files=not no_verify)
+        if dry_run:
+            if json_mode:
+                print_json(plan.to_dict())
+            else:
+                click.echo(plan.render())
+            return
+        if json_mode:
+            print_json({"event": "starting", "command": list(plan.docker_argv)}, line=True)
+        with contextlib.ExitStack() as beside:
+            if with_openai and plan.openai_port is not None:
+                frontend = beside.enter_context(OpenAIFrontend(
+                    release.repository, f"{reachable_host(plan.host)}:{plan.ports['grpc']}", model, host=plan.host,
+                    port=plan.openai_port))
+                console.print(f"OpenAI-compatible API at {frontend.url} (ready once Triton is)", highlight=False)
+            code = run_foreground(plan.docker_argv)
+        if json_mode:
+            print_json({"event": "stopped", "exit_code": code}, line=True)
+        sys.exit(code)
+
+    from specbuild.serve.server import TritonServer
+
+    defaults = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
+    spec_openai_port = release.spec.triton.openai_port if release is not None else 9000
+    host = host or (release.spec.triton.host if release is not None else "127.0.0.1")
+    server = TritonServer(repository, host=host, startup_timeout=timeout, log_file=log_file,
+                          verify=not no_verify,
+                          **{key: defaults[key] if ports[key] is None else ports[key] for key in defaults})
+    if dry_run:
+        if json_mode:
+            print_json({"script": server.describe()})
+        else:
+            click.echo(server.describe())
+        return
+    console.print(f"starting tritonserver on {repository} (up to {timeout:g} s to load the models)")
+    endpoints: dict[str, str] = {}
+
+    def ready() -> None:
+        if json_mode:
+            print_json({"event": "ready", **server.status(), **{"openai_url": url for url in endpoints.values()}},
+                       line=True)
+
+    with contextlib.ExitStack() as beside:
+        if with_openai:
+            server.start()  # a signal while loading stops it and unwinds
+            frontend = beside.enter_context(OpenAIFrontend(
+                repository, server.grpc_url, model, host=host,
+                port=spec_openai_port if openai_port is None else openai_port))
+            endpoints["OpenAI"] = frontend.url
+        server.serve_forever(announce=lambda line: console.print(line, highlight=False, soft_wrap=True),
+                             on_ready=ready, endpoints=endpoints)
+    if json_mode:
+        print_json({"event": "stopped", "exit_code": 0}, line=True)
+
+
+@main.command("openai")
+@click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
+@click.option("--triton", "triton_url", default="127.0.0.1:8001", show_default=True,
+              help="gRPC address of the Triton server that serves the release")
+@click.option("--host", default="127.0.0.1", show_default=True, help="bind address")
+@click.option("--port", type=click.IntRange(0, 65535), default=9000, show_default=True, help="0 = a free port")
+@click.option("--dry-run", is_flag=True, help="say what would be served, and where, without serving it")
+@click.option("--json", "json_mode", is_flag=True, help="JSON Lines on stdout: one object when the API is ready "
+              "(URL, model), one when it stops (or the error); with --dry-run, one document")
+@reports_errors
+def openai_command(repository: str, triton_url: str, host: str, port: int, dry_run: bool, json_mode: bool) -> None:
+    """Serve the OpenAI-compatible API of the release in REPOSITORY for a Triton server running elsewhere (a
+    container, a Kubernetes pod's Triton) until Ctrl-C or SIGTERM."""
+    from specbuild.errors import ServerError, UsageError
+    from specbuild.serve.frontend import OpenAIFrontend, serves_openai
+    from specbuild.serve.processes import stop_signals, wait_until
+
+    if not serves_openai(repository):
+        raise UsageError(f"{repository} is not a release the OpenAI-compatible API can serve (it needs the "
+                         "orchestrator and preprocessing models of a torch or tensorrt-llm release)",
+                         "pass the repository folder `specbuild compile` wrote for such a release")
+    _, model = _release_and_name(repository)
+    frontend = OpenAIFrontend(repository, triton_url, model, host=host, port=port)
+    if dry_run:
+        plan = {"model": model, "url": frontend.url, "triton": triton_url, "repository": str(Path(repository))}
+        if json_mode:
+            print_json(plan)
+        else:
+            console.print(f"would serve {model} at {frontend.url} (Triton at {triton_url})", highlight=False)
+        return
+    with frontend, stop_signals() as stop:
+        if json_mode:
+            print_json({"event": "ready", "model": model, "url": frontend.url, "triton": triton_url}, line=True)
+        console.print(f"OpenAI-compatible API for {model} at {frontend.url} (Triton at {triton_url}); "
+                      "press Ctrl-C to stop", highlight=False)
+        if not wait_until(stop, frontend.is_running):
+            raise ServerError("the OpenAI-compatible API stopped unexpectedly", "read the errors above")
+    if json_mode:
+        print_json({"event": "stopped", "exit_code": 0}, line=True)
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--url", default="127.0.0.1:8001", show_default=True, help="Triton gRPC address")
+@click.option("--model", default="ensemble", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--stream/--no-stream", default=True, show_default=True, help="print text as it is accepted")
+@click.option("--raw", is_flag=True, help="continue PROMPT as plain text  [default: a user message in the model's "
+              "chat template, for a model that has one]")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="0 or none: greedy; above 0: sampling (the whole distribution unless --top-k/--top-p)")
+@click.option("--top-k", type=click.IntRange(min=0), default=None)
+@click.option("--top-p", type=click.FloatRange(0, 1), default=None)
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None, help="reproducible sampling")
+@click.option("--num-draft-tokens", type=int, default=None, help="K for this request; 0 = target alone")
+@click.option("--prompt-lookup/--no-prompt-lookup", default=None,
+              help="draft from the request's own tokens first  [default: the server's]")
+@click.option("--stop", "stop_words", multiple=True, help="stop after this text (repeatable)")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True)
+@click.option("--json", "json_mode", is_flag=True, help="one JSON document with the text and figures; with --stream, "
+              "JSON Lines: one object per chunk, then the summary")
+@reports_errors
+def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, raw: bool, temperature: float | None,
+             top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
+             prompt_lookup: bool | None, stop_words: tuple[str, ...], timeout: float, json_mode: bool) -> None:
+    """Send PROMPT (or - for stdin, kept exactly as read) to a served ensemble; text on stdout, figures on
+    stderr."""
+    from specbuild.errors import UsageError
+    from specbuild.serve.client import GenerationRequest, SpecbuildClient
+    from specbuild.speculation.rules import explicit_sampling
+
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        raise UsageError("the prompt is empty", "pass the prompt as an argument, or pipe it in with -")
+    request = GenerationRequest(text, max_tokens, stream=stream, chat=None if raw else True, seed=seed,
+                                num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
+                                stop_words=list(stop_words) or None, **explicit_sampling(temperature, top_k, top_p))
+    client = SpecbuildClient(url, model, timeout=timeout)
+    if not json_mode:
+        generation = client.run(request, on_chunk=lambda chunk: click.echo(chunk.text, nl=False))
+        click.echo()
+        console.print(generation.summary(), highlight=False, soft_wrap=True)
+    elif stream:
+        generation = client.run(request, on_chunk=lambda chunk: print_json({"chunk": dataclasses.asdict(chunk)},
+                                                                            line=True))
+        print_json({"summary": generation_json(generation)}, line=True)
+    else:
+        print_json(generation_json(client.run(request)))
+
+
+def _has_manifest(repository: str) -> bool:
+    from specbuild.package.manifest import MANIFEST_NAME
+
+    return (Path(repository) / MANIFEST_NAME).is_file()
+
+
+def _release_and_name(repository: str) -> tuple[Any, str]:
+    """The compiled release in ``repository`` (None for a repository without a manifest) and the model name the
+    OpenAI-compatible API serves it as: the release's name, else the folder's."""
+    from specbuild.package.manifest import read_release
+
+    release = read_release(repository) if _has_manifest(repository) else None
+    return release, release.spec.name if release is not None else Path(repository).resolve().name
+
+
+def launch_overrides(assignments: tuple[str, ...], **settings: Any) -> dict[str, Any]:
+    """``--set`` assignments and launch flags (``triton.<key>``: value, None = not given) as dotted overrides."""
+    overrides = dict(parse_override(item) for item in assignments)
+    overrides.update({f"triton.{key}": value for key, value in settings.items() if value is not None})
+    return overrides
+
+
+def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """``("release=prometheus",)`` -> ``{"release": "prometheus"}``."""
+    labels = {}
+    for value in values:
+        key, sep, label = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r} is not KEY=VALUE, e.g. release=prometheus")
+        labels[key] = label
+    return labels
+
+
+@main.command()
+@click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
+@click.option("-o", "--out", "--k8s", "out_dir", required=True, metavar="DIR|-",
+              help="folder to write the manifests into (one <kind>.yaml per object, and the prometheus-adapter "
+                   "rule), or - for a YAML stream on stdout (kubectl apply -f -)")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None, help="HPA ceiling (default: 4 x replicas)")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--pvc", default=None, help="PersistentVolumeClaim holding the release's engines and repository folders")
+@click.option("--release-image", default=None, help="image with /release/<engines> and /release/<repository> "
+              "(docker/Dockerfile.release), copied by an init container")
+@click.option("--image", default=None, help="the serving image  [default: the release's triton.image; for a torch "
+              "release specbuild:cpu, built from docker/Dockerfile.cpu]")
+@click.option("--cpu", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="CPU cores per replica  [default: from the release]")
+@click.option("--memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="host memory per replica  [default: /dev/shm + engines + server, from the release]")
+@click.option("--monitor-label", "monitor_labels", multiple=True, callback=_label, metavar="KEY=VALUE",
+              help="label of the PodMonitor, for your Prometheus's podMonitorSelector (repeatable)")
+@click.option("--openai-image", default="specbuild:cpu", show_default=True,
+              help="a GPU release: the image of the OpenAI-compatible API's container beside Triton "
+              "(docker/Dockerfile.cpu)")
+@click.option("--kserve", is_flag=True, help="write a KServe ServingRuntime + InferenceService instead")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="launch settings (triton.image, triton.host, ports); the rest is the release's")
+@click.option("--json", "json_mode", is_flag=True, help="the files written as JSON; with -o -, the objects as one "
+              "JSON document (a v1 List, which kubectl applies too)")
+@reports_errors
+def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
+           release_image: str | None, image: str | None, cpu: float | None, memory_gib: float | None,
+           monitor_labels: dict[str, str], openai_image: str, kserve: bool, assignments: tuple[str, ...],
+           json_mode: bool) -> None:
+    """Write Kubernetes manifests serving the compiled release in REPOSITORY (default: triton_repo): a GPU release
+    as compiled (its launch layout, on the GPU its engines were built on), a torch release on CPUs.
+
+    Each replica gets CPU and memory requests and limits, a PodDisruptionBudget, a Prometheus Operator PodMonitor
+    and a HorizontalPodAutoscaler on the requests in flight (prometheus-adapter rule written beside them).
+    """
+    from specbuild.package.manifest import read_release
+    from specbuild.serve.k8s import release_manifests, to_yaml, write_manifests
+    from specbuild.serve.k8s_pods import DeployOptions
+
+    options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
+                            release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,
+                            monitor_labels=monitor_labels, openai_image=openai_image)
+    objects = release_manifests(read_release(repository), launch_overrides(assignments), options, kserve=kserve)
+    if out_dir == "-":
+        if json_mode:
+            print_json({"apiVersion": "v1", "kind": "List", "items": objects})
+        else:
+            click.echo(to_yaml(objects), nl=False)
+        console.print("the prometheus-adapter rule the autoscaler needs is written with -o DIR", highlight=False)
+        return
+    paths = write_manifests(out_dir, objects)
+    for path in paths:
+        console.print(f"wrote {path}", highlight=False)
+    if json_mode:
+        print_json({"files": [str(path.resolve()) for path in paths], "kinds": [item["kind"] for item in objects]})

@@ -1,0 +1,64 @@
+"""Processes and signals shared by the serving commands: free ports, the address a local server is reached
+at, stopping on SIGINT/SIGTERM, and running a launch command (``docker run``) in the foreground."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from typing import Callable, Iterator, Sequence
+
+from specbuild.errors import ServerError
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free right now on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def reachable_host(host: str) -> str:
+    """How this machine reaches a server bound to ``host``: loopback for every interface, IPv6 in brackets."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[threading.Event]:
+    """An event that SIGINT or SIGTERM sets while in the block (main thread only; the handlers are restored)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def wait_until(stop: threading.Event, alive: Callable[[], bool], poll_seconds: float = 0.5) -> bool:
+    """Block until ``stop`` is set (True) or ``alive()`` turns false (False)."""
+    while not stop.wait(poll_seconds):
+        if not alive():
+            return False
+    return True
+
+
+def run_foreground(argv: Sequence[str]) -> int:
+    """Run a launch command (e.g. ``docker run ...``) in the foreground until it exits; SIGTERM and SIGINT to
+    this process are passed on to it (``docker run`` passes them to the container) and waited for."""
+    if shutil.which(argv[0]) is None:
+        raise ServerError(f"{argv[0]} is not installed on this machine",
+                          f"install {argv[0]}, or print the commands with --dry-run and run them where it is")
+    process = subprocess.Popen(list(argv))
+    previous = {sig: signal.signal(sig, lambda signum, _: process.send_signal(signum)) for sig in STOP_SIGNALS}
+    try:
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
