@@ -14,7 +14,15 @@ from specbuild.errors import RequestError
 from specbuild.speculation.inprocess import InProcessSpeculator
 from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.engine import EngineRequest
-from specbuild.speculation.torch_engine import PrefixCache, TorchEngine, mask_bad_words
+from specbuild.speculation.torch_engine import (
+    PackedLinear,
+    PrefixCache,
+    TorchEngine,
+    cache_keyword,
+    can_pack_linears,
+    mask_bad_words,
+    pack_linears,
+)
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=12)
 
@@ -54,6 +62,37 @@ def test_verification_accepts_the_targets_own_continuation(engine, uncached):
     wrong = (continuation[1] + 1) % VOCAB
     out = engine.run(EngineRequest(prompt, 5, draft_tokens=[continuation[0], wrong, 0, 0]))
     assert out.tokens == continuation[:2]  # one accepted, then the target's own token
+
+
+def test_packed_linears_compute_what_the_model_computes(tiny):
+    """The packed model's logits are the unpacked model's within float32 rounding, and a position's logits from
+    a k-row call (verification) pick the same token as from one-row steps (the target alone)."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny.target)).eval()
+    packed = AutoModelForCausalLM.from_pretrained(str(tiny.target)).eval()
+    linears = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
+    assert can_pack_linears(packed)
+    assert pack_linears(packed) == linears > 0
+    assert not any(isinstance(module, torch.nn.Linear) for module in packed.modules())
+    assert sum(isinstance(module, PackedLinear) for module in packed.modules()) == linears
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
+    with torch.inference_mode():
+        expected = model(input_ids=ids).logits[0]
+        all_rows = packed(input_ids=ids).logits[0]
+        cache, argument = DynamicCache(), cache_keyword(packed)
+        one_row = torch.cat([packed(input_ids=ids[:, i:i + 1], use_cache=True, **{argument: cache}).logits[0]
+                             for i in range(ids.shape[1])])
+    torch.testing.assert_close(all_rows, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(one_row, all_rows, atol=1e-5, rtol=1e-5)
+    assert one_row.argmax(-1).tolist() == all_rows.argmax(-1).tolist() == expected.argmax(-1).tolist()
+
+
+def test_packed_and_unpacked_engines_generate_alike(tiny, engine):
+    plain = TorchEngine(tiny.target, max_draft_len=4, max_seq_len=64, pack_weights=False)
+    assert engine.packed_linears > 0 and plain.packed_linears == 0
+    for prompt in ([3, 1, 4], [2, 7, 1, 8, 2, 8]):
+        assert greedy(engine, prompt, 12) == greedy(plain, prompt, 12)
 
 
 def test_end_id_and_min_new_tokens(engine, uncached):
