@@ -41,13 +41,14 @@ def speculator(request, tiny, target):
 
 
 def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, *, health=None,
-             lookup_draft_fallback=True, on_draft_failure=None) -> list[Round]:
+             lookup_draft_fallback=True, on_draft_failure=None, busy=None) -> list[Round]:
     stats = stats if stats is not None else SpeculationStats()
     drafts = draft_sources(request, draft_call, stats=stats, health=health or DraftHealth(),
                            lookup_draft_fallback=lookup_draft_fallback, on_failure=on_draft_failure)
 
     async def collect():
-        return [r async for r in speculate(request, target_call, drafts, max_draft_len=MAX_DRAFT_LEN, stats=stats)]
+        return [r async for r in speculate(request, target_call, drafts, max_draft_len=MAX_DRAFT_LEN, stats=stats,
+                                           busy=busy)]
     return asyncio.run(collect())
 
 
@@ -156,6 +157,30 @@ def test_target_only_chunk_streams_token_by_token(target, alone):
     assert [len(r.tokens) for r in rounds] == [1] * 6
     assert [r.finished for r in rounds] == [False] * 5 + [True]
     assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(PROMPTS[2], 6)).tokens
+
+
+def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
+    """The load policy's hook: a busy round calls no draft and asks the target alone for its chunk; drafting
+    resumes when the load falls; the output stays the target's own."""
+    draft = TorchEngine(tiny.perturbed)
+    prompt = PROMPTS[4]
+    expected = alone.generate(GenerationRequest(prompt, 12)).tokens
+    load = iter([False, True, True, False] + [False] * 12)
+    targets: list[EngineRequest] = []
+    drafts: list[EngineRequest] = []
+    rounds = run_loop(GenerationRequest(prompt, 12, num_draft_tokens=3, target_only_chunk=1),
+                      engine_call(target, targets), engine_call(draft, drafts), busy=lambda: next(load))
+    assert [t for r in rounds for t in r.tokens] == expected
+    assert [bool(r.draft_tokens) for r in targets[:4]] == [True, False, False, True]
+    assert [r.max_new_tokens for r in targets[1:3]] == [1, 1]
+    assert len(drafts) == sum(bool(r.draft_tokens) for r in targets)  # no draft call in a busy round
+
+    targets.clear()
+    drafts.clear()
+    rounds = run_loop(GenerationRequest(prompt, 12, num_draft_tokens=3), engine_call(target, targets),
+                      engine_call(draft, drafts), busy=lambda: True)
+    assert [t for r in rounds for t in r.tokens] == expected
+    assert drafts == [] and len(targets) == 1 and targets[0].max_new_tokens == 12  # as K=0 runs
 
 
 def test_an_engine_that_returns_nothing_ends_the_request():

@@ -4,6 +4,7 @@ Serving is covered end to end in test_e2e_serving.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +65,21 @@ def test_bad_lookup_parameters_fail_the_load_with_a_clear_error(tmp_path, max_ng
 
 # --- client requests ------------------------------------------------------------------------------------------
 SETTINGS = OrchestratorParameters(max_draft_len=8, num_draft_tokens=4, use_draft_logits=True, adaptive_draft=False,
-                                  prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
+                                  busy_in_flight=2, prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=64, max_seq_len=128,
                                   vocab_size=320, max_request_seconds=600.0)
+
+
+@pytest.mark.parametrize(("limit", "in_flight", "busy"), [
+    (2, 1, False), (2, 2, True), (2, 9, True), (1, 1, True), (0, 1, False), (0, 64, False),
+])
+def test_load_policy_drafts_below_the_busy_threshold(limit, in_flight, busy):
+    assert replace(SETTINGS, busy_in_flight=limit).busy(in_flight) is busy
+
+
+def test_the_load_policy_is_compiled_from_the_spec(tmp_path):
+    assert OrchestratorParameters.from_parameters(rendered_parameters(tmp_path)).busy_in_flight == 2
+    assert OrchestratorParameters.from_parameters(rendered_parameters(tmp_path, busy_in_flight=0)).busy_in_flight == 0
 
 
 def request(**arrays: object) -> dict[str, np.ndarray]:

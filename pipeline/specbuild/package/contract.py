@@ -179,6 +179,7 @@ class OrchestratorParameters(ModelParameters):
     num_draft_tokens: int
     use_draft_logits: bool
     adaptive_draft: bool
+    busy_in_flight: int  # the load policy: from this many requests in flight, rounds run as K=0 (0: never)
     prompt_lookup: bool
     lookup_max_ngram: int
     lookup_min_ngram: int
@@ -198,6 +199,10 @@ class OrchestratorParameters(ModelParameters):
         if not self.max_request_seconds >= 0:
             raise ValueError(f"max_request_seconds must be 0 (no limit) or more, got {self.max_request_seconds}")
         self.lookup  # noqa: B018 - validates the n-gram range
+
+    def busy(self, in_flight: int) -> bool:
+        """The load policy: whether a round drafts nothing with ``in_flight`` requests being served."""
+        return 0 < self.busy_in_flight <= in_flight
 
     @property
     def lookup(self) -> PromptLookup:

@@ -159,6 +159,7 @@ def orchestrator_parameters(spec: BuildSpec, target: EngineInfo) -> Orchestrator
         num_draft_tokens=s.num_draft_tokens,
         use_draft_logits=s.acceptance == "draft-logits",
         adaptive_draft=s.adaptive,
+        busy_in_flight=s.busy_in_flight,
         prompt_lookup=s.prompt_lookup.enabled,
         lookup_max_ngram=s.prompt_lookup.max_ngram,
         lookup_min_ngram=s.prompt_lookup.min_ngram,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from specbuild.speculation.drafting import Draft, DraftSource
 from specbuild.speculation.engine import EngineCall, EngineRequest
@@ -73,10 +73,14 @@ def next_draft_length(current: int, drafted: int, accepted: int, max_draft_len: 
 
 
 async def speculate(request: GenerationRequest, target: EngineCall, drafts: DraftSource | None, *,
-                    max_draft_len: int, stats: SpeculationStats | None = None) -> AsyncIterator[Round]:
+                    max_draft_len: int, stats: SpeculationStats | None = None,
+                    busy: Callable[[], bool] | None = None) -> AsyncIterator[Round]:
     """Run the loop for one request, yielding each round's new tokens; ``stats`` is updated in place.
 
     ``drafts`` None (or K=0) runs the target alone; see :func:`~specbuild.speculation.drafting.draft_sources`.
+    ``busy``, asked before each round: while true, rounds run as K=0 does (no draft call, the target makes
+    ``target_only_chunk`` tokens or the rest), since on a busy server drafting and verifying cost more of the
+    shared compute than they save (the orchestrator's load policy).
     """
     stats = stats if stats is not None else SpeculationStats()
     generated: list[int] = []
@@ -89,10 +93,11 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         context = request.prompt_ids + generated
         # Until min_tokens, the target alone: only it knows its distribution without the end token there.
         unfinished = min(max(0, request.min_tokens - len(generated)), remaining)
-        k = min(k_wanted, remaining - 1) if drafts is not None and not unfinished else 0
-        draft = await drafts.propose(context, k, round_index) if k > 0 else None
+        sources = drafts if busy is None or not busy() else None
+        k = min(k_wanted, remaining - 1) if sources is not None and not unfinished else 0
+        draft = await sources.propose(context, k, round_index) if k > 0 else None
         started = time.perf_counter()
-        verdict = await target(_target_request(request, context, draft, remaining, unfinished, round_index, drafts))
+        verdict = await target(_target_request(request, context, draft, remaining, unfinished, round_index, sources))
         stats.target_seconds += time.perf_counter() - started
         drafted = len(draft.tokens) if draft else 0
         accepted = _accepted_prefix(draft.tokens, verdict.tokens) if draft else 0

@@ -35,6 +35,11 @@ class Metrics:
         self._in_flight += change
         self._metrics[IN_FLIGHT.key].set(self._in_flight)
 
+    @property
+    def requests_in_flight(self) -> int:
+        """What the ``specbuild_requests_in_flight`` gauge shows now."""
+        return self._in_flight
+
     def record(self, stats: SpeculationStats, output_tokens: int) -> None:
         self.count("requests")
         self.count("output_tokens", output_tokens)

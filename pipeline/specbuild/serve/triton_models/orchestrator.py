@@ -145,7 +145,8 @@ class TritonPythonModel:
                                lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed)
         try:
             async for step in speculate(generation, self._target, drafts, max_draft_len=settings.max_draft_len,
-                                        stats=row.stats):
+                                        stats=row.stats,
+                                        busy=lambda: settings.busy(self.metrics.requests_in_flight)):
                 if request.is_cancelled():
                     raise RequestCancelled
                 late = limit is not None and time.monotonic() - started >= limit

@@ -65,6 +65,8 @@ class TritonPythonModel:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         torch.set_num_threads(threads(self.parameters.torch_threads))
+        pb_utils.Logger.log_info(f"{args['model_name']}: torch on {device} with {torch.get_num_threads()} intra-op "
+                                 f"threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
         self.engine = TorchEngine(
             engine_dir,
             dtype=build["dtype"],
