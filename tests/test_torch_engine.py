@@ -193,6 +193,18 @@ def test_prefix_cache_unit():
     assert len(PrefixCache(0)) == 0
 
 
+def test_prefix_cache_leaves_another_sequences_entry_in_place():
+    cache = PrefixCache(max_tokens=64)
+    cache.put([1, 2, 3, 4, 5], prefix_cache_entry(5))
+    entry, length = cache.take([1, 2, 7, 8])  # another request sharing a prefix (a chat template) gets a copy
+    assert length == 2 and entry.get_seq_length() == 2 and len(cache) == 1
+    own, length = cache.take([1, 2, 3, 4, 5, 6])  # so the first request's next step still finds its cache
+    assert length == 5 and own.get_seq_length() == 5 and len(cache) == 0
+    cache.put([1, 2, 3, 4, 5, 6, 7], prefix_cache_entry(7))  # a draft made 6 and 7
+    entry, length = cache.take([1, 2, 3, 4, 5, 9])  # 6 rejected, 9 the target's own token: cut in place
+    assert length == 5 and entry.get_seq_length() == 5 and len(cache) == 0
+
+
 # -- validation -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("request_", "message"),

@@ -22,11 +22,10 @@ if TYPE_CHECKING:
     from specbuild.bench.metrics import Counters
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
-# K chosen with `specbuild tune --goal latency` on this release (command and figures: docs/benchmarks.md, "The
-# demo's draft"). On 2 cores shared with other jobs tune kept K=0 (verification cost V(K) 1.6-2.7 target steps
-# there); K=3 with lookup was the best K > 0 with one thread per engine model (V(1..3) measured alike, so lookup's
-# longer matches come free). Re-tune once the engines stop inflating V(K).
-DEMO_SPECULATION = {"speculation.num_draft_tokens": 3, "speculation.prompt_lookup.enabled": True}
+# K measured on this release (docs/benchmarks.md, "Cheap verification"): with the torch engine's packed linears,
+# verifying one drafted token costs 1.05-1.23 target steps on 2 cores, and K=1 with lookup is the fastest setting
+# (1.27x in process, 1.05x through the server on a loaded machine, interleaved against K=0); K=2-4 gain nothing more.
+DEMO_SPECULATION = {"speculation.num_draft_tokens": 1, "speculation.prompt_lookup.enabled": True}
 
 
 def token_sources(counters: Counters) -> str:

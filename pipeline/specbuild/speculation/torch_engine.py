@@ -11,6 +11,7 @@ the new tokens rather than the whole sequence. On a CPU, float32 linears run on 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 import threading
@@ -96,7 +97,11 @@ class PrefixCache:
     """An LRU of KV caches keyed by the tokens they hold; a lookup takes the entry sharing the longest prefix.
 
     Taking an entry removes it (the caller extends it in place and puts the grown cache back), so one
-    cache object is never used by two requests at once. The cache holds at most ``max_tokens`` tokens in all
+    cache object is never used by two requests at once. An entry is cut back in place only when the caller's
+    tokens leave it at their last token (the same sequence after a rejected draft); any other caller sharing
+    part of it (another request with the same chat template) gets a cut copy and the entry stays, or
+    requests served in turn would each destroy the next one's cache and every call would read its whole
+    sequence again (measured: 4 interleaved requests, 3-9x the cost of a decoding step per call). The cache holds at most ``max_tokens`` tokens in all
     (``max_tokens_in_paged_kv_cache``, as TensorRT-LLM bounds its KV cache); the oldest entries go first.
     """
 
@@ -121,11 +126,15 @@ class PrefixCache:
                     best_key, best_length = key, length
             if best_key is None:
                 return None, 0
-            cached_tokens, cache = self._entries.pop(best_key)
-        length = min(best_length, len(tokens) - 1)
-        if length <= 0:
-            return None, 0
-        surplus = len(cached_tokens) - length
+            cached_tokens, cache = self._entries[best_key]
+            length = min(best_length, len(tokens) - 1)
+            if length <= 0:
+                return None, 0
+            surplus = len(cached_tokens) - length
+            if surplus > 0 and length < len(tokens) - 1:
+                cache = copy.deepcopy(cache)  # another sequence's: it keeps its own
+            else:
+                del self._entries[best_key]
         if surplus > 0:
             cache.crop(-surplus)  # negative = tokens to drop: works with transformers 4.57 and 5.x
         self.hits += 1
