@@ -183,6 +183,18 @@ def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
     assert drafts == [] and len(targets) == 1 and targets[0].max_new_tokens == 12  # as K=0 runs
 
 
+def test_a_seeded_sampled_request_keeps_its_k_when_the_server_is_busy(tiny, target):
+    """Its text depends on K; the same seed must give the same text whatever the load."""
+    draft = TorchEngine(tiny.perturbed)
+    request = GenerationRequest(PROMPTS[4], 12, sampling=SamplingParams(temperature=1.0, top_k=10), seed=7,
+                                num_draft_tokens=3)
+    quiet = run_loop(request, engine_call(target), engine_call(draft))
+    drafts: list[EngineRequest] = []
+    busy = run_loop(request, engine_call(target), engine_call(draft, drafts), busy=lambda: True)
+    assert [t for r in busy for t in r.tokens] == [t for r in quiet for t in r.tokens]
+    assert drafts
+
+
 def test_an_engine_that_returns_nothing_ends_the_request():
     async def silent(request: EngineRequest) -> EngineOutput:
         return EngineOutput([])

@@ -80,8 +80,11 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
     ``drafts`` None (or K=0) runs the target alone; see :func:`~specbuild.speculation.drafting.draft_sources`.
     ``busy``, asked before each round: while true, rounds run as K=0 does (no draft call, the target makes
     ``target_only_chunk`` tokens or the rest), since on a busy server drafting and verifying cost more of the
-    shared compute than they save (the orchestrator's load policy).
+    shared compute than they save (the orchestrator's load policy). Not for a seeded sampled request: its
+    output depends on K, and the same seed must give the same text at any load.
     """
+    if busy is not None and not request.sampling.is_greedy and request.seed is not None:
+        busy = None  # K=0 rounds would change a seeded request's random draws: it keeps its K to stay reproducible
     stats = stats if stats is not None else SpeculationStats()
     generated: list[int] = []
     k_wanted = min(request.num_draft_tokens, max_draft_len)
