@@ -77,9 +77,13 @@ def test_load_policy_drafts_below_the_busy_threshold(limit, in_flight, busy):
     assert replace(SETTINGS, busy_in_flight=limit).busy(in_flight) is busy
 
 
-def test_the_load_policy_is_compiled_from_the_spec(tmp_path):
-    assert OrchestratorParameters.from_parameters(rendered_parameters(tmp_path)).busy_in_flight == 2
-    assert OrchestratorParameters.from_parameters(rendered_parameters(tmp_path, busy_in_flight=0)).busy_in_flight == 0
+@pytest.mark.parametrize("runtime, default", [("torch", 2), ("tensorrt-llm", 16)])
+def test_the_load_policy_is_compiled_from_the_spec_or_the_runtime(tmp_path, runtime, default):
+    def compiled(**speculation: object) -> int:
+        return OrchestratorParameters.from_parameters(rendered_parameters(tmp_path, runtime, **speculation)).busy_in_flight
+
+    assert compiled() == default  # unset: the runtime's threshold (CPU cores saturate long before a GPU)
+    assert compiled(busy_in_flight=0) == 0 and compiled(busy_in_flight=5) == 5
 
 
 def request(**arrays: object) -> dict[str, np.ndarray]:

@@ -77,10 +77,12 @@ class SpeculationSpec(_Strict):
     )
     adaptive: bool = Field(False, description="adapt K per request: longer after full acceptance, shorter after "
                            "rejections")
-    busy_in_flight: int = Field(2, ge=0, description="load policy: from this many requests in flight at an "
-                                "orchestrator instance (its specbuild_requests_in_flight gauge), rounds run without "
-                                "drafts, as K=0 (speculation spends compute a busy server lacks; seeded sampled requests "
-                                "keep their K, so their text does not depend on the load); 0: draft at any load")
+    busy_in_flight: int | None = Field(
+        None, ge=0, description="load policy: from this many requests in flight at an orchestrator instance (its "
+        "specbuild_requests_in_flight gauge), rounds run without drafts, as K=0 (speculation spends compute a busy "
+        "server lacks; seeded sampled requests keep their K, so their text does not depend on the load); 0: draft "
+        "at any load; unset: the runtime's default (torch 2, measured on CPU; TensorRT-LLM 16, where NVIDIA "
+        "measures draft-target at about 1x)")
     prompt_lookup: PromptLookupSpec = Field(PromptLookupSpec(), description="prompt lookup drafting: propose what "
                                             "followed the context's last n-gram earlier in the request (no model call)")
 

@@ -151,6 +151,13 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     return config
 
 
+def busy_default(runtime: str) -> int:
+    """The runtime's load-policy threshold (``speculation.busy_in_flight`` unset)."""
+    from specbuild.build.runtimes import runtime_for
+
+    return runtime_for(runtime).busy_in_flight
+
+
 def orchestrator_parameters(spec: BuildSpec, target: EngineInfo) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the target engine's build record (what it can do)."""
     s = spec.speculation
@@ -159,7 +166,7 @@ def orchestrator_parameters(spec: BuildSpec, target: EngineInfo) -> Orchestrator
         num_draft_tokens=s.num_draft_tokens,
         use_draft_logits=s.acceptance == "draft-logits",
         adaptive_draft=s.adaptive,
-        busy_in_flight=s.busy_in_flight,
+        busy_in_flight=s.busy_in_flight if s.busy_in_flight is not None else busy_default(spec.resolved_runtime()),
         prompt_lookup=s.prompt_lookup.enabled,
         lookup_max_ngram=s.prompt_lookup.max_ngram,
         lookup_min_ngram=s.prompt_lookup.min_ngram,

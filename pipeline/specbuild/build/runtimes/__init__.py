@@ -75,6 +75,10 @@ class Runtime(abc.ABC):
     # The Triton model that answers each request and exports the requests in flight (stats.IN_FLIGHT, under its
     # name as label ``model``): what autoscaling follows.
     serving_model: ClassVar[str] = ORCHESTRATOR_MODEL
+    # The load policy's default (speculation.busy_in_flight): from this many requests in flight, rounds draft
+    # nothing. On a GPU, verification is nearly free until the batch fills the GPU: NVIDIA measures draft-target
+    # at about 2x at batch 1 and about 1x at batch 16 (docs/benchmarks.md).
+    busy_in_flight: ClassVar[int] = 16
 
     @abc.abstractmethod
     def available(self) -> bool:

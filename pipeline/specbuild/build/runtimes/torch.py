@@ -54,6 +54,9 @@ class TorchRuntime(Runtime):
     engine_model_source = "torch_engine_model.py"
     container_launch = False
     auto_priority = 0
+    # On CPU cores a round's draft and verification compete with the other requests' steps: from 2 in flight,
+    # the default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal")
+    busy_in_flight = 2
 
     def available(self) -> bool:
         import importlib.util
