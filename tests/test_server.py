@@ -23,7 +23,7 @@ from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
 from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from specbuild.errors import ServerError, UsageError
-from specbuild.serve.processes import free_port
+from specbuild.serve.processes import free_port, kill_group, live_group_members
 from specbuild.serve.server import SHM_DIR, TritonServer
 from specbuild.serve.triton_install import find_triton, log_errors
 
@@ -109,6 +109,18 @@ def test_dry_run_prints_a_runnable_script_and_starts_nothing(tmp_path):
     assert 'mkdir "$BACKENDS/python"' in result.output
     assert "--http-port=18000" in result.output and "--grpc-port=8001" in result.output
     assert "--http-address=127.0.0.1" in result.output
+
+
+def test_kill_group_returns_once_no_member_of_the_group_runs():
+    """A leader and a grandchild in their own group (as tritonserver and its python stubs): both end."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 60"], start_new_session=True)
+    try:
+        while len(live_group_members(leader.pid)) < 2:  # the shell has started its background child
+            assert leader.poll() is None
+        assert kill_group(leader.pid) == [] and live_group_members(leader.pid) == []
+    finally:
+        leader.kill()
+        leader.wait()
 
 
 # --- a real server ----------------------------------------------------------------------------------------

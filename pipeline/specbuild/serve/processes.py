@@ -4,11 +4,14 @@ at, stopping on SIGINT/SIGTERM, and running a launch command (``docker run``) in
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import threading
+import time
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from specbuild.errors import ServerError
@@ -47,6 +50,35 @@ def wait_until(stop: threading.Event, alive: Callable[[], bool], poll_seconds: f
         if not alive():
             return False
     return True
+
+
+def live_group_members(group: int) -> list[int]:
+    """PIDs of the processes of process group ``group`` that still run (zombies excluded: they have ended and
+    wait only for a parent to reap them)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != "Z" and int(fields[2]) == group:
+            members.append(int(entry.name))
+    return members
+
+
+def kill_group(group: int, timeout: float = 10.0) -> list[int]:
+    """SIGKILL process group ``group`` and wait (up to ``timeout`` s) until none of it runs; the PIDs still
+    running then (none unless the kernel is stuck). SIGKILL is delivered asynchronously: without the wait, a
+    stopped server's python stubs can still be seen running right after the call."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while (left := live_group_members(group)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def run_foreground(argv: Sequence[str]) -> int:

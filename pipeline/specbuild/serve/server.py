@@ -37,7 +37,8 @@ from types import TracebackType
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from specbuild.errors import ServerError, Terminated, UsageError
-from specbuild.serve.processes import STOP_SIGNALS, free_port, reachable_host, stop_signals, wait_until
+from specbuild.serve.processes import (STOP_SIGNALS, free_port, kill_group, reachable_host, stop_signals,
+                                       wait_until)
 from specbuild.serve.triton_install import TritonInstall, find_triton, log_errors
 
 SHM_DIR = Path("/dev/shm")
@@ -310,10 +311,7 @@ class TritonServer:
                 except subprocess.TimeoutExpired:
                     code = None
             # The python backend's stub processes live in the server's process group: end them all.
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            kill_group(process.pid)
             if code is None:
                 code = process.wait()
             self._process = None
