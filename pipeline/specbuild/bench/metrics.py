@@ -10,7 +10,8 @@ Definitions follow the field (see docs/benchmarks.md):
   call, both in target steps measured at K=0 (Leviathan et al. 2023 assume V = 1; a CPU does not give
   that). Measured, it is computed over every round, drafted or not: (1 + accepted / rounds) / ((draft +
   target seconds) / rounds / K=0 step), which is the same when every round drafts K tokens and stays
-  right when some rounds draft nothing (prompt lookup without a match, lookup-only releases). MAL is what Leviathan's (1 - a^(K+1)) / (1 - a) predicts for a per-token acceptance ``a``;
+  right when some rounds draft nothing (prompt lookup without a match, lookup-only releases). MAL is what
+  Leviathan's (1 - a^(K+1)) / (1 - a) predicts for a per-token acceptance ``a``;
   :func:`per_token_acceptance` solves it back for ``a``;
 * efficiency = measured / expected: near 1, the draft (acceptance, cost) explains the speed; far below 1,
   time goes outside the engines (orchestration, streaming, queueing);

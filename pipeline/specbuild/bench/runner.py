@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specbuild.bench.metrics import Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare, drift_warnings, match_baseline, summarize
+from specbuild.bench.metrics import (Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare,
+                                     drift_warnings, match_baseline, summarize)
 from specbuild.package.contract import PREPROCESSING_MODEL
 from specbuild.errors import RequestError, ServerError, UsageError
 from specbuild.bench.prompts import Prompt

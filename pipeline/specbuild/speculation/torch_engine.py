@@ -101,8 +101,9 @@ class PrefixCache:
     tokens leave it at their last token (the same sequence after a rejected draft); any other caller sharing
     part of it (another request with the same chat template) gets a cut copy and the entry stays, or
     requests served in turn would each destroy the next one's cache and every call would read its whole
-    sequence again (measured: 4 interleaved requests, 3-9x the cost of a decoding step per call). The cache holds at most ``max_tokens`` tokens in all
-    (``max_tokens_in_paged_kv_cache``, as TensorRT-LLM bounds its KV cache); the oldest entries go first.
+    sequence again (measured: 4 interleaved requests, 3-9x the cost of a decoding step per call). The cache
+    holds at most ``max_tokens`` tokens in all (``max_tokens_in_paged_kv_cache``, as TensorRT-LLM bounds its
+    KV cache); the oldest entries go first.
     """
 
     def __init__(self, max_tokens: int) -> None:
