@@ -64,7 +64,7 @@ def can_pack_linears(model: torch.nn.Module) -> bool:
     """Whether :class:`PackedLinear` applies: float32 weights on a CPU, and a torch built with oneDNN."""
     weight = next(model.parameters())
     return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")))
 
 
 def pack_linears(model: torch.nn.Module) -> int:
