@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specbuild.bench.estimate import measure_step_costs
-from specbuild.speculation.torch_engine import PackedLinear, pack_linears
+from specbuild.runtimes.torch.engine import PackedLinear, pack_linears
 
 ROWS = (1, 2, 3, 4, 5)
 

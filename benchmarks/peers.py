@@ -4,7 +4,7 @@ Runs, prompt by prompt and in turn (each warmed up first):
 
 1. the target alone: Hugging Face ``generate``;
 2. Hugging Face assisted generation (``assistant_model=``, K fixed: constant schedule, no confidence cut);
-3. specbuild's in-process speculator (:class:`specbuild.speculation.inprocess.InProcessSpeculator`);
+3. specbuild's in-process speculator (:class:`specbuild.runtimes.torch.inprocess.InProcessSpeculator`);
 4. the specbuild server (Triton, the release's ensemble), at K and at K=0;
 
 and prints each one's output tokens/s, its ratio to the target alone, and whether its outputs equal the
@@ -96,8 +96,8 @@ def hf_runs(target_dir: Path, draft_dir: Path, prompt_ids: list[list[int]], k: i
 
 def inprocess_run(target_dir: Path, draft_dir: Path, prompt_ids: list[list[int]], k: int, max_tokens: int,
                   eos: int) -> PeerRun:
-    from specbuild.speculation.loop import GenerationRequest
-    from specbuild.speculation.inprocess import InProcessSpeculator
+    from specbuild.speculation.request import GenerationRequest
+    from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 
     speculator = InProcessSpeculator.from_checkpoints(target_dir, draft_dir, max_draft_len=max(k, 1))
 

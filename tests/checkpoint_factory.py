@@ -149,8 +149,8 @@ def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | 
     build records it) and a stand-in engine file, then ``specbuild package`` renders and hashes the repository here.
     Returns the ``CompileResult``."""
     from specbuild import compiler
-    from specbuild.build.runtimes import runtime_for
-    from specbuild.check.checkpoints import read_checkpoint
+    from specbuild.runtimes.registry import runtime_for
+    from specbuild.checkpoint.info import read_checkpoint
     from specbuild.package.contract import BUILD_INFO
 
     spec = release_spec(checkpoints, root, "tensorrt-llm", overrides)

@@ -123,11 +123,11 @@ class Reference:
 @pytest.fixture(scope="session")
 def target_alone(tiny_release, tokenizer) -> Callable[..., Reference]:
     """The tiny release's target alone, in process: ``target_alone(prompt, max_tokens, bad_words=(), seed=None,
-    **request)`` (``request``: more :class:`specbuild.speculation.loop.GenerationRequest` fields, e.g.
+    **request)`` (``request``: more :class:`specbuild.speculation.request.GenerationRequest` fields, e.g.
     ``min_tokens``, ``end_id``, ``sampling``). Greedy; with a seed, sampled at temperature 1 one token per round,
     as the server runs a streamed K=0 request."""
-    from specbuild.speculation.inprocess import InProcessSpeculator
-    from specbuild.speculation.loop import GenerationRequest
+    from specbuild.runtimes.torch.inprocess import InProcessSpeculator
+    from specbuild.speculation.request import GenerationRequest
     from specbuild.speculation.rules import GREEDY, SamplingParams
 
     speculator = InProcessSpeculator.from_checkpoints(tiny_release.engines / "target", None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.build.atomic import atomic_output_dir, atomic_write_text, clean_stale, safe_join
+from specbuild.stages.atomic import atomic_output_dir, atomic_write_text, clean_stale, safe_join
 from specbuild.errors import UsageError
 
 DEAD_PID = 2**22 + 12345  # above the kernel's pid_max default range: never a live process

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from served_tiny import MAX_INPUT_LEN, checkpoints, raw_stream, served, tiny_repository  # noqa: F401
 
-from specbuild.check.checkpoints import read_checkpoint
-from specbuild.check.weights import read_safetensors_header
+from specbuild.checkpoint.info import read_checkpoint
+from specbuild.checkpoint.weights import read_safetensors_header
 from specbuild.cli import main
 from specbuild.errors import CheckpointError, SpecError
 from specbuild.spec import BuildSpec, load_spec
@@ -280,7 +280,7 @@ def test_deeply_nested_json_is_a_checkpoint_error(checkpoints, tmp_path, name, d
 
 
 def _convert(folder: Path, tmp_path: Path) -> None:
-    from specbuild.build.runtimes import torch as torch_runtime
+    from specbuild.runtimes.torch import runtime as torch_runtime
 
     spec = load_spec(None, {"target.checkpoint": str(folder), "draft.checkpoint": str(folder), "runtime": "torch"})
     torch_runtime.convert(spec, "target", tmp_path / "converted")

@@ -10,8 +10,8 @@ from typing import Callable
 import pytest
 from checkpoint_factory import MAX_POSITIONS, VOCAB, Checkpoints, checkpoints, copy_checkpoint, edit_json  # noqa: F401
 
-from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.check.weights import read_safetensors_header
+from specbuild.checkpoint.info import CheckpointInfo, read_checkpoint
+from specbuild.checkpoint.weights import read_safetensors_header
 from specbuild.errors import CheckpointError
 
 

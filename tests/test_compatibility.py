@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from checkpoint_factory import MAX_POSITIONS, PADDED_VOCAB, VOCAB, Checkpoints, checkpoints  # noqa: F401
 
-from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.build.runtimes import runtime_for
+from specbuild.checkpoint.info import CheckpointInfo, read_checkpoint
+from specbuild.runtimes.registry import runtime_for
 from specbuild.check.compatibility import CompatibilityReport, PairParams, check_pair
 from specbuild.spec import BuildSpec, ModelSpec
 
@@ -101,7 +101,7 @@ def test_an_architecture_only_the_torch_runtime_runs_is_a_tensorrt_llm_reason_an
                                           "GPTNeoXForCausalLM"])
 def test_check_accepts_for_tensorrt_llm_exactly_what_its_converter_takes(architecture: str) -> None:
     """The audit's finding: these passed check (a 42-architecture list) and failed at convert (12)."""
-    from specbuild.build.runtimes import tensorrt_llm
+    from specbuild.runtimes.tensorrt_llm import runtime as tensorrt_llm
 
     runtime = runtime_for("tensorrt-llm")
     assert runtime.unsupported(architecture) is not None

@@ -13,12 +13,13 @@ import pytest
 from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
 from specbuild.speculation.drafting import DraftHealth, draft_sources
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.inprocess import Generated, InProcessSpeculator
-from specbuild.speculation.loop import GenerationRequest, Round, next_draft_length, speculate
+from specbuild.runtimes.torch.inprocess import Generated, InProcessSpeculator
+from specbuild.speculation.loop import Round, next_draft_length, speculate
+from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.stats import SpeculationStats
-from specbuild.speculation.torch_engine import TorchEngine
+from specbuild.runtimes.torch.engine import TorchEngine
 
 MAX_DRAFT_LEN = 8
 PROMPTS = [[random.Random(seed).randrange(VOCAB) for _ in range(1 + seed % 9)] for seed in range(12)]

@@ -25,7 +25,7 @@ def test_missing_wheel_is_a_checkpoint_error_with_the_install_command(monkeypatc
 
 
 def test_the_shipped_draft_asset_matches_its_checksum_and_says_where_it_came_from():
-    from specbuild.build.hashing import sha256_file
+    from specbuild.stages.hashing import sha256_file
 
     layers, recorded = demo_models.draft_asset()
     assert layers.stat().st_size <= 32 * 2**20 and "demo" in str(layers) and "draft" in str(layers)
@@ -63,7 +63,7 @@ def layers_file(student, path):
 
 
 def test_assembled_draft_is_the_layers_file_plus_the_targets_embeddings(tiny_pair, tmp_path):
-    from specbuild.build.hashing import sha256_file
+    from specbuild.stages.hashing import sha256_file
     from specbuild.drafts.distill_training import student_from_target
 
     target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()

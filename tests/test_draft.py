@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.drafts.distill import SUMMARY_FILE, TRAIN_FILE, DraftOptions, compute_dtype, resolve_device, state_dir
+from specbuild.drafts.distill import SUMMARY_FILE, TRAIN_FILE, compute_dtype, resolve_device, state_dir
+from specbuild.drafts.distill_options import DraftOptions
 from specbuild.drafts.distill_data import DATA_FILE, label
 from specbuild.drafts.distill_training import Trainer, learning_rate, spread_layers, student_from_target
 from specbuild.drafts.prompts import distillation_prompts

@@ -2,7 +2,7 @@
 
 One server (the session's ``tiny_server``) answers every test but the draft-fallback one, which starts its
 own with explicit model control so that it can unload the draft. References come from the same engine
-weights run in process (:class:`~specbuild.speculation.inprocess.InProcessSpeculator`, target alone), so "exact" means
+weights run in process (:class:`~specbuild.runtimes.torch.inprocess.InProcessSpeculator`, target alone), so "exact" means
 token-identical to the target alone, whatever K, streaming, batching or concurrency.
 """
 

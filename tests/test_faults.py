@@ -126,7 +126,7 @@ def _after_writing(path_name: str, fault: Callable[..., None]) -> Callable[..., 
 FAULTS = {
     # step: (what to patch, replacement)
     "check": ("specbuild.check.report.check", _interrupt),
-    "convert": ("specbuild.build.runtimes.torch.copy_tokenizer", _disk_full),
+    "convert": ("specbuild.runtimes.torch.runtime.copy_tokenizer", _disk_full),
     "build": ("pathlib.Path.write_text", _after_writing("build_info.json", _disk_full)),
     "package": ("specbuild.package.repository.validate_repository", _interrupt),
     "manifest": ("specbuild.package.manifest.atomic_write_text", _disk_full),
@@ -167,7 +167,7 @@ def test_sigint_during_build_exits_130_without_traceback_and_a_rerun_resumes(che
             *(f"--set=outputs.{key}={tmp_path / folder}" for key, folder in
               (("build_dir", "build"), ("engines_dir", "engines"), ("repository_dir", "triton_repo"))),
             "--set=limits.max_input_len=64", "--set=limits.max_seq_len=192"]
-    script = (f"import pathlib, sys, time\nimport specbuild.build.runtimes.torch as runtime\n"
+    script = (f"import pathlib, sys, time\nimport specbuild.runtimes.torch.runtime as runtime\n"
               f"runtime.build = lambda *a, **k: (pathlib.Path({str(marker)!r}).touch(), time.sleep(300))\n"
               f"from specbuild.cli import main\nsys.argv = ['specbuild', *{args!r}]\nmain()\n")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specbuild.errors import UsageError
-from specbuild.build.hashing import HashCache, fingerprint, hash_tree, sha256_file
+from specbuild.stages.hashing import HashCache, fingerprint, hash_tree, sha256_file
 
 
 def _tree(root: Path) -> Path:

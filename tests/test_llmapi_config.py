@@ -9,11 +9,11 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from specbuild.build.runtimes import PackageContext
+from specbuild.runtimes.interface import PackageContext
 from specbuild.errors import SpecbuildError
-from specbuild.package import llmapi_config as config
-from specbuild.package.llmapi_contract import LINES
-from specbuild.package.llmapi_repository import model_yaml, model_yaml_text, serve_config, serve_config_text
+from specbuild.runtimes.tensorrt_llm_llmapi import model_yaml as config
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import LINES
+from specbuild.runtimes.tensorrt_llm_llmapi.repository import model_yaml, model_yaml_text, serve_config, serve_config_text
 from specbuild.package.repository import EngineInfo
 from specbuild.spec import BuildSpec
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from specbuild.errors import RequestError
-from specbuild.package.llmapi_contract import ADAPTER_MODEL
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
 from specbuild.serve.client import GenerationRequest, SpecbuildClient
-from specbuild.serve.rehearsal import rehearsal_repository
+from specbuild.runtimes.tensorrt_llm_llmapi.rehearsal import rehearsal_repository
 from specbuild.serve.server import TritonServer
 from served_tiny import raw_stream
 from test_e2e_serving import infer_stream, metrics, scalars, text_array, texts_of

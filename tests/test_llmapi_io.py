@@ -8,10 +8,10 @@ import pytest
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, by_name
-from specbuild.package.llmapi_contract import LLMAPI_INPUTS, LLMAPI_OUTPUTS, LLMAPIAdapterParameters
-from specbuild.serve.llmapi_io import LLMAPIAnswer, LLMAPIRequest, decode_answer, decode_request, encode_answer, \
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_INPUTS, LLMAPI_OUTPUTS, LLMAPIAdapterParameters
+from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest, decode_answer, decode_request, encode_answer, \
     encode_request
-from specbuild.serve.llmapi_requests import RowProgress, parse_rows
+from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows
 
 SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True)
 

@@ -13,7 +13,7 @@ from specbuild.cli import main
 from specbuild.errors import UsageError, VerificationError
 from specbuild.package.manifest import MANIFEST_FORMAT, checkpoint_identity, toolchain, verify, write_manifest
 from specbuild.spec import load_spec
-from specbuild.build.stages import StageResult
+from specbuild.stages.runner import StageResult
 
 TOOLCHAIN = {"python": "3.11", "packages": {"specbuild": "0.1.0"}, "gpus": []}
 
@@ -225,7 +225,7 @@ def test_cli_verify_without_manifest_exits_2(tmp_path: Path) -> None:
 
 def test_compile_flow_rewrites_manifest_without_rerunning_package(tmp_path: Path) -> None:
     """The flow compile uses: stages with manifest.json excluded from the package output, then the manifest."""
-    from specbuild.build.stages import Stage, StageRunner
+    from specbuild.stages.runner import Stage, StageRunner
 
     def build(out: Path) -> None:
         (out / "target").mkdir()

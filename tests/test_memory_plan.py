@@ -7,9 +7,9 @@ import math
 import pytest
 from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401
 
-from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
-from specbuild.check.tokenizer_files import TokenizerInfo
-from specbuild.check.weights import WeightsInfo
+from specbuild.checkpoint.info import CheckpointInfo, read_checkpoint
+from specbuild.checkpoint.tokenizer_files import TokenizerInfo
+from specbuild.checkpoint.weights import WeightsInfo
 from specbuild.errors import IncompatibleError
 from specbuild.check.memory_plan import GIB, engine_dtype, plan_memory
 from specbuild.check.report import spec_for_checkpoints

@@ -14,8 +14,9 @@ import torch
 from specbuild.errors import RequestError, SpecError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters
 from specbuild.package.repository import EngineInfo, orchestrator_config
-from specbuild.serve.engine_io import decode_output, decode_requests, encode_outputs, encode_request
-from specbuild.serve.orchestration import RowProgress, parse_rows
+from specbuild.runtimes.registry import runtime_for
+from specbuild.triton_models.engine_io import decode_output, decode_requests, encode_outputs, encode_request
+from specbuild.triton_models.orchestration import RowProgress, parse_rows
 from specbuild.spec import load_spec
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.lookup import PromptLookup
@@ -31,7 +32,8 @@ def rendered_parameters(tmp_path: Path, runtime: str = "torch", **speculation: o
                             **{f"speculation.{key}": value for key, value in speculation.items()}}, base_dir=tmp_path)
     target = EngineInfo(role="target", runtime=runtime, path=tmp_path, dtype="float16", vocab_size=320,
                         build_config=TARGET_RECORD)
-    return {key: value.string_value for key, value in orchestrator_config(spec, target).parameters.items()}
+    config = orchestrator_config(spec, target, runtime_for(runtime).load_policy(spec))
+    return {key: value.string_value for key, value in config.parameters.items()}
 
 
 @pytest.mark.parametrize("runtime", ["torch", "tensorrt-llm"])

@@ -13,7 +13,7 @@ from specbuild.package import manifest
 from specbuild import compiler
 from specbuild.cli import main
 from specbuild.errors import StageError
-from specbuild.build.runtimes import torch as torch_runtime
+from specbuild.runtimes.torch import runtime as torch_runtime
 from specbuild.spec import BuildSpec, load_spec
 
 

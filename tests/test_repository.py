@@ -20,7 +20,8 @@ from checkpoint_factory import (  # noqa: F401 - the fixture
 from specbuild import compiler
 from specbuild.errors import StageError, VerificationError
 from specbuild.package import contract
-from specbuild.package.backend_contract import ENGINE_INPUTS, TorchEngineParameters
+from specbuild.package.backend_contract import ENGINE_INPUTS
+from specbuild.runtimes.torch.parameters import TorchEngineParameters
 from specbuild.package.manifest import verify
 from specbuild.package.repository import read_config, validate_repository
 from specbuild.package.vendor import PACKAGE_MARKER, SOURCE_ROOT, closure

@@ -16,14 +16,14 @@ from click.testing import CliRunner
 
 from checkpoint_factory import Checkpoints, checkpoints, package_llmapi_release, release_spec  # noqa: F401
 from specbuild import compiler
-from specbuild.build.runtimes import best_available, runtime_for
-from specbuild.build.runtimes.tensorrt_llm_llmapi import PYTORCH_ARCHITECTURES
+from specbuild.runtimes.registry import best_available, runtime_for
+from specbuild.runtimes.tensorrt_llm_llmapi.runtime import PYTORCH_ARCHITECTURES
 from specbuild.check.report import check
 from specbuild.cli import main
 from specbuild.errors import SpecError, UsageError
 from specbuild.package import contract
-from specbuild.package.llmapi_config import ModelYaml, ServeConfig, parse
-from specbuild.package.llmapi_contract import (
+from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, ServeConfig, parse
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
     ADAPTER_MODEL,
     IMAGE_MODEL_DIR,
     LLMAPI_INPUTS,
@@ -164,7 +164,7 @@ def test_the_adapter_ships_its_modules_and_the_tokenizer(release: compiler.Compi
     version = release.repository / ADAPTER_MODEL / "1"
     assert (version / "tokenizer" / "tokenizer.json").is_file()
     shipped = {p.relative_to(version).as_posix() for p in (version / "specbuild").rglob("*.py")}
-    assert {"specbuild/serve/llmapi_requests.py", "specbuild/serve/llmapi_io.py"} <= shipped
+    assert {"specbuild/runtimes/tensorrt_llm_llmapi/requests.py", "specbuild/runtimes/tensorrt_llm_llmapi/tensors.py"} <= shipped
     assert not any("torch_engine" in name or "llmapi_config" in name for name in shipped)
 
 

@@ -13,8 +13,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from specbuild.build.runtimes import PackageContext
-from specbuild.build.runtimes import tensorrt_llm as trt
+from specbuild.runtimes.interface import PackageContext
+from specbuild.runtimes.tensorrt_llm import runtime as trt
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineParameters
 from specbuild.package.repository import EngineInfo, engine_model_config
@@ -238,8 +238,8 @@ def engine_info(role: str = "target") -> EngineInfo:
 def engine_config(role: str = "target", spec: BuildSpec | None = None) -> mc.ModelConfig:
     spec = spec or make_spec()
     runtime = trt.TensorRTLLMRuntime()
-    return engine_model_config(role, spec, runtime.engine_backend,
-                               runtime.engine_parameters(spec, engine_info(role), "/work/triton_repo", CONTEXT), 1)
+    model = runtime.engine_model(spec, engine_info(role), "/work/triton_repo", CONTEXT)
+    return engine_model_config(role, spec, model.backend, model.parameters, model.instances)
 
 
 def parameters(config: mc.ModelConfig) -> dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from served_tiny import checkpoints, compile_release  # noqa: F401
 
-from specbuild.check.checkpoints import read_checkpoint
+from specbuild.checkpoint.info import read_checkpoint
 from specbuild.cli import main
 from specbuild.serve.client import SpecbuildClient
 from specbuild.errors import CheckpointError, StageError, UsageError
@@ -120,10 +120,10 @@ def engine_model(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """The torch engine model's module, importable outside Triton: the backend's utils are the tests' stand-in
     (tests/image_python; the function under test does not use them)."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "image_python"))
-    for name in ("triton_python_backend_utils", "specbuild.serve.triton_models.common",
-                 "specbuild.serve.triton_models.torch_engine_model"):
+    for name in ("triton_python_backend_utils", "specbuild.triton_models.common",
+                 "specbuild.runtimes.torch.engine_model"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    import specbuild.serve.triton_models.torch_engine_model as module
+    import specbuild.runtimes.torch.engine_model as module
 
     return module
 

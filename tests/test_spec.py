@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
+from specbuild.runtimes.registry import resolved
 from specbuild.spec import BuildSpec, load_spec, parse_override, render_spec, starter_spec
 
 MINIMAL = {"target.checkpoint": "t", "draft.checkpoint": "d"}
@@ -124,7 +125,7 @@ def test_missing_file_and_bad_override(tmp_path: Path) -> None:
 def test_resolved_runtime_without_tensorrt_llm_is_torch(tmp_path: Path) -> None:
     spec = load_spec(None, MINIMAL, base_dir=tmp_path)
     assert spec.runtime == "auto"
-    assert spec.resolved().runtime == "torch"
+    assert resolved(spec).runtime == "torch"
     assert isinstance(BuildSpec.model_validate(yaml.safe_load(spec.to_yaml())), BuildSpec)
 
 
@@ -189,3 +190,4 @@ def test_cli_blames_the_set_flag_not_the_file(tmp_path: Path, monkeypatch: pytes
     assert "limits.max_batch_size: Input should be greater than or equal to 1 (from --set limits.max_batch_size=0)" in text
     assert "(from --num-draft-tokens -1)" in text
     assert "(from specbuild.yaml)" not in text
+

@@ -544,10 +544,10 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution.
     With prompt lookup (on a prompt that repeats itself), lookup drafts are verified by token matching, mixed
     with draft-model rounds under rejection sampling, or alone."""
-    from specbuild.speculation.loop import GenerationRequest
-    from specbuild.speculation.inprocess import InProcessSpeculator
+    from specbuild.speculation.request import GenerationRequest
+    from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup
-    from specbuild.speculation.torch_engine import TorchEngine
+    from specbuild.runtimes.torch.engine import TorchEngine
 
     params = SamplingParams(temperature=0.8, top_k=8)
     prompt, length, draws = [1, 5, 9], 4, 1500

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from specbuild.errors import CheckpointError, StageError, UsageError
-from specbuild.build.stages import Stage, StageRunner
+from specbuild.stages.runner import Stage, StageRunner
 
 
 class Pipeline:

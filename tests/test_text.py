@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from checkpoint_factory import TEXT_MAIN, train_tokenizer
 from specbuild.errors import RequestError
-from specbuild.serve.text import REPLACEMENT_CHARACTER, decode_utf8, decode_word_list, encode_word_list, incremental_text
+from specbuild.triton_models.text import REPLACEMENT_CHARACTER, decode_utf8, decode_word_list, encode_word_list, incremental_text
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_a_trailing_incomplete_character_is_released_at_the_end(tokenizer) -> No
 
 # --- OpenAI stop strings ---------------------------------------------------------------------------------------
 def test_stop_strings_end_the_text_before_the_first_one_across_pieces():
-    from specbuild.serve.text import StopStrings
+    from specbuild.triton_models.text import StopStrings
 
     stops = StopStrings(["END", "\n\n"])
     sent = [stops.feed(piece) for piece in ("Hello E", "N", "D and more")]

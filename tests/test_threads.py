@@ -15,7 +15,7 @@ from served_tiny import checkpoints, compile_release  # noqa: F401  (the fixture
 
 from specbuild.serve.client import SpecbuildClient
 from specbuild.serve.server import TritonServer
-from specbuild.speculation.torch_engine import threads
+from specbuild.runtimes.torch.engine import threads
 
 PROMPT = "count the ways"
 

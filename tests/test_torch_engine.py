@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
-from specbuild.speculation.loop import GenerationRequest
+from specbuild.speculation.request import GenerationRequest
 from specbuild.errors import RequestError
-from specbuild.speculation.inprocess import InProcessSpeculator
+from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.engine import EngineRequest
-from specbuild.speculation.torch_engine import (
+from specbuild.runtimes.torch.engine import (
     PackedLinear,
     PrefixCache,
     TorchEngine,

@@ -1,11 +1,11 @@
 """The compile pipeline: check -> convert -> build -> package -> manifest, as importable functions.
 
-Each step is a :class:`~specbuild.build.stages.Stage`: skipped when its inputs (and upstream outputs) hash as in
+Each step is a :class:`~specbuild.stages.runner.Stage`: skipped when its inputs (and upstream outputs) hash as in
 the last successful run, written into a temporary folder and renamed on success. ``compile`` runs them
 all; ``convert`` and ``build`` run the prefix of the pipeline that ends with them (so a ``build`` after a
 changed spec re-converts first); ``package`` checks and packages without building (the engines already
 built, or, where none are, those the runtime would build). ``plan`` describes what would run, without running
-it. Everything that depends on the runtime is asked of it (:mod:`specbuild.build.runtimes`).
+it. Everything that depends on the runtime is asked of it (:mod:`specbuild.runtimes.interface`).
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 
-from specbuild.build.runtimes import ROLES, PackageContext, Role, runtime_for
-from specbuild.build.stages import Stage, StageResult, StageRunner
+from specbuild.runtimes.registry import resolved, runtime_for
+from specbuild.spec import ROLES, Role
+from specbuild.runtimes.interface import PackageContext
+from specbuild.stages.runner import Stage, StageResult, StageRunner
 from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
 from specbuild.package.contract import BUILD_INFO
 from specbuild.package.vendor import source_digest
 from specbuild.spec import BuildSpec, LimitsSpec, OutputsSpec
 
 if TYPE_CHECKING:
-    from specbuild.check.checkpoints import CheckpointInfo
+    from specbuild.checkpoint.info import CheckpointInfo
     from specbuild.package.repository import EngineInfo
 
 StepName = Literal["check", "convert", "build", "package"]
@@ -67,7 +69,7 @@ def _dirs(spec: BuildSpec) -> tuple[Path, Path, Path]:
 
 
 def _checkpoints(spec: BuildSpec) -> dict[Role, CheckpointInfo]:
-    from specbuild.check.checkpoints import read_checkpoint
+    from specbuild.checkpoint.info import read_checkpoint
 
     return {role: read_checkpoint(getattr(spec, role).checkpoint, allow_pickle=spec.security.allow_pickle,
                                   trust_remote_code=spec.security.trust_remote_code) for role in ROLES}
@@ -227,7 +229,7 @@ def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, jso
     runtime would build, and the manifest marks the release as having no engines: ``verify``, ``serve`` and
     ``deploy`` refuse it; pipelines and tests can inspect exactly what a GPU host would get.
     """
-    spec = spec.resolved()
+    spec = resolved(spec)
     check_outputs(spec)
     build_dir, engines, repository = _dirs(spec)
     runner = StageRunner(build_dir / STATE_FILE, scope=spec.runtime, force=force, console=console,
@@ -287,7 +289,7 @@ def plan(spec: BuildSpec) -> dict[str, Any]:
     checkpoints give where the spec leaves them open."""
     from specbuild.check.report import spec_for_checkpoints
 
-    spec = spec.resolved()
+    spec = resolved(spec)
     build_dir, engines, repository = _dirs(spec)
     runtime = runtime_for(spec.runtime)
     checkpoints = _checkpoints(spec)

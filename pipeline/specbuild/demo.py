@@ -60,6 +60,7 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
     from specbuild.bench.prompts import Prompt
     from specbuild.serve.client import GenerationRequest, SpecbuildClient
     from specbuild.serve.server import TritonServer
+    from specbuild.runtimes.names import TORCH
     from specbuild.spec import load_spec
 
     console = console or Console(stderr=True)
@@ -79,7 +80,7 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
             pair = build_demo_pair(folder, progress=progress)
     console.rule("[bold]2/4 compile (torch runtime)")
     spec = load_spec(None, {
-        "name": "tiny" if tiny else "demo", "runtime": "torch",
+        "name": "tiny" if tiny else "demo", "runtime": TORCH,
         "target.checkpoint": str(pair.target_dir), "draft.checkpoint": str(pair.draft_dir),
         "outputs.build_dir": str(workdir / "build"), "outputs.engines_dir": str(workdir / "engines"),
         "outputs.repository_dir": str(workdir / "triton_repo"),

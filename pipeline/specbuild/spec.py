@@ -17,10 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
+from specbuild.runtimes.names import RUNTIME_NAMES
 from specbuild.speculation.lookup import PromptLookup
 
-Runtime = Literal["torch", "tensorrt-llm", "tensorrt-llm-llmapi", "auto"]
-RUNTIME_CHOICES: tuple[str, ...] = get_args(Runtime)
+RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
+RuntimeChoice = Literal[RUNTIME_CHOICES]  # type: ignore[valid-type]  # the registry's names, and auto
+Role = Literal["target", "draft"]
+ROLES: tuple[Role, ...] = ("target", "draft")
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 Acceptance = Literal["token-match", "draft-logits"]
 
@@ -213,7 +216,7 @@ class BuildSpec(_Strict):
 
     name: str = Field("specbuild", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
                       description="release name (letters, digits, _ . -)")
-    runtime: Runtime = Field("auto", description="torch: HF checkpoints run with PyTorch inside Triton python models "
+    runtime: RuntimeChoice = Field("auto", description="torch: HF checkpoints run with PyTorch inside Triton python models "
                              "(CPU or CUDA); tensorrt-llm: TensorRT-LLM 1.2.x engines on Triton's tensorrtllm backend "
                              "(CUDA GPU, NGC image); tensorrt-llm-llmapi: no engines, TensorRT-LLM's LLM-API model "
                              "loads the checkpoints (CUDA GPU, NGC image); auto: the best runtime installed here "
@@ -235,18 +238,6 @@ class BuildSpec(_Strict):
                              f"is {self.speculation.acceptance!r}, which never sends them; set acceptance: "
                              "draft-logits or turn fast logits off")
         return self
-
-    def resolved_runtime(self) -> str:
-        """``auto`` means the best runtime this machine can build with (see build.runtimes.best_available)."""
-        if self.runtime != "auto":
-            return self.runtime
-        from specbuild.build.runtimes import best_available
-
-        return best_available()
-
-    def resolved(self) -> BuildSpec:
-        """A copy with ``runtime: auto`` replaced by the runtime that will really be used."""
-        return self.model_copy(update={"runtime": self.resolved_runtime()})
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -413,7 +404,7 @@ def _comment(text: str, indent: str) -> list[str]:
     return [f"{indent}# {line}" for line in textwrap.wrap(text, COMMENT_WIDTH - len(indent) - 2)]
 
 
-def starter_spec(target: str, draft: str, *, name: str = "specbuild", runtime: Runtime = "auto",
+def starter_spec(target: str, draft: str, *, name: str = "specbuild", runtime: RuntimeChoice = "auto",
                  speculation: SpeculationSpec | None = None, notes: Mapping[str, str] | None = None) -> str:
     """The commented spec ``specbuild init`` writes (see :func:`render_spec`), with the model defaults except
     for the checkpoints, name, runtime and (when given) the speculation settings."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbuild.errors import SpecError, UsageError
-from specbuild.spec import Runtime, SpeculationSpec, starter_spec
+from specbuild.spec import RuntimeChoice, SpeculationSpec, starter_spec
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -60,7 +60,7 @@ def choose_speculation(estimate: PairEstimate | None, why_unmeasured: str = "") 
 
 
 def make_starter(target: str | None, draft: str | None, path: str | Path, *, placeholders: tuple[str, str],
-                 runtime: Runtime = "auto", measure: bool = True, progress: Progress | None = None) -> Starter:
+                 runtime: RuntimeChoice = "auto", measure: bool = True, progress: Progress | None = None) -> Starter:
     """The starter spec for ``path``: for ``target`` and ``draft`` (measured unless ``measure`` is false), or
     for the ``placeholders`` when both are None. Checkpoint paths are written relative to the spec's folder."""
     if (target is None) != (draft is None):

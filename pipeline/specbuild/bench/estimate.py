@@ -37,7 +37,7 @@ class StepTimer:
         import torch
         from transformers import DynamicCache
 
-        from specbuild.speculation.torch_engine import cache_keyword
+        from specbuild.runtimes.torch.engine import cache_keyword
 
         self.model = model
         self.generator = torch.Generator().manual_seed(0)
@@ -153,7 +153,7 @@ def estimate_pair(target_dir: str | Path, draft_dir: str | Path, *, prompts: int
     from specbuild.bench.prompts import load_prompts
     from specbuild.bench.runner import chat_prompts
     from specbuild.drafts.model_pairs import measure_acceptance, stage, torch_threads
-    from specbuild.speculation.torch_engine import TorchEngine
+    from specbuild.runtimes.torch.engine import TorchEngine
 
     started = time.perf_counter()
     with torch_threads(1):

@@ -42,8 +42,8 @@ def _sized_model(sizes: dict[str, int], vocab: int, device: str) -> Any:
 def speculation(target_dir: Path, draft_dir: Path, device: str, prompts: list[list[int]], max_tokens: int,
                 end_id: int | None) -> dict[str, Any]:
     """Greedy generation at each K on the same prompts, interleaved: identity with K=0, tokens/s, acceptance."""
-    from specbuild.speculation.inprocess import InProcessSpeculator
-    from specbuild.speculation.loop import GenerationRequest
+    from specbuild.runtimes.torch.inprocess import InProcessSpeculator
+    from specbuild.speculation.request import GenerationRequest
 
     speculator = InProcessSpeculator.from_checkpoints(target_dir, draft_dir, max_draft_len=max(KS), device=device)
     speculator.generate(GenerationRequest(prompts[0], 4, num_draft_tokens=max(KS)))  # warm-up (CUDA kernels)
@@ -72,7 +72,7 @@ def run(device: str, cache: Path, prompts: int = 12, max_tokens: int = 48, sized
     from specbuild.bench.estimate import COST_CONTEXT, measure_step_costs
     from specbuild.bench.metrics import expected_speedup, leviathan_tokens_per_step
     from specbuild.drafts.tiny_models import build_tiny_pair
-    from specbuild.speculation.torch_engine import TorchEngine
+    from specbuild.runtimes.torch.engine import TorchEngine
 
     started = time.perf_counter()
     report: dict[str, Any] = {"device": device, "torch": torch.__version__,

@@ -10,8 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from specbuild.build.runtimes import runtime_for, runtimes
-from specbuild.check.checkpoints import CheckpointInfo
+from specbuild.runtimes.names import TORCH
+from specbuild.runtimes.registry import RUNTIMES, runtime_for, runtime_of
+from specbuild.checkpoint.info import CheckpointInfo
 from specbuild.errors import SpecbuildError
 from specbuild.spec import Acceptance, BuildSpec
 
@@ -35,7 +36,7 @@ class PairParams(BaseModel):
     acceptance: Acceptance = "draft-logits"
     max_seq_len: int | None = None  # as the user set them (None: from the checkpoints, which always fits)
     max_input_len: int | None = None
-    runtime: str = "torch"
+    runtime: str = TORCH
     target_dtype: str = "auto"
     draft_dtype: str = "auto"
 
@@ -43,7 +44,7 @@ class PairParams(BaseModel):
     def from_spec(cls, spec: BuildSpec) -> PairParams:
         """The spec's settings as the release will run them (an acceptance rule the runtime does not have falls
         back to its own: :meth:`Runtime.spec_findings` says so)."""
-        runtime = runtime_for(spec.resolved_runtime())
+        runtime = runtime_of(spec)
         acceptance = spec.speculation.acceptance
         return cls(acceptance=acceptance if acceptance in runtime.acceptances else runtime.acceptances[0],
                    max_seq_len=spec.limits.max_seq_len, max_input_len=spec.limits.max_input_len,
@@ -156,13 +157,13 @@ def _architectures(target: CheckpointInfo, draft: CheckpointInfo, params: PairPa
     for role, info in (("target", target), ("draft", draft)):
         problem = chosen.unsupported(info.architecture)
         if problem is not None:
-            others = [name for name, runtime in runtimes().items() if runtime.unsupported(info.architecture) is None]
+            others = [name for name, runtime in RUNTIMES.items() if runtime.unsupported(info.architecture) is None]
             report.reasons.append(Finding(
                 code=f"{role}-architecture", message=f"{role}: {problem}",
                 fix=f"use a {role} of a supported architecture"
                     + (f", or --runtime {others[0]}" if others else "")))
             continue
-        for name, runtime in runtimes().items():
+        for name, runtime in RUNTIMES.items():
             elsewhere = runtime.unsupported(info.architecture) if name != params.runtime else None
             if elsewhere is not None:
                 report.warnings.append(Finding(code=f"{role}-architecture-{name}",

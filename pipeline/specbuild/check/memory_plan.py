@@ -20,15 +20,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from specbuild.check.checkpoints import CheckpointInfo
-from specbuild.build.runtimes import runtime_for
+from specbuild.checkpoint.info import CheckpointInfo
+from specbuild.runtimes.registry import runtime_of
+from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
 from specbuild.errors import IncompatibleError, SpecbuildError
 from specbuild.spec import BuildSpec, ModelSpec
 
 GIB = 2**30
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 DEFAULT_KV_BUDGET = 0.9  # TensorRT-LLM's own default kv_cache_free_gpu_mem_fraction
-TRTLLM_MAX_NUM_TOKENS = 8192
 ACTIVATION_HIDDEN_BUFFERS = 4
 ACTIVATION_MLP_BUFFERS = 2
 LOGITS_BYTES = 4
@@ -42,7 +42,7 @@ ASSUMPTIONS = (
     "tensor/pipeline parallel: weights / (tp * pp) per GPU; KV heads split over tp (at least one per GPU: "
     "TensorRT-LLM replicates heads when tp > kv_heads), layers over pp",
     "draft and target shards share GPUs: GPU 0 holds a shard of each, so per-GPU needs add up",
-    f"activations: min(max_batch_size * max_input_len, {TRTLLM_MAX_NUM_TOKENS}) tokens in flight (TensorRT-LLM's "
+    f"activations: min(max_batch_size * max_input_len, {MAX_NUM_TOKENS}) tokens in flight (TensorRT-LLM's "
     f"default max_num_tokens) x ({ACTIVATION_HIDDEN_BUFFERS} * hidden + {ACTIVATION_MLP_BUFFERS} * intermediate / tp) "
     "values of the engine dtype (buffers are reused across layers), plus fp32 logits for max_batch_size * "
     "(max_draft_len + 1) positions",
@@ -108,7 +108,7 @@ def engine_dtype(spec: BuildSpec, role: str, checkpoint: CheckpointInfo) -> str:
     uses); the requested one where the runtime refuses it (the pair check reports that)."""
     requested = getattr(spec, role).dtype
     try:
-        return runtime_for(spec.resolved_runtime()).engine_dtype(requested, role, checkpoint.torch_dtype)
+        return runtime_of(spec).engine_dtype(requested, role, checkpoint.torch_dtype)
     except SpecbuildError:
         return "float32" if requested == "auto" else requested
 
@@ -126,7 +126,7 @@ def model_memory(role: str, model: ModelSpec, info: CheckpointInfo, spec: BuildS
     kv_per_token = 2 * info.num_layers * info.num_kv_heads * info.head_dim * size
     kv_per_token_gpu = 2 * math.ceil(info.num_layers / pp) * math.ceil(info.num_kv_heads / tp) * info.head_dim * size
     kv_tokens = limits.max_batch_size * (limits.max_seq_len + max_draft_len)
-    in_flight = min(limits.max_batch_size * limits.max_input_len, TRTLLM_MAX_NUM_TOKENS)
+    in_flight = min(limits.max_batch_size * limits.max_input_len, MAX_NUM_TOKENS)
     per_token_values = ACTIVATION_HIDDEN_BUFFERS * info.hidden_size + ACTIVATION_MLP_BUFFERS * math.ceil(
         info.intermediate_size / tp)
     logits = limits.max_batch_size * (max_draft_len + 1) * info.logits_width * LOGITS_BYTES

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbuild.build.runtimes import runtimes
-from specbuild.check.checkpoints import CheckpointInfo, read_checkpoint
+from specbuild.runtimes.registry import RUNTIMES, runtime_of
+from specbuild.checkpoint.info import CheckpointInfo, read_checkpoint
 from specbuild.check.compatibility import CompatibilityReport, Finding, PairParams, check_pair, cost_meaning
 from specbuild.errors import UsageError
 from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
@@ -94,7 +94,7 @@ def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | Non
     return CheckReport(
         target=target, draft=draft, limits=resolved.limits, compatibility=check_pair(target, draft, spec),
         memory=plan_memory(resolved, target, draft, gpu_memory_gib, refuse=False),
-        acceptance=PairParams.from_spec(spec).acceptance, runtime=spec.resolved_runtime(),
+        acceptance=PairParams.from_spec(spec).acceptance, runtime=runtime_of(spec).name,
     )
 
 
@@ -122,7 +122,7 @@ def _count(value: int) -> str:
 
 def _checkpoint_rows(info: CheckpointInfo) -> list[str]:
     tok = info.tokenizer
-    runs_on = [name for name, runtime in runtimes().items() if runtime.unsupported(info.architecture) is None]
+    runs_on = [name for name, runtime in RUNTIMES.items() if runtime.unsupported(info.architecture) is None]
     return [
         info.path,
         f"{info.architecture} (runtimes: {', '.join(runs_on) or 'none'})",

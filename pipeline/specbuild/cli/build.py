@@ -7,7 +7,7 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
-from specbuild.cli import console, json_option, main, print_json, reports_errors, spec_from_options, spec_options
+from specbuild.cli.common import console, json_option, main, print_json, reports_errors, spec_from_options, spec_options
 from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec
 
 
@@ -79,7 +79,7 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
 def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:
     """Shared body of compile/convert/build/package: the spec from file + flags, then the pipeline."""
     from specbuild import compiler
-    from specbuild.build.runtimes import runtime_for
+    from specbuild.runtimes.registry import runtime_for
 
     spec = spec_from_options(**options)
     if dry_run:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from specbuild.cli import console, generation_json, json_option, main, print_json, reports_errors
+from specbuild.cli.common import console, generation_json, json_option, main, print_json, reports_errors
 from specbuild.errors import SpecbuildError
 from specbuild.spec import DEFAULT_SPEC_FILE
 
@@ -155,7 +155,7 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
 def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, json_mode: bool) -> None:
     """Show the gate's checks and keep them in ``gate.json``; refuse the release (exit 3) when one failed."""
     from specbuild.bench.report import gate_table
-    from specbuild.build.atomic import atomic_write_text
+    from specbuild.stages.atomic import atomic_write_text
     from specbuild.errors import GateError
 
     if out_dir:
@@ -276,7 +276,8 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
                   held_out: int, max_new_tokens: int, seed: int, precision: str, device: str, generate_batch: int,
                   batch_tokens: int, answers: str, teacher: str, resume: bool, json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
-    from specbuild.drafts.distill import DraftOptions, make_draft
+    from specbuild.drafts.distill import make_draft
+    from specbuild.drafts.distill_options import DraftOptions
     from specbuild.drafts.model_pairs import progress_display
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from specbuild.cli import console, generation_json, json_option, main, print_json, reports_errors
+from specbuild.cli.common import console, generation_json, json_option, main, print_json, reports_errors
 from specbuild.spec import parse_override
 
 
@@ -75,14 +75,14 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
     import shutil
     import tempfile
 
-    from specbuild.build.runtimes import runtime_for
+    from specbuild.runtimes.registry import runtime_for
     from specbuild.serve.frontend import OpenAIFrontend, serves_openai
 
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port, "openai_port": openai_port}
     release, model = _release_and_name(repository)
     with_openai = not no_openai and not rehearse and release is not None and serves_openai(release.repository)
     if rehearse:
-        from specbuild.serve.rehearsal import rehearsal_repository
+        from specbuild.runtimes.tensorrt_llm_llmapi.rehearsal import rehearsal_repository
 
         workdir = tempfile.mkdtemp(prefix="specbuild-rehearsal-")
         atexit.register(shutil.rmtree, workdir, ignore_errors=True)

@@ -152,7 +152,7 @@ def assemble_draft(target: LlamaForCausalLM, layers_file: Path, *, sha256: str |
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
-    from specbuild.build.hashing import sha256_file
+    from specbuild.stages.hashing import sha256_file
 
     if sha256 is not None and (actual := sha256_file(layers_file)) != sha256:
         raise CheckpointError(f"{layers_file} does not match its recorded checksum (sha256 {actual}, expected "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.build.atomic import atomic_write_bytes
+from specbuild.stages.atomic import atomic_write_bytes
 from specbuild.drafts.model_pairs import stage
 from specbuild.errors import UsageError
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-    from specbuild.drafts.distill import DraftOptions
+    from specbuild.drafts.distill_options import DraftOptions
 
 DATA_FILE = "data.safetensors"
 LABEL_BATCH_TOKENS = 4096

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbuild.build.atomic import atomic_write_bytes
+from specbuild.stages.atomic import atomic_write_bytes
 from specbuild.drafts.model_pairs import stage
 from specbuild.errors import UsageError
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from transformers import LlamaForCausalLM
 
-    from specbuild.drafts.distill import DraftOptions
+    from specbuild.drafts.distill_options import DraftOptions
     from specbuild.drafts.distill_data import DistillData
 
 PROMPT_WEIGHT = 0.2  # prompt positions teach the draft too, but only answer positions are ever drafted

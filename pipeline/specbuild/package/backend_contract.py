@@ -3,7 +3,7 @@
 One table for both runtimes. The ``target``/``draft`` configs of a ``tensorrt-llm`` release and of a
 ``torch`` release are rendered from it (only the backend, the weights path and the ``torch_*`` keys differ),
 and the torch runtime's engine model parses its parameters and requests by the same rules
-(:class:`EngineParameters`, :mod:`specbuild.serve.engine_io`), so every CPU test also rehearses the GPU
+(:class:`EngineParameters`, :mod:`specbuild.triton_models.engine_io`), so every CPU test also rehearses the GPU
 configuration: a parameter the backend requires is required on CPU too, and a request input the backend
 does not know is refused by Triton on both.
 
@@ -19,6 +19,7 @@ tensorrtllm_backend PR #749, May 2025, which renamed ``random_seed`` and ``min_l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from specbuild.package.contract import Tensor
@@ -26,7 +27,6 @@ from specbuild.package.parameters import OPTIONAL, ModelParameters
 
 BatchingType = Literal["inflight_fused_batching", "inflight_batching", "V1"]
 SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
-TorchDevice = Literal["auto", "cpu", "cuda"]
 LOGITS_TYPE = "TYPE_FP32"  # engines are built with --logits_dtype float32; the backend checks they agree
 
 
@@ -81,21 +81,14 @@ class EngineParameters(ModelParameters):
 
 
 @dataclass(frozen=True)
-class TorchEngineParameters(EngineParameters):
-    """The torch runtime's engine model: the backend's parameters, read by the same rules, plus its own
-    ``torch_*`` keys (the ``tensorrtllm`` backend ignores keys it does not know; these are never rendered
-    for it)."""
+class EngineModel:
+    """How a release serves one engine: the Triton backend of its model, the config's parameters, how many
+    instances, and the python model it runs (None: the backend's own)."""
 
-    MODEL: ClassVar[str] = "torch engine model"
-
-    torch_device: TorchDevice = "auto"  # auto: CUDA when available
-    # intra-op threads of this model's process; 0: every core the host gives it (speculation.torch_engine.threads)
-    torch_threads: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.torch_threads < 0:
-            raise ValueError(f"torch_threads must be 0 (every core) or more, got {self.torch_threads}")
+    backend: str
+    parameters: EngineParameters
+    instances: int = 1
+    source: Path | None = None
 
 
 # --- request and response tensors (names as the backend reads them) --------------------------------------

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from specbuild.build.atomic import atomic_write_text, clean_stale
+from specbuild.stages.atomic import atomic_write_text, clean_stale
 from specbuild.errors import UsageError, VerificationError
-from specbuild.build.hashing import digest_json, hash_tree
-from specbuild.build.stages import StageResult
+from specbuild.stages.hashing import digest_json, hash_tree
+from specbuild.stages.runner import StageResult
 
 if TYPE_CHECKING:
     from specbuild.spec import BuildSpec

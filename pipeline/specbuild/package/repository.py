@@ -13,23 +13,23 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specbuild.errors import StageError
 from specbuild.package import contract
-from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineParameters
+from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineModel, EngineParameters
 from specbuild.package.contract import BUILD_INFO, OrchestratorParameters, PreprocessingParameters, Tensor
 from specbuild.package.parameters import ModelParameters
+from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.package.vendor import vendor
 from specbuild.spec import BuildSpec
 
-if TYPE_CHECKING:
-    from specbuild.build.runtimes import PackageContext, Runtime
 
-MODELS_DIR = Path(__file__).parent.parent / "serve" / "triton_models"
+# The ensemble's python models (preprocessing, orchestrator, postprocessing), shipped as files.
+ENSEMBLE_MODELS_DIR = Path(__file__).resolve().parents[1] / "triton_models"
 
 
 @dataclass(frozen=True)
@@ -151,22 +151,16 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     return config
 
 
-def busy_default(runtime: str) -> int:
-    """The runtime's load-policy threshold (``speculation.busy_in_flight`` unset)."""
-    from specbuild.build.runtimes import runtime_for
-
-    return runtime_for(runtime).busy_in_flight
-
-
-def orchestrator_parameters(spec: BuildSpec, target: EngineInfo) -> OrchestratorParameters:
-    """Requests' defaults from the spec; limits from the target engine's build record (what it can do)."""
+def orchestrator_parameters(spec: BuildSpec, target: EngineInfo, busy_in_flight: int) -> OrchestratorParameters:
+    """Requests' defaults from the spec; limits from the target engine's build record (what it can do);
+    ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default)."""
     s = spec.speculation
     return OrchestratorParameters(
         max_draft_len=target.max_draft_len,
         num_draft_tokens=s.num_draft_tokens,
         use_draft_logits=s.acceptance == "draft-logits",
         adaptive_draft=s.adaptive,
-        busy_in_flight=s.busy_in_flight if s.busy_in_flight is not None else busy_default(spec.resolved_runtime()),
+        busy_in_flight=busy_in_flight,
         prompt_lookup=s.prompt_lookup.enabled,
         lookup_max_ngram=s.prompt_lookup.max_ngram,
         lookup_min_ngram=s.prompt_lookup.min_ngram,
@@ -179,9 +173,9 @@ def orchestrator_parameters(spec: BuildSpec, target: EngineInfo) -> Orchestrator
     )
 
 
-def orchestrator_config(spec: BuildSpec, target: EngineInfo) -> mc.ModelConfig:
+def orchestrator_config(spec: BuildSpec, target: EngineInfo, busy_in_flight: int) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
-                               contract.ORCHESTRATOR_OUTPUTS, orchestrator_parameters(spec, target),
+                               contract.ORCHESTRATOR_OUTPUTS, orchestrator_parameters(spec, target, busy_in_flight),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
 
@@ -191,12 +185,12 @@ def write_config(model_dir: Path, config: mc.ModelConfig) -> None:
     (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
 
 
-def ship_model_source(source_name: str, model_dir: Path) -> None:
-    """The model's source as ``1/model.py``, with the specbuild modules it imports beside it."""
+def ship_model_source(source: Path, model_dir: Path) -> None:
+    """The model's source file as ``1/model.py``, with the specbuild modules it imports beside it."""
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(MODELS_DIR / source_name, version_dir / "model.py")
-    vendor(MODELS_DIR / source_name, version_dir)
+    shutil.copy2(source, version_dir / "model.py")
+    vendor(source, version_dir)
 
 
 # transformers 5 saves generic fast tokenizers as "TokenizersBackend", a class transformers 4.57 (the TensorRT-LLM
@@ -206,8 +200,6 @@ PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 def ship_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
     """The target's tokenizer files into the model's folder, its class named so that every image loads it."""
-    from specbuild.build.runtimes.torch import copy_tokenizer
-
     destination = model_dir / "1" / "tokenizer"
     if not copy_tokenizer(tokenizer_dir, destination):
         raise StageError("package", f"no tokenizer files in {tokenizer_dir}",
@@ -231,9 +223,10 @@ def tokenizer_end_id(tokenizer_dir: Path) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path, output_dir: Path,
-                      runtime: Runtime, context: PackageContext) -> None:
-    """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic)."""
+def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], engine_models: Mapping[str, EngineModel],
+                      tokenizer_dir: Path, output_dir: Path, busy_in_flight: int) -> None:
+    """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic): the ensemble, its
+    python models, and the ``engine_models`` serving ``engines``."""
     target = engines[contract.TARGET_MODEL]
     models = {
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
@@ -241,24 +234,22 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], tokeni
             contract.PREPROCESSING_MODEL, spec, contract.PREPROCESSING_INPUTS, contract.PREPROCESSING_OUTPUTS,
             PreprocessingParameters(max_input_len=int(target.build_config["max_input_len"]),
                                     end_id=tokenizer_end_id(tokenizer_dir))),
-        contract.ORCHESTRATOR_MODEL: orchestrator_config(spec, target),
+        contract.ORCHESTRATOR_MODEL: orchestrator_config(spec, target, busy_in_flight),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
-        **{role: engine_model_config(role, spec, runtime.engine_backend,
-                                     runtime.engine_parameters(spec, engine, output_dir, context),
-                                     spec.triton.engine_instances if runtime.engine_model_source else 1)
-           for role, engine in engines.items()},
+        **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances)
+           for role, model in engine_models.items()},
     }
     for name, config in models.items():
         write_config(output_dir / name, config)
     (output_dir / contract.ENSEMBLE_MODEL / "1").mkdir(exist_ok=True)
     for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL):
-        ship_model_source(f"{name}.py", output_dir / name)
+        ship_model_source(ENSEMBLE_MODELS_DIR / f"{name}.py", output_dir / name)
     for name in (contract.PREPROCESSING_MODEL, contract.POSTPROCESSING_MODEL):
         ship_tokenizer(tokenizer_dir, output_dir / name)
-    for role in engines:
-        if runtime.engine_model_source:
-            ship_model_source(runtime.engine_model_source, output_dir / role)
+    for role, model in engine_models.items():
+        if model.source is not None:
+            ship_model_source(model.source, output_dir / role)
         else:
             (output_dir / role / "1").mkdir(parents=True, exist_ok=True)
     problems = validate_repository(output_dir)

@@ -97,7 +97,7 @@ def source_digest() -> str:
     """One digest of specbuild's own Python sources (bytecode caches aside), which releases ship copies of:
     packaging counts it among its inputs, so an updated specbuild re-packages a release instead of leaving it
     with the old copies."""
-    from specbuild.build.hashing import digest_json, sha256_file
+    from specbuild.stages.hashing import digest_json, sha256_file
 
     return digest_json({path.relative_to(SOURCE_ROOT).as_posix(): sha256_file(path)
                         for path in sorted(SOURCE_ROOT.rglob("*.py")) if "__pycache__" not in path.parts})

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from specbuild.build.runtimes import runtime_for
+from specbuild.runtimes.registry import runtime_for
 from specbuild.errors import UsageError
 from specbuild.serve.k8s_pods import DeployOptions, PodPlan, ReleaseFootprint, check_options, k8s_name, pod_plan
 from specbuild.serve.release_launch import apply_launch_settings, check_compiled_layout, release_launch_spec
@@ -349,7 +349,7 @@ ADAPTER_RULES_FILE = "prometheus-adapter-rules.yaml"
 def write_manifests(out_dir: str | Path, objects: list[dict[str, Any]]) -> list[Path]:
     """One ``<kind>.yaml`` per object in ``out_dir``, and the prometheus-adapter rule the HPA needs (not an object:
     it goes into the adapter's configuration); each file written whole or not at all."""
-    from specbuild.build.atomic import atomic_write_text
+    from specbuild.stages.atomic import atomic_write_text
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

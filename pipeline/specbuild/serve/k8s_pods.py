@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.build.runtimes import ROLES, runtime_for
+from specbuild.runtimes.registry import runtime_for
+from specbuild.spec import ROLES
 from specbuild.errors import UsageError
 from specbuild.serve.launch import DEFAULT_SHM_GIB, LaunchPlan, api_port, published_ports, release_plan
 from specbuild.spec import BuildSpec

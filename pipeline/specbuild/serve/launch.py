@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from specbuild.build.runtimes import runtime_for
-from specbuild.build.runtimes.tensorrt_llm_llmapi import container_checkpoint
+from specbuild.runtimes.registry import runtime_for
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
 from specbuild.errors import SpecError, UsageError
 from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
 from specbuild.spec import BuildSpec

@@ -1,7 +1,7 @@
 """The ``orchestrator`` model called directly over Triton's gRPC stream (asyncio), with the ensemble's own
-pre- and postprocessing: the release's tokenizer through :class:`~specbuild.serve.preprocess.Preprocessor`,
-requests checked by :func:`~specbuild.serve.orchestration.parse_rows` with the orchestrator's own parameters
-before they are sent, and text by :func:`~specbuild.serve.text.incremental_text`.
+pre- and postprocessing: the release's tokenizer through :class:`~specbuild.triton_models.preprocess.Preprocessor`,
+requests checked by :func:`~specbuild.triton_models.orchestration.parse_rows` with the orchestrator's own parameters
+before they are sent, and text by :func:`~specbuild.triton_models.text.incremental_text`.
 
 Calling the orchestrator rather than the ensemble is what makes cancellation work: closing the stream cancels the
 request, and a model called directly sees that (``request.is_cancelled()``) after its current round, while an
@@ -26,9 +26,9 @@ from specbuild.package.contract import (
     by_name,
 )
 from specbuild.serve.client import batch_of_one, grpc_inputs
-from specbuild.serve.orchestration import parse_rows
-from specbuild.serve.preprocess import Preprocessor
-from specbuild.serve.text import encode_word_list, incremental_text
+from specbuild.triton_models.orchestration import parse_rows
+from specbuild.triton_models.preprocess import Preprocessor
+from specbuild.triton_models.text import encode_word_list, incremental_text
 
 _INPUTS = by_name(ORCHESTRATOR_INPUTS)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specbuild.build.runtimes import runtime_for
-from specbuild.build.runtimes.tensorrt_llm_llmapi import container_checkpoint
+from specbuild.runtimes.registry import runtime_for
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
 from specbuild.errors import SpecError
 from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
 from specbuild.serve.launch import DEFAULT_SHM_GIB, LaunchPlan, model_devices, release_plan, require_trtllm
@@ -59,8 +59,8 @@ def check_compiled_layout(repository: Path, spec: BuildSpec) -> None:
 def check_llmapi_config(repository: Path, spec: BuildSpec) -> None:
     """The LLM-API model's ``model.yaml`` must read back through its typed model and name the checkpoints and
     the parallel layout this launch mounts and reserves GPUs for."""
-    from specbuild.package.llmapi_config import ModelYaml, parse
-    from specbuild.package.llmapi_contract import LLMAPI_MODEL, MODEL_YAML
+    from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, parse
+    from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_MODEL, MODEL_YAML
 
     path = repository / LLMAPI_MODEL / "1" / MODEL_YAML
     try:

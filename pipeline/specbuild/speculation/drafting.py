@@ -21,7 +21,7 @@ from specbuild.speculation.rules import round_seed
 from specbuild.speculation.stats import SpeculationStats
 
 if TYPE_CHECKING:
-    from specbuild.speculation.loop import GenerationRequest
+    from specbuild.speculation.request import GenerationRequest
 
 DRAFT_ROLE = 0  # the seed stream of draft calls (the target's is 1; see rules.round_seed)
 DRAFT_RETRY_SECONDS = 5.0

@@ -3,8 +3,8 @@
 An :class:`EngineRequest` is one call of a ``target`` or ``draft`` engine model in the terms of TensorRT-LLM's
 ``tensorrtllm`` backend (``request_output_len``, ``draft_input_ids``, ``min_tokens``, ...); an
 :class:`EngineOutput` is its answer. The orchestrator turns them into the backend's tensors
-(:mod:`specbuild.serve.engine_io`), the torch runtime's engine model turns those tensors back into requests
-for :class:`~specbuild.speculation.torch_engine.TorchEngine`, and the in-process speculator hands them to a
+(:mod:`specbuild.triton_models.engine_io`), the torch runtime's engine model turns those tensors back into requests
+for :class:`~specbuild.runtimes.torch.engine.TorchEngine`, and the in-process speculator hands them to a
 :class:`TorchEngine` directly: the same loop drives all three.
 """
 

@@ -2,7 +2,7 @@
 
 :func:`speculate` drives a target engine call and a :class:`~specbuild.speculation.drafting.DraftSource`. The
 Triton orchestrator passes calls that go through BLS to the ``target``/``draft`` models (TensorRT-LLM or
-torch), the in-process speculator passes :class:`~specbuild.speculation.torch_engine.TorchEngine` methods,
+torch), the in-process speculator passes :class:`~specbuild.runtimes.torch.engine.TorchEngine` methods,
 so the server and the in-process baseline run the very same loop.
 
 One round: a source proposes up to ``k`` tokens; the target verifies them in one pass and returns the
@@ -13,36 +13,16 @@ generates alone. Rounds are yielded as they finish so callers can stream them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from specbuild.speculation.drafting import Draft, DraftSource
 from specbuild.speculation.engine import EngineCall, EngineRequest
-from specbuild.speculation.lookup import PromptLookup
-from specbuild.speculation.rules import GREEDY, SamplingParams, round_seed
+from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.rules import round_seed
 from specbuild.speculation.stats import SpeculationStats
 
 TARGET_ROLE = 1  # the seed stream of target calls (the draft's is 0)
-
-
-@dataclass
-class GenerationRequest:
-    """What one client asked for, in token ids."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingParams = GREEDY
-    seed: int | None = None
-    end_id: int | None = None
-    min_tokens: int = 0  # the end token is not generated before this many tokens
-    stop_words: list[list[int]] = field(default_factory=list)
-    bad_words: list[list[int]] = field(default_factory=list)
-    num_draft_tokens: int = 4
-    use_draft_logits: bool = True
-    adaptive: bool = False
-    prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
-    # Tokens the target makes per call when it runs alone: 1 streams token by token.
-    target_only_chunk: int | None = None
 
 
 @dataclass

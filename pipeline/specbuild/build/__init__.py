@@ -1,1 +1,0 @@
-"""Building engines: the incremental stage runner, atomic outputs, content hashing and the runtimes."""

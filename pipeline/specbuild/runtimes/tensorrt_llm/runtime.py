@@ -1,0 +1,409 @@
+"""The ``tensorrt-llm`` runtime: HF checkpoint -> TensorRT-LLM checkpoint -> engine, and its Triton config.
+
+Everything here is planned first, as typed values built from a :class:`~specbuild.spec.BuildSpec`
+(pure, deterministic, JSON-able: what ``--dry-run`` prints), and executed second behind lazy imports, so
+specbuild imports, plans and tests without TensorRT-LLM. Names follow the TensorRT-LLM 1.2.x engine flow
+(``tensorrt_llm/commands/build.py``, ``builder.py``, ``plugin/plugin.py``, ``models/__init__.py``,
+``examples/draft_target_model/README.md``) and the ``tensorrtllm`` backend's model config
+(tensorrtllm_backend v0.19.0 ``all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``).
+
+Rules encoded here (see ``/work/shared/reference/trtllm-engine-flow.md``):
+
+* target engine: ``speculative_decoding_mode=draft_tokens_external`` and ``max_draft_len``;
+  draft engine: a plain engine, with ``gather_generation_logits`` only for ``draft-logits`` acceptance;
+* both: paged KV cache and paged context FMHA (KV-cache block reuse makes re-sending the sequence each
+  round cheap), ``gemm_plugin=auto``, beam width 1, logits in float32 (the Triton config declares FP32);
+* never ``gather_context_logits`` (an error together with ``max_draft_len > 0``);
+* fp16/bf16 only, no quantization; GPU SM >= 8.0 at build time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import TypeAdapter
+
+from specbuild.spec import Role
+from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime, SpecFinding
+from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
+from specbuild.package.backend_contract import EngineModel, EngineParameters
+from specbuild.package.contract import BUILD_INFO
+from specbuild.runtimes.names import TENSORRT_LLM
+from specbuild.runtimes.trtllm_image import EngineDtype, installed_package_dir, resolve_dtype
+from specbuild.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from specbuild.checkpoint.info import CheckpointInfo
+    from specbuild.package.repository import EngineInfo
+
+TENSORRT_LLM_SERIES = "1.2"
+LOGITS_DTYPE = "float32"  # engine logits; the Triton config's logits tensors are TYPE_FP32 to match
+MIN_SM = (8, 0)
+TENSORRTLLM_BACKEND = "tensorrtllm"  # the Triton backend that serves the engines
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """A TensorRT-LLM model class with ``from_hugging_face`` and the folder of its ``convert_checkpoint.py``."""
+
+    model_class: str
+    example_dir: str  # relative to a TensorRT-LLM 1.2 source checkout
+    pipeline_parallel: bool = True
+
+
+_LLAMA = ModelFamily("LLaMAForCausalLM", "examples/models/core/llama")
+_QWEN = ModelFamily("QWenForCausalLM", "examples/models/core/qwen")
+_PHI = ModelFamily("PhiForCausalLM", "examples/models/core/phi", pipeline_parallel=False)
+_PHI3 = ModelFamily("Phi3ForCausalLM", "examples/models/core/phi", pipeline_parallel=False)
+_GPT = ModelFamily("GPTForCausalLM", "examples/models/core/gpt")
+_FALCON = ModelFamily("FalconForCausalLM", "examples/models/contrib/falcon")
+
+# HF ``architectures[0]`` -> family: MODEL_MAP entries whose example converts with ``from_hugging_face``
+# and the common ``--model_dir/--output_dir/--dtype/--tp_size/--pp_size`` flags. Gemma is left out: its
+# example uses another flow (``--world_size``, ``--output_model_dir``, no pipeline parallelism).
+SUPPORTED_ARCHITECTURES: dict[str, ModelFamily] = {
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _LLAMA,
+    "MixtralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": _QWEN,
+    "Qwen3ForCausalLM": _QWEN,
+    "PhiForCausalLM": _PHI,
+    "Phi3ForCausalLM": _PHI3,
+    "GPT2LMHeadModel": _GPT,
+    "GPTBigCodeForCausalLM": _GPT,
+    "Starcoder2ForCausalLM": _GPT,
+    "FalconForCausalLM": _FALCON,
+    "RWForCausalLM": _FALCON,
+}
+
+
+# --- plans ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankMapping:
+    """The arguments of ``tensorrt_llm.Mapping`` for one rank."""
+
+    world_size: int
+    rank: int
+    tp_size: int
+    pp_size: int
+
+
+@dataclass(frozen=True)
+class ConvertPlan:
+    """HF checkpoint -> TensorRT-LLM checkpoint (``config.json`` + ``rank{N}.safetensors``)."""
+
+    role: Role
+    checkpoint: str
+    architecture: str
+    model_class: str
+    dtype: EngineDtype
+    output_dir: str
+    mappings: tuple[RankMapping, ...]
+    image: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """TensorRT-LLM checkpoint -> engine (``config.json`` + ``rank{N}.engine`` + ``build_info.json``).
+
+    ``build_config`` holds the ``BuildConfig`` keyword arguments (``speculative_decoding_mode`` by its
+    ``trtllm-build`` name), ``plugin_config`` the ``PluginConfig`` ones.
+    """
+
+    role: Role
+    checkpoint_dir: str
+    output_dir: str
+    world_size: int
+    build_config: dict[str, Any]
+    plugin_config: dict[str, Any]
+    logits_dtype: str
+    image: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """Both steps for one model."""
+
+    convert: ConvertPlan
+    build: BuildPlan
+
+
+def model_family(architecture: str, role: Role) -> ModelFamily:
+    try:
+        return SUPPORTED_ARCHITECTURES[architecture]
+    except KeyError:
+        raise CheckpointError(
+            f"the {role} checkpoint's architecture {architecture!r} is not one the tensorrt-llm runtime converts",
+            f"use one of {', '.join(sorted(SUPPORTED_ARCHITECTURES))}, or use --runtime torch",
+        ) from None
+
+
+def rank_mappings(spec: BuildSpec, role: Role) -> tuple[RankMapping, ...]:
+    model = getattr(spec, role)
+    return tuple(RankMapping(model.world_size, rank, model.tp_size, model.pp_size) for rank in range(model.world_size))
+
+
+def _flag(name: str, value: Any) -> str:
+    return f"--{name}={value}"
+
+
+def convert_plan(spec: BuildSpec, role: Role, architecture: str, output_dir: str | Path, *,
+                 checkpoint_dtype: str | None = None) -> ConvertPlan:
+    """Plan the conversion of ``spec.<role>.checkpoint`` (HF ``architectures[0]`` = ``architecture``)."""
+    model = getattr(spec, role)
+    family = model_family(architecture, role)
+    if model.pp_size > 1 and not family.pipeline_parallel:
+        raise SpecError(
+            f"{role}.pp_size is {model.pp_size}, but TensorRT-LLM converts {architecture} without pipeline parallelism",
+            f"set {role}.pp_size: 1 (use tp_size to split the model over GPUs)",
+        )
+    dtype = resolve_dtype(model.dtype, role, checkpoint_dtype)
+    output = str(output_dir)
+    argv = ("python3", f"{family.example_dir}/convert_checkpoint.py",
+            _flag("model_dir", model.checkpoint), _flag("output_dir", output), _flag("dtype", dtype),
+            _flag("tp_size", model.tp_size), _flag("pp_size", model.pp_size), _flag("workers", 1))
+    return ConvertPlan(role=role, checkpoint=model.checkpoint, architecture=architecture,
+                       model_class=family.model_class, dtype=dtype, output_dir=output,
+                       mappings=rank_mappings(spec, role), image=spec.triton.image, argv=argv)
+
+
+def _build_argv(checkpoint_dir: str, output_dir: str, build_config: dict[str, Any]) -> tuple[str, ...]:
+    argv = ["trtllm-build", _flag("checkpoint_dir", checkpoint_dir), _flag("output_dir", output_dir),
+            _flag("gemm_plugin", "auto"), _flag("use_paged_context_fmha", "enable"), _flag("kv_cache_type", "paged"),
+            _flag("logits_dtype", LOGITS_DTYPE)]
+    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_beam_width"):
+        argv.append(_flag(name, build_config[name]))
+    if "speculative_decoding_mode" in build_config:
+        argv += [_flag("speculative_decoding_mode", build_config["speculative_decoding_mode"]),
+                 _flag("max_draft_len", build_config["max_draft_len"])]
+    if build_config.get("gather_generation_logits"):
+        argv.append("--gather_generation_logits")
+    return tuple(argv)
+
+
+def build_plan(spec: BuildSpec, role: Role, checkpoint_dir: str | Path, output_dir: str | Path) -> BuildPlan:
+    """Plan the engine build of one model from its converted checkpoint."""
+    limits = spec.limits
+    build_config: dict[str, Any] = {
+        "max_batch_size": limits.max_batch_size,
+        "max_input_len": limits.max_input_len,
+        "max_seq_len": limits.max_seq_len,  # build() adds max_draft_len to it for the target by itself
+        "max_beam_width": 1,  # beam search does not combine with draft-target decoding
+    }
+    if role == "target":
+        build_config["speculative_decoding_mode"] = "draft_tokens_external"
+        build_config["max_draft_len"] = spec.speculation.max_draft_len
+    elif spec.speculation.acceptance == "draft-logits":
+        build_config["gather_generation_logits"] = True
+    plugin_config = {"gemm_plugin": "auto", "paged_kv_cache": True, "use_paged_context_fmha": True}
+    checkpoint, output = str(checkpoint_dir), str(output_dir)
+    return BuildPlan(role=role, checkpoint_dir=checkpoint, output_dir=output,
+                     world_size=getattr(spec, role).world_size, build_config=build_config,
+                     plugin_config=plugin_config, logits_dtype=LOGITS_DTYPE, image=spec.triton.image,
+                     argv=_build_argv(checkpoint, output, build_config))
+
+
+_PLAN_JSON = TypeAdapter(EnginePlan)
+
+
+def _call(name: str, kwargs: dict[str, Any]) -> str:
+    return f"{name}({', '.join(f'{key}={value!r}' for key, value in kwargs.items())})"
+
+
+def format_plan(plan: EnginePlan) -> str:
+    """What ``compile --dry-run`` prints for one model: every rank, the Python calls and the equivalent CLI."""
+    conv, bld = plan.convert, plan.build
+    return "\n".join([
+        f"{conv.role}: {conv.architecture} -> {conv.model_class}, {conv.dtype}, {len(conv.mappings)} rank(s), "
+        f"TensorRT-LLM {TENSORRT_LLM_SERIES}.x in {conv.image}",
+        f"  convert {conv.checkpoint} -> {conv.output_dir}",
+        *(f"    rank {m.rank}: {conv.model_class}.from_hugging_face(dtype={conv.dtype!r}, "
+          f"mapping={_call('Mapping', asdict(m))}).save_checkpoint(save_config={m.rank == 0})"
+          for m in conv.mappings),
+        f"    $ {shlex.join(conv.argv)}",
+        f"  build {bld.checkpoint_dir} -> {bld.output_dir} ({bld.world_size} engine(s), logits {bld.logits_dtype})",
+        f"    {_call('BuildConfig', bld.build_config)}",
+        f"      plugin_config={_call('PluginConfig', bld.plugin_config)}",
+        f"    $ {shlex.join(bld.argv)}",
+    ])
+
+
+# --- execution (needs TensorRT-LLM 1.2.x and a CUDA GPU) -----------------------------------------------
+def require_tensorrt_llm(image: str) -> ModuleType:
+    """Import ``tensorrt_llm`` or say how to get it; refuse series other than 1.2 (engines left main in 1.3)."""
+    fix = (f"run specbuild inside the NGC image {image} (it ships TensorRT-LLM {TENSORRT_LLM_SERIES}.x), "
+           "or use --runtime torch, or add --dry-run to only print the plan")
+    try:
+        import tensorrt_llm
+    except (ImportError, OSError) as exc:
+        raise SpecbuildError(f"the tensorrt-llm runtime needs the tensorrt_llm package, which cannot be imported "
+                             f"here ({exc})", fix) from None
+    version = str(getattr(tensorrt_llm, "__version__", "unknown"))
+    if version.split(".")[:2] != TENSORRT_LLM_SERIES.split("."):
+        raise SpecbuildError(f"TensorRT-LLM {version} is installed; the engine flow needs {TENSORRT_LLM_SERIES}.x", fix)
+    return tensorrt_llm
+
+
+def check_sm(name: str, major: int, minor: int) -> None:
+    """Draft-target engines need compute capability 8.0 or newer (Ampere+)."""
+    if (major, minor) < MIN_SM:
+        raise SpecbuildError(
+            f"GPU {name} has compute capability {major}.{minor}; TensorRT-LLM draft-target engines need "
+            f"{MIN_SM[0]}.{MIN_SM[1]} or newer",
+            "build on an Ampere or newer GPU (A100, L4, L40S, H100, ...), or use --runtime torch",
+        )
+
+
+def _gpu_info() -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SpecbuildError("no CUDA GPU is visible; TensorRT-LLM builds engines on the GPU they will run on",
+                             "run on a machine with a GPU (docker run --gpus all ...), or use --runtime torch")
+    major, minor = torch.cuda.get_device_capability()
+    name = torch.cuda.get_device_name()
+    check_sm(name, major, minor)
+    return {"name": name, "sm": f"{major}.{minor}", "cuda": torch.version.cuda}
+
+
+def convert(plan: ConvertPlan, into: str | Path | None = None) -> Path:
+    """Run ``plan``: ``from_hugging_face`` + ``save_checkpoint`` per rank into ``into`` (or ``plan.output_dir``)."""
+    require_tensorrt_llm(plan.image)
+    import tensorrt_llm.models as trtllm_models
+    from tensorrt_llm.mapping import Mapping
+
+    model_class = getattr(trtllm_models, plan.model_class)
+    output = Path(into or plan.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    for mapping in plan.mappings:
+        model = model_class.from_hugging_face(plan.checkpoint, plan.dtype, mapping=Mapping(**asdict(mapping)))
+        model.save_checkpoint(str(output), save_config=mapping.rank == 0)
+        del model  # one rank's weights in memory at a time
+    return output
+
+
+def build(plan: BuildPlan, into: str | Path | None = None) -> Path:
+    """Run ``plan``: ``build()`` + ``Engine.save`` per rank, then ``build_info.json``; returns the engine folder."""
+    trtllm = require_tensorrt_llm(plan.image)
+    gpu = _gpu_info()
+    import tensorrt
+    from tensorrt_llm.builder import BuildConfig
+    from tensorrt_llm.builder import build as build_engine
+    from tensorrt_llm.models import MODEL_MAP, PretrainedConfig
+    from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+    from tensorrt_llm.plugin import PluginConfig
+
+    config = PretrainedConfig.from_json_file(str(Path(plan.checkpoint_dir) / "config.json"))
+    if config.mapping.world_size != plan.world_size:
+        raise UsageError(f"{plan.checkpoint_dir} was converted for {config.mapping.world_size} rank(s), the plan "
+                         f"builds {plan.world_size}", "convert the checkpoint again with the current spec")
+    config.logits_dtype = plan.logits_dtype
+    kwargs = dict(plan.build_config)
+    if "speculative_decoding_mode" in kwargs:
+        kwargs["speculative_decoding_mode"] = SpeculativeDecodingMode[kwargs["speculative_decoding_mode"].upper()]
+    build_config = BuildConfig(**kwargs, plugin_config=PluginConfig(**plan.plugin_config))
+    output = Path(into or plan.output_dir)
+    for rank in range(plan.world_size):
+        rank_config = copy.deepcopy(config)
+        rank_config.set_rank(rank)
+        model = MODEL_MAP[config.architecture].from_checkpoint(plan.checkpoint_dir, config=rank_config)
+        build_engine(model, build_config).save(str(output))
+        del model
+    engine_config = json.loads((output / "config.json").read_text(encoding="utf-8"))
+    info = {"runtime": TENSORRT_LLM, "role": plan.role, "tensorrt_llm": trtllm.__version__,
+            "tensorrt": tensorrt.__version__, "cuda": gpu.pop("cuda"), "gpu": gpu,
+            "build_config": engine_config.get("build_config", {}),
+            "dtype": engine_config.get("pretrained_config", {}).get("dtype"),
+            "vocab_size": engine_config.get("pretrained_config", {}).get("vocab_size")}
+    (output / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return output
+
+
+# --- the runtime ---------------------------------------------------------------------------------------
+def engine_flow_installed() -> bool:
+    """Whether the installed TensorRT-LLM still has the engine flow: ``tensorrt_llm/builder.py`` went with
+    ``trtllm-build`` in TensorRT-LLM PR #15918 (July 2026)."""
+    package = installed_package_dir()
+    return package is not None and (package / "builder.py").is_file()
+
+
+class TensorRTLLMRuntime(Runtime):
+    """TensorRT-LLM 1.2.x engines served by Triton's ``tensorrtllm`` backend (a CUDA GPU, the NGC image)."""
+
+    name = TENSORRT_LLM
+    container_launch = True
+    auto_priority = 20
+
+    def available(self) -> bool:
+        return engine_flow_installed()
+
+    def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
+        if spec.triton.tensorrt_llm == TENSORRT_LLM_SERIES:
+            return []
+        return [SpecFinding("tensorrt-llm-line", f"triton.tensorrt_llm is {spec.triton.tensorrt_llm}, whose "
+                            "TensorRT-LLM has no engine flow (removed in July 2026)",
+                            f"use --runtime tensorrt-llm-llmapi, or an image with TensorRT-LLM {TENSORRT_LLM_SERIES}.x "
+                            f"and --set triton.tensorrt_llm={TENSORRT_LLM_SERIES}")]
+
+    def unsupported(self, architecture: str) -> str | None:
+        if architecture in SUPPORTED_ARCHITECTURES:
+            return None
+        return (f"TensorRT-LLM {TENSORRT_LLM_SERIES}.x's engine flow does not convert {architecture} here "
+                f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})")
+
+    def engine_dtype(self, requested: str, role: Role, checkpoint_dtype: str | None) -> str:
+        return resolve_dtype(requested, role, checkpoint_dtype)
+
+    def plan(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, converted: Path,
+             engine: Path) -> ModelPlan:
+        plan = EnginePlan(convert_plan(spec, role, checkpoint.architecture, converted,
+                                       checkpoint_dtype=checkpoint.torch_dtype),
+                          build_plan(spec, role, converted, engine))
+        return ModelPlan(role, _PLAN_JSON.dump_python(plan, mode="json"), format_plan(plan))
+
+    def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
+        convert(convert_plan(spec, role, checkpoint.architecture, output, checkpoint_dtype=checkpoint.torch_dtype),
+                into=output)
+
+    def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
+        build(build_plan(spec, role, converted, output), into=output)
+
+    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
+        plan = build_plan(spec, role, Path("."), Path("."))
+        build_config = dict(plan.build_config)
+        if role == "target":  # trtllm-build adds the draft tokens to max_seq_len itself
+            build_config["max_seq_len"] += build_config["max_draft_len"]
+        return {"runtime": self.name, "role": role, "dtype": self.engine_dtype(getattr(spec, role).dtype, role, checkpoint.torch_dtype),
+                "vocab_size": checkpoint.vocab_size, "architecture": checkpoint.architecture,
+                "build_config": build_config, "tensorrt_llm": None}
+
+    def engine_model(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+                     context: PackageContext) -> EngineModel:
+        """The ``tensorrtllm`` backend, one instance (it places the engine on its GPUs itself). Engines at ``engine_mount`` inside the container; the KV-cache split of the memory plan (or the spec's
+        total, split the same way), capped at the planned KV tokens (each fraction applies to the memory free
+        when that engine loads, so the cap keeps the first one honest); devices from the launch layout."""
+        from specbuild.serve.launch import model_devices
+
+        total = spec.triton.kv_cache_free_gpu_mem_fraction
+        fraction = context.kv_fractions[engine.role]
+        if total is not None:
+            fraction = total * fraction / max(1e-9, sum(context.kv_fractions.values()))
+        devices = model_devices(spec)[engine.role]
+        return EngineModel(TENSORRTLLM_BACKEND, EngineParameters(
+            gpt_model_path=f"{spec.triton.engine_mount.rstrip('/')}/{engine.role}",
+            kv_cache_free_gpu_mem_fraction=round(fraction, 4),
+            max_tokens_in_paged_kv_cache=context.kv_tokens[engine.role],
+            enable_chunked_context=True,  # long prompts in chunks; needs the paged context FMHA engines are built with
+            exclude_input_in_output=True,  # only new tokens; requests may override per call
+            gpu_device_ids=devices.gpu_device_ids,
+            participant_ids=devices.participant_ids,
+            speculative_decoding_fast_logits=devices.fast_logits,
+        ))

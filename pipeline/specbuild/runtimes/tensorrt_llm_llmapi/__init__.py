@@ -1,0 +1,1 @@
+"""The ``tensorrt-llm-llmapi`` runtime: engine-free TensorRT-LLM through its LLM-API Triton model."""

@@ -1,0 +1,55 @@
+"""A CPU rehearsal of a ``tensorrt-llm-llmapi`` release: the release's repository, served by the Triton server
+bundled with specbuild, with a torch stand-in for TensorRT-LLM's LLM-API model.
+
+:func:`rehearsal_repository` copies the repository and swaps one thing: ``tensorrt_llm/1/model.py``, a link into
+the NGC image, becomes :mod:`specbuild.runtimes.tensorrt_llm_llmapi.stand_in_model` with its specbuild modules
+beside it (as every python model of a release has them; the stand-in's also need pydantic and PyYAML, which
+specbuild's own environment has). The ensemble, the adapter, the configs and ``model.yaml`` are the release's
+own, byte for byte; ``mounts.json`` maps the container paths of
+``model.yaml`` to the checkpoints on this machine, as ``docker run`` mounts them. The copy has no manifest: it
+is not the release, and the release itself is verified first.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from specbuild.runtimes.registry import runtime_for
+from specbuild.spec import ROLES
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
+from specbuild.errors import UsageError, VerificationError
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import IMAGE_MODEL_FILES, LLMAPI_MODEL, STAND_IN_MOUNTS
+from specbuild.package.manifest import MANIFEST_NAME, read_release, verify
+from specbuild.package.vendor import ALLOWED_THIRD_PARTY, vendor
+
+STAND_IN_SOURCE = Path(__file__).parent / "stand_in_model.py"
+STAND_IN_THIRD_PARTY = frozenset({"pydantic", "yaml"})  # model.yaml read through its typed model
+
+
+def rehearsal_repository(release: str | Path, destination: str | Path) -> Path:
+    """Write the CPU rehearsal of the release at ``release`` (its repository folder) into ``destination`` (a new
+    folder); returns the repository to serve."""
+    found = read_release(release)
+    if runtime_for(found.spec.runtime).builds_engines:
+        raise UsageError(f"{found.repository} is a {found.spec.runtime} release; only releases whose runtime serves "
+                         "the checkpoints through TensorRT-LLM's LLM API have a CPU stand-in",
+                         "serve a torch release with `specbuild serve`, or compile with --runtime tensorrt-llm-llmapi")
+    report = verify(found.manifest)
+    if not report.ok:
+        raise VerificationError(f"the release differs from its manifest ({len(report.changed)} changed, "
+                                f"{len(report.missing)} missing, {len(report.extra)} extra files)",
+                                "run `specbuild verify` to see which, and package the release again")
+    repository = Path(destination) / found.repository.name
+    if repository.exists():
+        raise UsageError(f"{repository} exists", "rehearse into a new folder")
+    shutil.copytree(found.repository, repository, symlinks=True, ignore=shutil.ignore_patterns(MANIFEST_NAME))
+    version = repository / LLMAPI_MODEL / "1"
+    for name in IMAGE_MODEL_FILES:
+        (version / name).unlink()
+    shutil.copy2(STAND_IN_SOURCE, version / "model.py")
+    vendor(STAND_IN_SOURCE, version, ALLOWED_THIRD_PARTY | STAND_IN_THIRD_PARTY)
+    mounts = {container_checkpoint(found.spec, role): str(found.checkpoints[role]) for role in ROLES}
+    (version / STAND_IN_MOUNTS).write_text(json.dumps(mounts, indent=2) + "\n", encoding="utf-8")
+    return repository

@@ -1,0 +1,191 @@
+"""The adapter's request handling as pure functions: a client's ensemble request as LLM-API requests, and the
+answers as the ensemble's outputs (the Triton model ``triton_models/llmapi_adapter.py`` only moves tensors).
+
+specbuild's public interface is the same for every runtime (:data:`specbuild.package.contract.ENSEMBLE_INPUTS`);
+what TensorRT-LLM's LLM API cannot honour per request is refused here with a message naming the input: a draft
+length other than the one fixed at load, draft-logits acceptance, adaptive K, prompt lookup, bad words, an end
+token other than the tokenizer's, beam search. Everything else maps onto ``SamplingParams`` (sampling
+normalised as the other runtimes normalise it for their engines, so every runtime samples alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from specbuild.errors import RequestError
+from specbuild.package.contract import ENSEMBLE_OUTPUTS, NUMPY_DTYPES, by_name
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPIAdapterParameters
+from specbuild.triton_models.batch import RENAMED, finite, renamed_value, row_value
+from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
+from specbuild.triton_models.text import decode_utf8, text_after
+from specbuild.speculation.rules import SamplingParams
+
+Arrays = Mapping[str, "np.ndarray | None"]
+_OUTPUTS = by_name(ENSEMBLE_OUTPUTS)
+_STATISTICS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+FIXED_K = "fixed when TensorRT-LLM loads the models (its LLM API has no per-request draft length)"
+
+
+@dataclass(frozen=True)
+class AdapterRow:
+    """One row of a client's request: the LLM-API request, and how to answer the client."""
+
+    llm: LLMAPIRequest
+    stream: bool
+    include_prompt: bool  # non-streamed text starts with the prompt (exclude_input_in_output false)
+
+
+def _strings(raw: np.ndarray | None, row: int, name: str) -> tuple[str, ...]:
+    if raw is None or raw.size == 0:
+        return ()
+    items = np.asarray(raw[row if raw.shape[0] > 1 else 0]).reshape(-1)
+    return tuple(text for text in (decode_utf8(item, name) for item in items) if text)
+
+
+def sampling_values(sampling: SamplingParams) -> dict[str, float | int]:
+    """``SamplingParams`` (of :mod:`specbuild.speculation.rules`) as the LLM API's ``temperature``/``top_k``/
+    ``top_p``: greedy as ``top_k=1``, no nucleus limit as ``top_p=1``, as the orchestrator sends engines."""
+    values = sampling.backend_values()
+    names = {"temperature": "temperature", "runtime_top_k": "top_k", "runtime_top_p": "top_p"}
+    return {names[name]: value for name, value in values.items()}
+
+
+def _refuse(name: str, value: Any, why: str, fix: str) -> RequestError:
+    return RequestError(f"{name}={value!r}: {why}", fix)
+
+
+# Inputs of the public interface that the LLM-API Triton model has no input for (or that its CPU stand-in does not
+# rehearse), with the value that means "not used".
+UNAVAILABLE = {"min_tokens": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+               "num_return_sequences": 1, "apply_chat_template": False, "max_time": None}
+
+
+def _refuse_unavailable(get: Callable[[str], Any]) -> None:
+    for name, unused in UNAVAILABLE.items():
+        value = renamed_value(get, name) if name in RENAMED else get(name)
+        if value is not None and value != unused:
+            raise _refuse(name, value, "this release serves TensorRT-LLM's LLM-API model, which takes no such input",
+                          f"leave {name} out" + (f" (or send {unused})" if unused is not None else ""))
+
+
+def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[AdapterRow]:
+    """Each row of an ensemble request as an LLM-API request; a row the LLM API cannot honour raises
+    :class:`RequestError` naming the input, and nothing of the request runs."""
+    texts, max_tokens = arrays.get("text_input"), arrays.get("max_tokens")
+    for name, array in (("text_input", texts), ("max_tokens", max_tokens)):
+        if array is None:
+            raise RequestError(f"missing input {name!r}")
+    rows = []
+    for row in range(texts.shape[0]):
+        def get(name: str, default: Any = None, row: int = row) -> Any:
+            return row_value(arrays.get(name), row, default)
+
+        prompt = decode_utf8(np.asarray(texts[row]).reshape(-1)[0], "text_input")
+        if not prompt.strip():
+            raise RequestError("text_input is empty", "send a non-empty prompt")
+        wanted = int(row_value(max_tokens, row))
+        if wanted < 1:
+            raise RequestError(f"max_tokens must be at least 1, got {wanted}")
+        k = get("num_draft_tokens")
+        if k is not None and int(k) != settings.num_draft_tokens:
+            raise _refuse("num_draft_tokens", int(k), f"this release drafts {settings.num_draft_tokens} tokens per "
+                          f"round, {FIXED_K}", f"send num_draft_tokens={settings.num_draft_tokens} or leave it out")
+        for name, why in (("use_draft_logits", "TensorRT-LLM verifies the draft's tokens by token matching here"),
+                          ("adaptive_draft", f"the draft length is {FIXED_K}"),
+                          ("prompt_lookup", "TensorRT-LLM drafts with the draft model only here")):
+            if get(name):
+                raise _refuse(name, True, why, f"send {name}=false or leave it out")
+        if int(get("beam_width", 1)) != 1:
+            raise _refuse("beam_width", int(get("beam_width")), "beam search does not combine with draft-target "
+                          "decoding", "send beam_width=1 or leave it out")
+        end_id = get("end_id")
+        if end_id is not None and int(end_id) != settings.end_id:
+            raise _refuse("end_id", int(end_id), f"the LLM API stops on the tokenizer's end token ({settings.end_id}) "
+                          "only", f"send end_id={settings.end_id} or leave it out")
+        bad_words = _strings(arrays.get("bad_words"), row, "bad_words")
+        if bad_words:
+            raise _refuse("bad_words", list(bad_words), "the LLM-API Triton model takes no bad words",
+                          "leave bad_words out")
+        _refuse_unavailable(get)
+        finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
+        try:
+            sampling = SamplingParams.from_backend(get("temperature"), get("top_k"), get("top_p"))
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        seed = renamed_value(get, "seed")
+        stream = bool(get("stream", False))
+        rows.append(AdapterRow(
+            llm=LLMAPIRequest(prompt=prompt, max_tokens=wanted, seed=None if seed is None else int(seed),
+                              stop=_strings(arrays.get("stop_words"), row, "stop_words"),
+                              streaming=stream and settings.streams, **sampling_values(sampling)),
+            stream=stream,
+            include_prompt=not stream and not bool(get("exclude_input_in_output", False)),
+        ))
+    return rows
+
+
+@dataclass
+class RowProgress:
+    """What a row's client has been sent, the latest answer of the LLM-API model for it, and when (epoch ns)."""
+
+    row: AdapterRow
+    index: int = 0  # batch_index
+    answer: LLMAPIAnswer | None = None
+    sent: str = ""
+    finished: bool = False
+    tokens: int = 0  # output_token_count of the latest text
+    reported_tokens: int = 0  # of those, the ones previous responses covered
+    prompt_tokens: int = 0
+    scheduled_ns: int = 0
+    first_text_ns: int = 0
+    last_text_ns: int = 0
+
+    def update(self, answer: LLMAPIAnswer, now_ns: int = 0) -> None:
+        """Take the model's latest answer, received at ``now_ns``; statistics it did not send keep their last
+        values."""
+        if self.answer is not None:
+            kept = {name: getattr(self.answer, name) for name in _STATISTICS if getattr(answer, name) is None}
+            answer = replace(answer, **kept)
+        if answer.text != (self.answer.text if self.answer is not None else ""):
+            self.first_text_ns = self.first_text_ns or now_ns
+            self.last_text_ns = now_ns
+        self.answer = answer
+
+    def generated(self) -> str:
+        """The generated text, with the stop string that ended it (the LLM API leaves it out, specbuild's
+        contract keeps it, as the other runtimes do)."""
+        answer = self.answer
+        if answer is None:
+            return ""
+        if self.finished and answer.finish_reason == "stop" and answer.stop_reason in self.row.llm.stop:
+            return answer.text + answer.stop_reason
+        return answer.text
+
+    def take_new_text(self) -> str:
+        """The text not sent yet (a trailing incomplete character held back until the end); marks it sent."""
+        new = text_after(self.generated(), self.sent, self.finished)
+        self.sent += new
+        return new
+
+    def response(self, text: str, arrival_ns: int) -> dict[str, np.ndarray]:
+        """A response about this row (as every response is: ``batch_index``): ``text`` 1-D as NVIDIA's
+        postprocessing sends it, and the row's figures so far (``num_output_tokens``: the tokens since the
+        previous response)."""
+        answer = self.answer
+        values = {
+            "batch_index": self.index,
+            "acceptance_rate": (answer and answer.acceptance_rate) or 0.0,
+            "total_accepted_draft_tokens": (answer and answer.total_accepted_draft_tokens) or 0,
+            "total_draft_tokens": (answer and answer.total_draft_tokens) or 0,
+            "arrival_time_ns": arrival_ns, "first_scheduled_time_ns": self.scheduled_ns,
+            "first_token_time_ns": self.first_text_ns, "last_token_time_ns": self.last_text_ns,
+            "num_input_tokens": self.prompt_tokens, "num_output_tokens": self.tokens - self.reported_tokens,
+            "output_token_count": self.tokens,
+        }
+        self.reported_tokens = self.tokens
+        arrays = {name: np.array([[value]], dtype=NUMPY_DTYPES[_OUTPUTS[name].dtype]) for name, value in values.items()}
+        return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_), **arrays}

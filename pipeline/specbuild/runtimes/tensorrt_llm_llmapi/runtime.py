@@ -1,0 +1,138 @@
+"""The ``tensorrt-llm-llmapi`` runtime: engine-free TensorRT-LLM, through its LLM API.
+
+TensorRT-LLM removed the TensorRT engine flow on main in July 2026 (PRs #15763, #15767, #15907, #15918): the
+``tensorrtllm`` Triton backend and ``trtllm-build`` are gone, and what remains on Triton is the LLM-API model
+(``triton_backend/all_models/llmapi``), a Python model around ``LLM()`` of the PyTorch backend, configured by
+a ``model.yaml``. Draft-target speculation runs inside TensorRT-LLM's scheduler, with in-flight batching
+(``speculative_config: {decoding_type: Draft_Target, max_draft_len, speculative_model}``).
+
+So this runtime converts and builds nothing (``builds_engines`` false: compile is check + package): the release
+is a repository whose ``ensemble`` keeps specbuild's public interface, in front of an adapter model that maps it
+onto the LLM-API model (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.repository`), and the container mounts the two
+checkpoints at ``triton.checkpoint_mount``. Its name says what it serves through (TensorRT-LLM's LLM API, the
+``llmapi`` Triton model) rather than a backend flag (``backend: pytorch`` is deprecated on main), beside
+``tensorrt-llm``, the engine runtime of the same images.
+
+What the LLM API fixes at load and cannot change per request (the draft length, draft-logits acceptance,
+adaptive K, prompt lookup, the draft's layout and dtype) is refused in the spec by :meth:`spec_findings` and in
+requests by the adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbuild.spec import Role
+from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime, SpecFinding
+from specbuild.runtimes.names import TENSORRT_LLM_LLMAPI
+from specbuild.runtimes.trtllm_image import installed_package_dir, resolve_dtype
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
+from specbuild.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from specbuild.checkpoint.info import CheckpointInfo
+    from specbuild.package.repository import EngineInfo
+
+# Causal LMs the PyTorch backend runs natively in TensorRT-LLM 1.2.x and on main: listed in
+# docs/source/models/supported-models.md (newest main) without the AutoDeploy-only footnote, and exported by the
+# late-2025 tensorrt_llm/_torch/models/__init__.py (the 1.2 line). The draft goes through the same loader.
+PYTORCH_ARCHITECTURES = frozenset({
+    "DeepseekV3ForCausalLM", "Exaone4ForCausalLM", "Gemma3ForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM",
+    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "NemotronForCausalLM", "NemotronHForCausalLM",
+    "NemotronNASForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+})
+
+
+class TensorRTLLMLLMAPIRuntime(Runtime):
+    """TensorRT-LLM's LLM-API Triton model (PyTorch backend) on the NGC image: no engines, a CUDA GPU."""
+
+    name = TENSORRT_LLM_LLMAPI
+    container_launch = True
+    builds_engines = False
+    acceptances = ("token-match",)  # the target verifies the draft's tokens inside TensorRT-LLM
+    auto_priority = 10  # after the engine flow (what the 1.2 images run), before embedded torch
+    serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
+
+    def available(self) -> bool:
+        package = installed_package_dir()
+        return package is not None and (package / "llmapi").is_dir()
+
+    def unsupported(self, architecture: str) -> str | None:
+        if architecture in PYTORCH_ARCHITECTURES:
+            return None
+        return (f"TensorRT-LLM's PyTorch backend has no native model for {architecture} "
+                f"(supported: {', '.join(sorted(PYTORCH_ARCHITECTURES))})")
+
+    def engine_dtype(self, requested: str, role: Role, checkpoint_dtype: str | None) -> str:
+        return resolve_dtype(requested, role, checkpoint_dtype, runtime=self.name)
+
+    def plan(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, converted: Path,
+             engine: Path) -> ModelPlan:
+        model = getattr(spec, role)
+        data = {"checkpoint": model.checkpoint, "mounted_at": container_checkpoint(spec, role),
+                "dtype": self.engine_dtype(model.dtype, role, checkpoint.torch_dtype),
+                "tensor_parallel_size": spec.target.tp_size, "pipeline_parallel_size": spec.target.pp_size,
+                "convert": None, "build": None}
+        what = ("LLM(model=...)" if role == "target"
+                else f"speculative_config Draft_Target, max_draft_len {spec.speculation.num_draft_tokens}")
+        text = (f"{role}: {checkpoint.architecture}, {data['dtype']}, tp {data['tensor_parallel_size']} x pp "
+                f"{data['pipeline_parallel_size']}: no conversion or engine build; TensorRT-LLM loads "
+                f"{model.checkpoint} (mounted at {data['mounted_at']}) when the server starts ({what})")
+        return ModelPlan(role, data, text)
+
+    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
+        """The model's limits, recorded as an engine's: ``max_seq_len`` counts the draft tokens the target
+        verifies beyond a request's limit, as an engine's does."""
+        draft_len = spec.speculation.num_draft_tokens if role == "target" else 0
+        limits = spec.limits
+        return {"runtime": self.name, "role": role,
+                "dtype": self.engine_dtype(getattr(spec, role).dtype, role, checkpoint.torch_dtype),
+                "vocab_size": checkpoint.vocab_size, "architecture": checkpoint.architecture,
+                "build_config": {"max_batch_size": limits.max_batch_size, "max_input_len": limits.max_input_len,
+                                 "max_seq_len": limits.max_seq_len + draft_len, "max_draft_len": draft_len},
+                "tensorrt_llm": None}
+
+    def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
+        s, findings = spec.speculation, []
+        k_fix = "or use --runtime torch (or tensorrt-llm), whose orchestrator runs it"
+        if s.num_draft_tokens < 1:
+            findings.append(SpecFinding("num-draft-tokens", "speculation.num_draft_tokens is 0, but the LLM API's "
+                                        "Draft_Target speculation needs a draft length of at least 1",
+                                        "set speculation.num_draft_tokens to 1 or more (it is fixed at load)"))
+        if s.adaptive:
+            findings.append(SpecFinding("adaptive", "speculation.adaptive: the LLM API fixes the draft length at "
+                                        "load (no per-request K)", f"set speculation.adaptive: false, {k_fix}"))
+        if s.prompt_lookup.enabled:
+            findings.append(SpecFinding("prompt-lookup", "speculation.prompt_lookup: the LLM API drafts with one "
+                                        "method (Draft_Target here); it does not combine n-gram lookup with a draft "
+                                        "model", f"set speculation.prompt_lookup.enabled: false, {k_fix}"))
+        if s.acceptance not in self.acceptances:
+            findings.append(SpecFinding("acceptance", f"speculation.acceptance is {s.acceptance}, but TensorRT-LLM "
+                                        "verifies the draft's tokens itself (token matching, exact); requests "
+                                        "asking for use_draft_logits are refused", blocking=False))
+        target, draft = spec.target, spec.draft
+        if (draft.tp_size, draft.pp_size) != (target.tp_size, target.pp_size):
+            findings.append(SpecFinding("draft-layout", f"the draft is laid out tp {draft.tp_size} x pp {draft.pp_size}"
+                                        f", but the LLM API runs it with the target's tp {target.tp_size} x pp "
+                                        f"{target.pp_size}", "set draft.tp_size and draft.pp_size to the target's"))
+        if draft.dtype != target.dtype:
+            findings.append(SpecFinding("draft-dtype", f"draft.dtype is {draft.dtype} and target.dtype "
+                                        f"{target.dtype}, but the LLM API runs both models in one dtype",
+                                        "set draft.dtype to target.dtype"))
+        launch = spec.launch
+        if launch.mode == "orchestrator" or launch.fast_logits or launch.placement == "separate":
+            findings.append(SpecFinding("launch", "launch.mode orchestrator, fast_logits and placement separate "
+                                        "lay out TensorRT-LLM engines; the LLM API places both models itself",
+                                        "set launch.mode to auto, single or leader, fast_logits: false and "
+                                        "placement: shared"))
+        return findings
+
+    def render_repository(self, spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path,
+                          output_dir: Path, context: PackageContext) -> None:
+        from specbuild.runtimes.tensorrt_llm_llmapi.repository import render_repository
+
+        render_repository(spec, engines, tokenizer_dir, output_dir, context)

@@ -1,0 +1,1 @@
+"""The embedded ``torch`` runtime: HF checkpoints run with PyTorch inside Triton python models."""

@@ -1,0 +1,91 @@
+"""Triton model ``target`` / ``draft`` for the torch runtime: the ``tensorrtllm`` backend's contract served by
+:class:`specbuild.runtimes.torch.engine.TorchEngine`.
+
+Parameters are :class:`specbuild.package.backend_contract.TorchEngineParameters`: the backend's own keys, read
+by the backend's rules (a config without a key the backend requires does not load here either), plus
+``torch_device`` and ``torch_threads``. ``gpt_model_path`` is the engine folder: absolute, or relative to the
+release folder (the repository's parent) and then confined to it. The engine's limits (``max_seq_len``,
+``max_draft_len``, dtype) come from its ``build_info.json``, as a TensorRT-LLM engine's come from its
+``config.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if not __name__.startswith("specbuild."):  # inside a repository: this release's own copy of specbuild first
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Before torch starts its thread pool: threads that wait sleep instead of spinning on cores other models need.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import json  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from specbuild.errors import RequestError  # noqa: E402
+from specbuild.package.backend_contract import ENGINE_INPUTS  # noqa: E402
+from specbuild.runtimes.torch.parameters import TorchEngineParameters  # noqa: E402
+from specbuild.package.contract import BUILD_INFO  # noqa: E402
+from specbuild.triton_models.engine_io import decode_requests, encode_outputs  # noqa: E402
+from specbuild.triton_models.common import (  # noqa: E402
+    error_response,
+    model_parameters,
+    request_arrays,
+    response,
+)
+from specbuild.runtimes.torch.engine import TorchEngine, threads  # noqa: E402
+
+def resolve_engine_dir(value: str, release_root: Path) -> Path:
+    """``gpt_model_path`` as a folder; a relative one may not climb out of the release folder."""
+    path = Path(value)
+    if path.is_absolute():
+        resolved = path.resolve()
+    else:
+        resolved = (release_root / path).resolve()
+        if release_root != resolved and release_root not in resolved.parents:
+            raise ValueError(f"gpt_model_path {value!r} escapes the release folder {release_root}")
+    if not (resolved / BUILD_INFO).is_file():
+        raise ValueError(f"gpt_model_path {value!r}: no engine at {resolved} (its {BUILD_INFO} is missing)")
+    return resolved
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        warnings: list[str] = []
+        self.parameters = TorchEngineParameters.from_parameters(model_parameters(args), warnings)
+        for warning in warnings:
+            pb_utils.Logger.log_warn(warning)
+        release_root = Path(args["model_repository"]).resolve().parent.parent
+        engine_dir = resolve_engine_dir(self.parameters.gpt_model_path, release_root)
+        build = json.loads((engine_dir / BUILD_INFO).read_text(encoding="utf-8"))
+        device = self.parameters.torch_device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.set_num_threads(threads(self.parameters.torch_threads))
+        pb_utils.Logger.log_info(f"{args['model_name']}: torch on {device} with {torch.get_num_threads()} intra-op "
+                                 f"threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+        self.engine = TorchEngine(
+            engine_dir,
+            dtype=build["dtype"],
+            device=device,
+            max_seq_len=int(build["build_config"]["max_seq_len"]),
+            max_draft_len=int(build["build_config"].get("max_draft_len") or 0),
+            cache_tokens=(self.parameters.max_tokens_in_paged_kv_cache or 0)
+            if self.parameters.enable_kv_cache_reuse else 0,
+        )
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        responses = []
+        for request in requests:
+            try:
+                rows = decode_requests(request_arrays(request, ENGINE_INPUTS),
+                                       exclude_input_default=self.parameters.exclude_input_in_output)
+                outputs = [self.engine.run(row.request) for row in rows]
+                responses.append(response(encode_outputs(rows, outputs, self.engine.vocab_size)))
+            except (RequestError, ValueError) as exc:
+                responses.append(error_response(str(exc)))
+        return responses

@@ -1,0 +1,179 @@
+"""The embedded ``torch`` runtime: engine models that run HF checkpoints with PyTorch inside Triton python
+models (CPU, or any CUDA GPU), under the ``tensorrtllm`` backend's contract.
+
+* convert: HF checkpoint -> a normalized checkpoint (safetensors in the engine dtype, config, tokenizer),
+  loaded with safetensors only unless the spec allows pickles, never with remote code unless allowed.
+* build: the normalized checkpoint -> an engine folder: the weights plus ``build_info.json`` holding the
+  same build fields a TensorRT-LLM engine records (limits, ``max_draft_len``, speculative mode), so
+  packaging does not care which runtime built it.
+* engine models: :class:`~specbuild.package.backend_contract.TorchEngineParameters`, the backend's keys
+  rendered as for TensorRT-LLM plus ``torch_device``/``torch_threads``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbuild.spec import Role
+from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime
+from specbuild.checkpoint.tokenizer_files import copy_tokenizer
+from specbuild.errors import CheckpointError
+from specbuild.package.backend_contract import EngineModel
+from specbuild.runtimes.torch.parameters import TorchEngineParameters
+from specbuild.package.contract import BUILD_INFO
+from specbuild.runtimes.names import TORCH
+from specbuild.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from specbuild.checkpoint.info import CheckpointInfo
+    from specbuild.package.repository import EngineInfo
+
+ENGINE_MODEL = Path(__file__).parent / "engine_model.py"  # the python model of the target and the draft
+
+
+def resolve_dtype(spec: BuildSpec, role: Role) -> str:
+    """``auto`` is float32 here: the torch runtime mostly runs on CPUs, where half precision is not faster."""
+    return TorchRuntime().engine_dtype(getattr(spec, role).dtype, role, None)
+
+
+def engine_dir_parameter(engine_dir: Path, repository_dir: Path) -> str:
+    """The engine folder relative to the release root (the repository's parent) when it lies inside it,
+    so a release moves as a whole; otherwise absolute."""
+    root = repository_dir.resolve().parent
+    engine_dir = engine_dir.resolve()
+    try:
+        return str(engine_dir.relative_to(root))
+    except ValueError:
+        return str(engine_dir)
+
+
+class TorchRuntime(Runtime):
+    name = TORCH
+    container_launch = False
+    auto_priority = 0
+    # On CPU cores a round's draft and verification compete with the other requests' steps: from 2 in flight,
+    # the default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal")
+    busy_in_flight = 2
+
+    def available(self) -> bool:
+        import importlib.util
+
+        return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+
+    def unsupported(self, architecture: str) -> str | None:
+        try:
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        except ImportError:
+            return "transformers is not installed (pip install 'specbuild[torch]')"
+
+        if architecture in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+            return None
+        return f"the installed transformers has no causal LM class {architecture!r}"
+
+    def engine_dtype(self, requested: str, role: Role, checkpoint_dtype: str | None) -> str:
+        return "float32" if requested == "auto" else requested
+
+    def plan(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, converted: Path,
+             engine: Path) -> ModelPlan:
+        data = {"checkpoint": getattr(spec, role).checkpoint, "converted": str(converted), "engine": str(engine),
+                "dtype": resolve_dtype(spec, role), "build_config": build_config(spec, role)}
+        text = (f"{role}: {data['checkpoint']} -> {converted} -> {engine} (dtype {data['dtype']}, "
+                f"{json.dumps(data['build_config'])})")
+        return ModelPlan(role, data, text)
+
+    def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
+        convert(spec, role, output)
+
+    def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
+        build(spec, role, converted, output)
+
+    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
+        return _build_info(spec, role, checkpoint.vocab_size, checkpoint.architecture, toolchain=None)
+
+    def engine_model(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+                     context: PackageContext) -> EngineModel:
+        """A python model (:data:`ENGINE_MODEL`), as many instances as the spec asks for."""
+        parameters = TorchEngineParameters(
+            gpt_model_path=engine_dir_parameter(engine.path, repository),
+            max_tokens_in_paged_kv_cache=context.kv_tokens[engine.role],
+            enable_chunked_context=True,
+            exclude_input_in_output=True,
+            torch_device=spec.torch.device,
+            torch_threads=getattr(spec.torch, f"{engine.role}_threads"),
+        )
+        return EngineModel("python", parameters, spec.triton.engine_instances, ENGINE_MODEL)
+
+
+def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
+    """Load the HF checkpoint of ``role`` and save it normalized (safetensors, engine dtype) to ``output_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from specbuild.runtimes.torch.engine import DTYPES
+
+    hf_logging.disable_progress_bar()
+    source = Path(getattr(spec, role).checkpoint)
+    has_safetensors = any(source.glob("*.safetensors"))
+    if not has_safetensors and not spec.security.allow_pickle:
+        raise CheckpointError(f"{source} has no .safetensors weights (pickle files are not loaded by default)",
+                              "convert it to safetensors, or pass --set security.allow_pickle=true if you trust it")
+    try:
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            str(source), dtype=DTYPES[resolve_dtype(spec, role)], use_safetensors=has_safetensors,
+            trust_remote_code=spec.security.trust_remote_code, low_cpu_mem_usage=True, output_loading_info=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot load {role} checkpoint {source}: {exc}",
+                              "check that the folder is a complete HF causal-LM checkpoint") from None
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:  # transformers would fill them with random values: an engine that compiles and talks nonsense
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CheckpointError(f"{source / 'config.json'} declares weights that the {role} checkpoint does not hold: "
+                              f"{shown}", "use the config.json saved with these weights (layer count and sizes "
+                              "must match the safetensors files)")
+    with torch.no_grad():
+        model.save_pretrained(str(output_dir), safe_serialization=True)
+    copy_tokenizer(source, output_dir)
+
+
+def build_config(spec: BuildSpec, role: Role) -> dict:
+    """The engine's build fields, named as TensorRT-LLM's ``BuildConfig`` names them."""
+    is_target = role == "target"
+    return {
+        "max_batch_size": spec.limits.max_batch_size,
+        "max_input_len": spec.limits.max_input_len,
+        "max_seq_len": spec.limits.max_seq_len + (spec.speculation.max_draft_len if is_target else 0),
+        "max_draft_len": spec.speculation.max_draft_len if is_target else 0,
+        "speculative_decoding_mode": "draft_tokens_external" if is_target else None,
+        "gather_generation_logits": (not is_target) and spec.speculation.acceptance == "draft-logits",
+        "kv_cache_type": "paged",
+    }
+
+
+def build(spec: BuildSpec, role: Role, checkpoint_dir: Path, output_dir: Path) -> None:
+    """Make the engine folder: the converted weights (hard-linked when possible) and ``build_info.json``."""
+    import torch
+    import transformers
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for item in sorted(checkpoint_dir.iterdir()):
+        if item.is_file():
+            try:
+                os.link(item, output_dir / item.name)
+            except OSError:
+                shutil.copy2(item, output_dir / item.name)
+    config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
+    info = _build_info(spec, role, config.get("vocab_size"), (config.get("architectures") or ["?"])[0],
+                       toolchain={"torch": torch.__version__, "transformers": transformers.__version__})
+    (output_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def _build_info(spec: BuildSpec, role: Role, vocab_size: int | None, architecture: str,
+                toolchain: dict[str, str] | None) -> dict[str, Any]:
+    """An engine folder's record; ``toolchain`` None: planned, not built."""
+    return {"runtime": TORCH, "role": role, "dtype": resolve_dtype(spec, role), "vocab_size": vocab_size,
+            "architecture": architecture, "build_config": build_config(spec, role), "toolchain": toolchain}

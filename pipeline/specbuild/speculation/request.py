@@ -1,0 +1,28 @@
+"""One request as the speculative loop sees it: what the client asked for, in token ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specbuild.speculation.lookup import PromptLookup
+from specbuild.speculation.rules import GREEDY, SamplingParams
+
+
+@dataclass
+class GenerationRequest:
+    """What one client asked for, in token ids."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams = GREEDY
+    seed: int | None = None
+    end_id: int | None = None
+    min_tokens: int = 0  # the end token is not generated before this many tokens
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    num_draft_tokens: int = 4
+    use_draft_logits: bool = True
+    adaptive: bool = False
+    prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
+    # Tokens the target makes per call when it runs alone: 1 streams token by token.
+    target_only_chunk: int | None = None
