@@ -191,3 +191,14 @@ def test_cli_blames_the_set_flag_not_the_file(tmp_path: Path, monkeypatch: pytes
     assert "(from --num-draft-tokens -1)" in text
     assert "(from specbuild.yaml)" not in text
 
+
+def test_a_null_override_sets_the_key_to_null(tmp_path: Path) -> None:
+    """``--set limits.max_seq_len=null`` resets a value the file set (back to "from the checkpoints"); a null
+    where a value is required is refused naming that field, not its section."""
+    spec_file = tmp_path / "specbuild.yaml"
+    spec_file.write_text("target: {checkpoint: t}\ndraft: {checkpoint: d}\nlimits: {max_seq_len: 512}\n")
+    assert load_spec(spec_file).limits.max_seq_len == 512
+    _, null = parse_override("limits.max_seq_len=null")
+    assert load_spec(spec_file, {"limits.max_seq_len": null}).limits.max_seq_len is None
+    with pytest.raises(SpecError, match=r"target\.checkpoint: .*\(from --set target\.checkpoint=~\)"):
+        load_spec(spec_file, {"target.checkpoint": None}, override_sources={"target.checkpoint": "--set target.checkpoint=~"})

@@ -321,7 +321,7 @@ def load_spec(
     base_dir: str | Path | None = None,
     override_sources: Mapping[str, str] | None = None,
 ) -> BuildSpec:
-    """Read a spec file (optional), apply dotted-key ``overrides`` and validate.
+    """Read a spec file (optional), apply dotted-key ``overrides`` (a None value sets the key to null) and validate.
 
     Relative checkpoint and output paths in a file are resolved against the file's folder, so a spec means
     the same wherever it is run from; override values are taken relative to ``base_dir`` (the cwd). A bad
@@ -333,7 +333,7 @@ def load_spec(
     file_dir = Path(path).resolve().parent if path else None
     if file_dir is not None:
         _resolve_relative_paths(data, file_dir)
-    given = {dotted: value for dotted, value in (overrides or {}).items() if value is not None}
+    given = dict(overrides or {})  # None included: an explicit null (``--set limits.max_seq_len=null``)
     for dotted, value in given.items():
         _apply_override(data, dotted, value)
     cwd = Path(base_dir).resolve() if base_dir else Path.cwd()

@@ -121,8 +121,9 @@ def spec_from_options(spec_file: str | None, target: str | None, draft: str | No
         "speculation.num_draft_tokens": ("--num-draft-tokens", num_draft_tokens),
         "speculation.acceptance": ("--acceptance", acceptance),
     }
-    overrides: dict[str, Any] = {key: value for key, (_, value) in flags.items()}
-    sources = {key: f"{flag} {value}" for key, (flag, value) in flags.items()}
+    given = {key: (flag, value) for key, (flag, value) in flags.items() if value is not None}
+    overrides: dict[str, Any] = {key: value for key, (_, value) in given.items()}
+    sources = {key: f"{flag} {value}" for key, (flag, value) in given.items()}
     for item in assignments:
         key, value = parse_override(item)
         overrides[key], sources[key] = value, f"--set {item}"
