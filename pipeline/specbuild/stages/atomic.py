@@ -4,9 +4,6 @@ A stage writes into a hidden temporary folder next to its final output (same fil
 step is a ``rename``), fsyncs it, and only then swaps it into place. An exception or Ctrl-C removes the
 temporary folder and leaves the previous output untouched. Temporary folders carry the writer's pid, so a
 later run can tell a crashed run's leftovers (removed) from a live concurrent writer's (kept).
-
-Paths that come from configs go through :func:`safe_join`, which refuses ``..``, absolute paths and
-symlinks that lead outside their root.
 """
 
 from __future__ import annotations
@@ -22,23 +19,6 @@ from specbuild.errors import UsageError
 
 _TMP_TAG = ".tmp-"
 _OLD_TAG = ".old-"
-
-
-def safe_join(root: str | Path, relative: str | Path) -> Path:
-    """``root / relative``, resolved, refusing anything that ends up outside ``root``.
-
-    Symlinks are resolved before the check, so a link inside ``root`` pointing elsewhere is refused too.
-    """
-    base = Path(root).resolve()
-    relative = Path(relative)
-    if relative.is_absolute():
-        raise UsageError(f"path {str(relative)!r} is absolute; it must be relative to {base}",
-                         "use a path relative to that folder")
-    joined = (base / relative).resolve()
-    if not joined.is_relative_to(base):
-        raise UsageError(f"path {str(relative)!r} leads outside {base} (to {joined})",
-                         "remove '..' parts and symlinks that point outside the folder")
-    return joined
 
 
 def _scratch_name(final: Path, tag: str) -> Path:
