@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild.serve.launch import launch_plan, llmapi_launch_plan
+from specbuild.runtimes.tensorrt_llm.launch import launch_plan
+from specbuild.runtimes.tensorrt_llm_llmapi import launch as llmapi_launch
 from specbuild.spec import DEFAULT_TRITON_IMAGE, BuildSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def default_of(value: str) -> str:
 def llmapi_plan():
     spec = BuildSpec.model_validate({"runtime": "tensorrt-llm-llmapi", "target": {"checkpoint": "models/target"},
                                      "draft": {"checkpoint": "models/draft"}})
-    return llmapi_launch_plan(spec, "triton_repo", {"target": "models/target", "draft": "models/draft"})
+    return llmapi_launch.launch_plan(spec, "triton_repo", {"target": "models/target", "draft": "models/draft"})
 
 
 def test_compose_llmapi_service_runs_the_single_gpu_plan_on_the_checkpoints(compose, llmapi_plan):

@@ -17,9 +17,10 @@ from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_MODEL
 from specbuild.errors import UsageError
 from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
-from specbuild.serve.k8s import ADAPTER_RULES_FILE, adapter_rules, manifests, to_yaml, write_manifests
-from specbuild.serve.k8s_pods import DeployOptions, ReleaseFootprint, gpu_label_value, k8s_name
-from specbuild.serve.launch import launch_plan
+from specbuild.serve.k8s import ADAPTER_RULES_FILE, adapter_rules, k8s_name, manifests, to_yaml, write_manifests
+from specbuild.runtimes.pod_plans import DeployOptions, ReleaseFootprint
+from specbuild.runtimes.tensorrt_llm.launch import launch_plan
+from specbuild.runtimes.trtllm_image import gpu_label_value
 from specbuild.spec import BuildSpec
 
 K8S_VERSION = "1.33"  # pinned: the schemas shipped with kubernetes-validate

@@ -10,15 +10,9 @@ from typing import Any
 import pytest
 
 from specbuild.errors import SpecError, UsageError
-from specbuild.serve.launch import (
-    TRITONSERVER,
-    ModelDevices,
-    format_launch,
-    launch_as_dict,
-    launch_plan,
-    model_devices,
-    resolve_mode,
-)
+from specbuild.runtimes.launch_plans import ModelDevices
+from specbuild.runtimes.tensorrt_llm.launch import launch_plan, model_devices, resolve_mode
+from specbuild.runtimes.trtllm_image import TRITONSERVER
 from specbuild.serve.release_launch import release_launch_spec
 from specbuild.spec import BuildSpec
 
@@ -204,10 +198,10 @@ def test_plan_refusals(tmp_path):
 
 def test_format_and_dict_views(tmp_path):
     spec = make_spec(target={"pp_size": 2}, launch={"mode": "leader"})
-    text = format_launch(spec, tmp_path / "r", tmp_path / "e")
+    text = launch_plan(spec, tmp_path / "r", tmp_path / "e").render()
     assert text.startswith("# specbuild launch plan (tensorrt-llm runtime): leader mode, MPI world size 2")
     assert "#   target: GPUs 0,1, MPI ranks 0,1" in text
-    data = launch_as_dict(spec, tmp_path / "r", tmp_path / "e")
+    data = launch_plan(spec, tmp_path / "r", tmp_path / "e").to_dict()
     assert json.loads(json.dumps(data)) == data
     assert data["server_command"] == shlex.join(data["server_argv"])
     assert data["mounts"][0] == {"source": str(tmp_path / "e"), "target": "/engines", "read_only": True}

@@ -13,6 +13,7 @@ import pytest
 from specbuild.errors import RequestError
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
 from specbuild.serve.client import GenerationRequest, SpecbuildClient
+from specbuild.package.manifest import read_release
 from specbuild.runtimes.tensorrt_llm_llmapi.rehearsal import rehearsal_repository
 from specbuild.serve.server import TritonServer
 from served_tiny import raw_stream
@@ -26,7 +27,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def llmapi_server(tiny_llmapi_release, tmp_path_factory):
-    repository = rehearsal_repository(tiny_llmapi_release.repository, tmp_path_factory.mktemp("rehearsal"))
+    repository = rehearsal_repository(read_release(tiny_llmapi_release.repository), tmp_path_factory.mktemp("rehearsal"))
     with TritonServer(repository, startup_timeout=300) as server:
         yield server
 
@@ -72,7 +73,7 @@ def main_line_server(tiny_llmapi_release, tmp_path_factory):
     spec = tiny_llmapi_release.spec.model_copy(deep=True)
     spec.triton.tensorrt_llm = "main"
     spec.outputs.repository_dir, spec.outputs.build_dir = str(root / "triton_repo"), str(root / "build")
-    repository = rehearsal_repository(compiler.run(spec, json_mode=True).repository, root / "rehearsal")
+    repository = rehearsal_repository(read_release(compiler.run(spec, json_mode=True).repository), root / "rehearsal")
     with TritonServer(repository, startup_timeout=300) as server:
         yield server
 

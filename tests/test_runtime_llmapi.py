@@ -37,8 +37,9 @@ from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
 from specbuild.package.manifest import read_release, verify
 from specbuild.package.repository import read_config, validate_repository
 from specbuild.serve.k8s import manifests
-from specbuild.serve.k8s_pods import DeployOptions, ReleaseFootprint
-from specbuild.serve.launch import LLMAPI_LAUNCH, TRITONSERVER
+from specbuild.runtimes.pod_plans import DeployOptions, ReleaseFootprint
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import LLMAPI_LAUNCH
+from specbuild.runtimes.trtllm_image import TRITONSERVER
 from specbuild.serve.release_launch import release_launch_plan
 from test_k8s import validate
 

@@ -13,32 +13,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from specbuild.runtimes.registry import resolved, runtime_for
-from specbuild.spec import ROLES, Role
-from specbuild.runtimes.interface import PackageContext
-from specbuild.stages.runner import Stage, StageResult, StageRunner
 from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
-from specbuild.package.contract import BUILD_INFO
 from specbuild.package.vendor import source_digest
-from specbuild.spec import BuildSpec, LimitsSpec, OutputsSpec
+from specbuild.runtimes.interface import STEPS, PackageContext, ReleaseContents, Step
+from specbuild.runtimes.registry import resolved, runtime_for
+from specbuild.spec import ROLES, BuildSpec, LimitsSpec, OutputsSpec, Role
+from specbuild.stages.runner import Stage, StageResult, StageRunner
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
     from specbuild.package.repository import EngineInfo
 
-StepName = Literal["check", "convert", "build", "package"]
-STEPS: tuple[StepName, ...] = ("check", "convert", "build", "package")
 STATE_FILE = ".specbuild-state.json"
-ENGINE_STEPS: tuple[StepName, ...] = ("convert", "build")
-
-
-def pipeline_steps(builds_engines: bool) -> tuple[StepName, ...]:
-    """The steps of a runtime's pipeline: all of them, or without convert and build for a runtime without engines."""
-    return tuple(step for step in STEPS if builds_engines or step not in ENGINE_STEPS)
 
 
 @dataclass
@@ -48,6 +38,7 @@ class CompileResult:
     repository: Path
     engines: Path
     engines_built: bool = True
+    checkpoints: dict[str, str] = field(default_factory=dict)  # served in place of engines (a runtime without them)
     manifest: Path | None = None
     check: dict[str, Any] = field(default_factory=dict)
 
@@ -115,39 +106,12 @@ def _build_action(spec: BuildSpec, converted: Path, output: Path, progress: Any)
         runtime.build(spec, role, converted / role, output / role)
 
 
-def built_engines(spec: BuildSpec) -> dict[Role, EngineInfo] | None:
-    """The engines in ``outputs.engines_dir`` when both are built for this spec's runtime, else None (nothing
-    built there). Engines of another runtime are refused: packaging them would mix runtimes."""
-    from specbuild.package.repository import EngineInfo
-
-    _, engines, _ = _dirs(spec)
-    if not any((engines / role / BUILD_INFO).is_file() for role in ROLES):
-        return None
-    infos = {role: EngineInfo.read(engines / role, role) for role in ROLES}
-    for info in infos.values():
-        if info.runtime != spec.runtime:
-            raise StageError("package", f"{engines / info.role} holds a {info.runtime} engine, but the spec's runtime "
-                             f"is {spec.runtime}", "run `specbuild compile` for this runtime, or set "
-                             "outputs.engines_dir to the folder of its engines")
-    return infos
-
-
-def planned_engines(spec: BuildSpec) -> dict[Role, EngineInfo]:
-    """What packaging needs of engines that are not built here: the build records the runtime would write."""
-    from specbuild.package.repository import EngineInfo
-
-    runtime = runtime_for(spec.runtime)
-    _, engines, _ = _dirs(spec)
-    return {role: EngineInfo.from_record(engines / role, role, runtime.planned_build_info(spec, role, checkpoint))
-            for role, checkpoint in _checkpoints(spec).items()}
-
-
 def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, EngineInfo], output: Path) -> None:
     context = PackageContext(kv_fractions=check["kv_fractions"], kv_tokens=check["kv_tokens"])
     runtime_for(spec.runtime).render_repository(spec, engines, Path(spec.target.checkpoint), output, context)
 
 
-def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
+def stages(spec: BuildSpec, runner: StageRunner, upto: Step = "package", *,
            package_only: bool = False) -> list[Stage]:
     """The pipeline's stages from ``check`` through ``upto``; later stages read the check's findings from
     ``runner.results`` (also when the check itself was skipped). ``package_only``: check, then package the
@@ -155,7 +119,8 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
     (a release without engines, for inspection: see :func:`run`). A runtime that builds no engines has no
     convert and build stages: check and package are its whole pipeline."""
     build_dir, engines_dir, repository = _dirs(spec)
-    builds_engines = runtime_for(spec.runtime).builds_engines
+    runtime = runtime_for(spec.runtime)
+    build_stage = "build" in runtime.steps  # its output is what the repository serves
     converted = build_dir / spec.runtime
     models = {role: getattr(spec, role) for role in ROLES}
     # What engines are built for; the default K and adaptive K only change the orchestrator's config.
@@ -168,9 +133,7 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
         return with_checked_limits(spec, check_data())
 
     def engines() -> dict[Role, EngineInfo]:
-        if not builds_engines:
-            return planned_engines(checked())
-        return (built_engines(spec) if not package_only else built_engines(spec) or planned_engines(checked())) or {}
+        return runtime.packaged_engines(checked(), _checkpoints(spec), package_only=package_only)
 
     # Stages after the check hash the limits as the user set them: the resolved ones are in the check's
     # output (check.json), which every later stage's fingerprint includes.
@@ -181,7 +144,7 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
                   build_dir / "check", lambda tmp: _check_action(spec, tmp))
     package = Stage("package", {"spec": spec.model_dump(mode="json", exclude={"outputs"}),
                                 # the build stage's output counts upstream; built elsewhere, by its content
-                                "engines": None if not builds_engines
+                                "engines": None if not build_stage
                                 else (engines_dir.resolve() if engines_dir.is_dir() else None)
                                 if package_only else str(engines_dir.resolve()),
                                 "repository": str(repository.resolve()),
@@ -199,7 +162,7 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: StepName = "package", *,
                        engines_dir, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
         "package": package,
     }
-    return [by_step[step] for step in pipeline_steps(builds_engines) if STEPS.index(step) <= STEPS.index(upto)]
+    return [by_step[step] for step in runtime.steps if STEPS.index(step) <= STEPS.index(upto)]
 
 
 def check_outputs(spec: BuildSpec) -> None:
@@ -220,7 +183,7 @@ def check_outputs(spec: BuildSpec) -> None:
                                      f"{OutputsSpec.model_fields[field_name].default}/)")
 
 
-def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, json_mode: bool = False,
+def run(spec: BuildSpec, upto: Step = "package", *, force: bool = False, json_mode: bool = False,
         console: Console | None = None, write_manifest: bool = True, package_only: bool = False) -> CompileResult:
     """Run the pipeline through ``upto`` (``compile`` = through ``package``, then the manifest).
 
@@ -237,35 +200,27 @@ def run(spec: BuildSpec, upto: StepName = "package", *, force: bool = False, jso
     results = runner.run(stages(spec, runner, upto, package_only=package_only))
     check_data = results[0].data
     spec = with_checked_limits(spec, check_data)
-    # a runtime without engines has nothing left to build; else, packaged alone, the engines may be missing
-    engines_built = not runtime_for(spec.runtime).builds_engines or not package_only or built_engines(spec) is not None
+    if upto != "package":
+        return CompileResult(spec=spec, steps=results, repository=repository, engines=engines, check=check_data)
+    contents = runtime_for(spec.runtime).release_contents(spec, _checkpoints(spec))
     result = CompileResult(spec=spec, steps=results, repository=repository, engines=engines,
-                           engines_built=engines_built, check=check_data)
-    if upto == "package" and write_manifest:
-        result.manifest = _write_manifest(spec, results, check_data, engines_built)
+                           engines_built=contents.servable, checkpoints=contents.checkpoints, check=check_data)
+    if write_manifest:
+        result.manifest = _write_manifest(spec, results, check_data, contents)
     return result
 
 
 def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dict[str, Any],
-                    engines_built: bool) -> Path:
-    """The manifest of the release: its repository and engines, or, for a runtime without engines, its
-    repository and the checkpoints it serves (with the limits the runtime records for them)."""
+                    contents: ReleaseContents) -> Path:
+    """The manifest of the release: its repository, and the engines or checkpoints it serves."""
     from specbuild.package import manifest
 
-    runtime = runtime_for(spec.runtime)
-    _, engines, repository = _dirs(spec)
-    checkpoints = None
-    if not runtime.builds_engines:
-        checkpoints = {role: getattr(spec, role).checkpoint for role in ROLES}
-        build_info = {role: runtime.planned_build_info(spec, role, checkpoint)
-                      for role, checkpoint in _checkpoints(spec).items()}
-    else:
-        build_info = {role: _read_json(engines / role / BUILD_INFO) for role in ROLES} if engines_built else None
+    _, _, repository = _dirs(spec)
     try:
         return manifest.write_manifest(
-            repository, engines if runtime.builds_engines and engines_built else None, spec=spec,
-            inputs=check_data.get("inputs", {}), steps=results, compatibility=check_data.get("compatibility"),
-            extra={"build_info": build_info}, checkpoints=checkpoints,
+            repository, contents.engines, spec=spec, inputs=check_data.get("inputs", {}), steps=results,
+            compatibility=check_data.get("compatibility"), extra={"build_info": contents.build_info},
+            checkpoints=contents.checkpoints or None,
         )
     except SpecbuildError as exc:
         raise StageError("manifest", exc.message, exc.fix) from exc
@@ -273,13 +228,6 @@ def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dic
         raise StageError("manifest", f"cannot write {repository / manifest.MANIFEST_NAME}: {exc}",
                          "free disk space or fix the folder's permissions, then run compile again "
                          "(finished steps are skipped)") from exc
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 # --- dry run -------------------------------------------------------------------------------------------
@@ -297,6 +245,6 @@ def plan(spec: BuildSpec) -> dict[str, Any]:
     plans = [runtime.plan(spec, role, checkpoint, build_dir / spec.runtime / role, engines / role)
              for role, checkpoint in checkpoints.items()]
     return {"name": spec.name, "runtime": spec.runtime, "engines": str(engines), "repository": str(repository),
-            "steps": [*pipeline_steps(runtime.builds_engines), "manifest"],
+            "steps": [*runtime.steps, "manifest"],
             "models": {item.role: item.data for item in plans},
             "text": "\n\n".join([f"{spec.runtime} runtime: {spec.name}"] + [item.text for item in plans])}

@@ -55,12 +55,12 @@ class DemoResult:
 def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
              num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
     from specbuild import compiler
+    from specbuild.bench.prompts import Prompt
     from specbuild.bench.runner import chat_prompts, read_counters
     from specbuild.drafts.model_pairs import pair_dir, progress_display
-    from specbuild.bench.prompts import Prompt
+    from specbuild.runtimes.names import TORCH
     from specbuild.serve.client import GenerationRequest, SpecbuildClient
     from specbuild.serve.server import TritonServer
-    from specbuild.runtimes.names import TORCH
     from specbuild.spec import load_spec
 
     console = console or Console(stderr=True)

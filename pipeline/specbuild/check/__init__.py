@@ -1,1 +1,2 @@
-"""Checking a target/draft pair: checkpoint reading, compatibility, the memory plan and the report."""
+"""Checking a target/draft pair: compatibility, the memory plan and the report (each checkpoint read by
+:mod:`specbuild.checkpoint`)."""

@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from specbuild.runtimes.names import TORCH
-from specbuild.runtimes.registry import RUNTIMES, runtime_for, runtime_of
 from specbuild.checkpoint.info import CheckpointInfo
 from specbuild.errors import SpecbuildError
+from specbuild.runtimes.names import TORCH
+from specbuild.runtimes.registry import RUNTIMES, runtime_for, runtime_of
 from specbuild.spec import Acceptance, BuildSpec
 
 # A draft token's cost as a share of a target step (per-token multiply-adds, CheckpointInfo.macs_per_token).

@@ -21,9 +21,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from specbuild.checkpoint.info import CheckpointInfo
+from specbuild.errors import IncompatibleError, SpecbuildError
 from specbuild.runtimes.registry import runtime_of
 from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
-from specbuild.errors import IncompatibleError, SpecbuildError
 from specbuild.spec import BuildSpec, ModelSpec
 
 GIB = 2**30

@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbuild.runtimes.registry import RUNTIMES, runtime_of
-from specbuild.checkpoint.info import CheckpointInfo, read_checkpoint
 from specbuild.check.compatibility import CompatibilityReport, Finding, PairParams, check_pair, cost_meaning
-from specbuild.errors import UsageError
 from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
+from specbuild.checkpoint.info import CheckpointInfo, read_checkpoint
+from specbuild.errors import UsageError
+from specbuild.runtimes.registry import RUNTIMES, runtime_of
 from specbuild.spec import BuildSpec, LimitsSpec, ModelSpec
 
 

@@ -79,7 +79,6 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
 def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:
     """Shared body of compile/convert/build/package: the spec from file + flags, then the pipeline."""
     from specbuild import compiler
-    from specbuild.runtimes.registry import runtime_for
 
     spec = spec_from_options(**options)
     if dry_run:
@@ -94,8 +93,8 @@ def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool
     if json_mode:
         print_json(result.to_dict())
     elif result.manifest:
-        served = (f"engines {result.engines}" if runtime_for(result.spec.runtime).builds_engines else
-                  f"checkpoints {result.spec.target.checkpoint} and {result.spec.draft.checkpoint}")
+        served = (f"checkpoints {' and '.join(result.checkpoints.values())}" if result.checkpoints
+                  else f"engines {result.engines}")
         console.print(f"[green]release ready:[/] repository {result.repository}, {served}, manifest {result.manifest}")
 
 

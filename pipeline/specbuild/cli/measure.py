@@ -127,9 +127,9 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
     from pydantic import ValidationError
 
     from specbuild.bench.gate import evaluate, parse_thresholds
+    from specbuild.bench.prompts import load_prompts
     from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
     from specbuild.errors import UsageError
-    from specbuild.bench.prompts import load_prompts
 
     thresholds = parse_thresholds(gate)
     if thresholds.greedy_identical and temperature:
@@ -155,8 +155,8 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
 def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, json_mode: bool) -> None:
     """Show the gate's checks and keep them in ``gate.json``; refuse the release (exit 3) when one failed."""
     from specbuild.bench.report import gate_table
-    from specbuild.stages.atomic import atomic_write_text
     from specbuild.errors import GateError
+    from specbuild.stages.atomic import atomic_write_text
 
     if out_dir:
         path = atomic_write_text(Path(out_dir) / "gate.json", json.dumps(document["gate"], indent=2) + "\n")

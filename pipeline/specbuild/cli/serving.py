@@ -24,7 +24,8 @@ def verify(directory: str, json_mode: bool) -> None:
     Exit 0: every file matches; 1: changed, missing or extra files (listed); 2: no manifest found.
     """
     from specbuild.errors import VerificationError
-    from specbuild.package.manifest import report_table, verify as verify_release
+    from specbuild.package.manifest import report_table
+    from specbuild.package.manifest import verify as verify_release
 
     report = verify_release(directory)
     if not report.ok:
@@ -51,7 +52,7 @@ def verify(directory: str, json_mode: bool) -> None:
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
               help="keep the server log here (bundled server)")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="launch settings of a GPU release (triton.image, ...); the rest is the release's")
+              help="launch settings (triton.host, the ports, triton.image, ...); the rest is the release's")
 @click.option("--dry-run", is_flag=True, help="print the commands instead of running them")
 @click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json")
 @click.option("--rehearse", is_flag=True, help="a tensorrt-llm-llmapi release: serve it here on the bundled Triton, "
@@ -71,61 +72,84 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
     for releases with specbuild's orchestrator (torch, tensorrt-llm), on this host beside a container; a
     repository without a release manifest gets Triton only.
     """
+    from specbuild.runtimes.launch_plans import LaunchPlan
+
+    release, model = _release_and_name(repository)
+    overrides = launch_overrides(assignments, host=host, http_port=http_port, grpc_port=grpc_port,
+                                 metrics_port=metrics_port, openai_port=openai_port)
+    plan = _launch_plan(repository, release is not None, overrides, rehearse=rehearse, verify_files=not no_verify)
+    if isinstance(plan, LaunchPlan):
+        _serve_in_container(plan, release.repository, model, with_openai=not no_openai, dry_run=dry_run,
+                            json_mode=json_mode)
+    else:
+        _serve_bundled(plan, model, with_openai=not no_openai, timeout=timeout, log_file=log_file, dry_run=dry_run,
+                       json_mode=json_mode)
+
+
+def _launch_plan(repository: str, released: bool, overrides: dict[str, Any], *, rehearse: bool,
+                 verify_files: bool) -> Any:
+    """What ``serve`` runs: the release's launch plan (its runtime's), its CPU rehearsal, or, for a repository
+    without a release manifest, that repository on the bundled server."""
     import atexit
     import shutil
     import tempfile
 
-    from specbuild.runtimes.registry import runtime_for
-    from specbuild.serve.frontend import OpenAIFrontend, serves_openai
+    from specbuild.serve.release_launch import rehearsal_plan, release_launch_plan, repository_plan
 
-    ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port, "openai_port": openai_port}
-    release, model = _release_and_name(repository)
-    with_openai = not no_openai and not rehearse and release is not None and serves_openai(release.repository)
     if rehearse:
-        from specbuild.runtimes.tensorrt_llm_llmapi.rehearsal import rehearsal_repository
-
         workdir = tempfile.mkdtemp(prefix="specbuild-rehearsal-")
         atexit.register(shutil.rmtree, workdir, ignore_errors=True)
-        repository = str(rehearsal_repository(repository, workdir))
-    elif release is not None and runtime_for(release.spec.runtime).container_launch:
-        from specbuild.serve.release_launch import release_launch_plan
-        from specbuild.serve.processes import reachable_host, run_foreground
+        return rehearsal_plan(repository, overrides, Path(workdir))
+    if not released:
+        return repository_plan(repository, overrides)
+    return release_launch_plan(repository, overrides, verify_files=verify_files)
 
-        plan = release_launch_plan(repository, launch_overrides(assignments, host=host, **ports),
-                                   verify_files=not no_verify)
-        if dry_run:
-            if json_mode:
-                print_json(plan.to_dict())
-            else:
-                click.echo(plan.render())
-            return
-        if json_mode:
-            print_json({"event": "starting", "command": list(plan.docker_argv)}, line=True)
-        with contextlib.ExitStack() as beside:
-            if with_openai and plan.openai_port is not None:
-                frontend = beside.enter_context(OpenAIFrontend(
-                    release.repository, f"{reachable_host(plan.host)}:{plan.ports['grpc']}", model, host=plan.host,
-                    port=plan.openai_port))
-                console.print(f"OpenAI-compatible API at {frontend.url} (ready once Triton is)", highlight=False)
-            code = run_foreground(plan.docker_argv)
-        if json_mode:
-            print_json({"event": "stopped", "exit_code": code}, line=True)
-        sys.exit(code)
 
+def _serve_in_container(plan: Any, repository: Path, model: str, *, with_openai: bool, dry_run: bool,
+                        json_mode: bool) -> None:
+    """Run ``plan`` (a :class:`~specbuild.runtimes.launch_plans.LaunchPlan`) in the foreground, the OpenAI-compatible
+    API on this host beside it where the release has one."""
+    from specbuild.serve.frontend import OpenAIFrontend, serves_openai
+    from specbuild.serve.processes import reachable_host, run_foreground
+
+    if dry_run:
+        if json_mode:
+            print_json(plan.to_dict())
+        else:
+            click.echo(plan.render())
+        return
+    if json_mode:
+        print_json({"event": "starting", "command": list(plan.docker_argv)}, line=True)
+    with contextlib.ExitStack() as beside:
+        if with_openai and plan.openai_port is not None and serves_openai(repository):
+            frontend = beside.enter_context(OpenAIFrontend(
+                repository, f"{reachable_host(plan.host)}:{plan.ports['grpc']}", model, host=plan.host,
+                port=plan.openai_port))
+            console.print(f"OpenAI-compatible API at {frontend.url} (ready once Triton is)", highlight=False)
+        code = run_foreground(plan.docker_argv)
+    if json_mode:
+        print_json({"event": "stopped", "exit_code": code}, line=True)
+    sys.exit(code)
+
+
+def _serve_bundled(plan: Any, model: str, *, with_openai: bool, timeout: float, log_file: str | None,
+                   dry_run: bool, json_mode: bool) -> None:
+    """Serve ``plan`` (a :class:`~specbuild.runtimes.launch_plans.BundledPlan`) on the Triton server bundled with
+    specbuild until a stop signal, the OpenAI-compatible API beside it where the release has one (the release was
+    verified when its plan was made)."""
+    from specbuild.serve.frontend import OpenAIFrontend, serves_openai
     from specbuild.serve.server import TritonServer
 
-    defaults = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
-    spec_openai_port = release.spec.triton.openai_port if release is not None else 9000
-    host = host or (release.spec.triton.host if release is not None else "127.0.0.1")
-    server = TritonServer(repository, host=host, startup_timeout=timeout, log_file=log_file,
-                          verify=not no_verify,
-                          **{key: defaults[key] if ports[key] is None else ports[key] for key in defaults})
+    repository = plan.repository
+    server = TritonServer(repository, host=plan.host, startup_timeout=timeout, log_file=log_file, verify=False,
+                          **{f"{kind}_port": port for kind, port in plan.ports.items()})
     if dry_run:
         if json_mode:
             print_json({"script": server.describe()})
         else:
             click.echo(server.describe())
         return
+    with_openai = with_openai and plan.openai_port is not None and serves_openai(repository)
     console.print(f"starting tritonserver on {repository} (up to {timeout:g} s to load the models)")
     endpoints: dict[str, str] = {}
 
@@ -137,9 +161,8 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
     with contextlib.ExitStack() as beside:
         if with_openai:
             server.start()  # a signal while loading stops it and unwinds
-            frontend = beside.enter_context(OpenAIFrontend(
-                repository, server.grpc_url, model, host=host,
-                port=spec_openai_port if openai_port is None else openai_port))
+            frontend = beside.enter_context(OpenAIFrontend(repository, server.grpc_url, model, host=plan.host,
+                                                           port=plan.openai_port))
             endpoints["OpenAI"] = frontend.url
         server.serve_forever(announce=lambda line: console.print(line, highlight=False, soft_wrap=True),
                              on_ready=ready, endpoints=endpoints)
@@ -310,7 +333,7 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
     """
     from specbuild.package.manifest import read_release
     from specbuild.serve.k8s import release_manifests, to_yaml, write_manifests
-    from specbuild.serve.k8s_pods import DeployOptions
+    from specbuild.runtimes.pod_plans import DeployOptions
 
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
                             release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,

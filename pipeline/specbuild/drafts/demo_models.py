@@ -17,7 +17,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.drafts.model_pairs import ModelPair, cached_pair, folder_bytes, measure_acceptance, parameter_count, save_checkpoint, stage, torch_threads
+from specbuild.drafts.model_pairs import (
+    ModelPair,
+    cached_pair,
+    folder_bytes,
+    measure_acceptance,
+    parameter_count,
+    save_checkpoint,
+    stage,
+    torch_threads,
+)
 from specbuild.errors import CheckpointError
 
 if TYPE_CHECKING:

@@ -51,12 +51,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbuild.bench.estimate import COST_REPEATS, measure_step_costs, predicted_speedups
-from specbuild.stages.atomic import atomic_output_dir, atomic_write_bytes
 from specbuild.drafts.distill_data import DistillData, load_or_make_data
 from specbuild.drafts.distill_options import DraftOptions
 from specbuild.drafts.distill_training import Trainer, student_from_target
-from specbuild.drafts.model_pairs import acceptance_by_k, draft_matches, folder_bytes, parameter_count, save_checkpoint, stage, torch_threads
+from specbuild.drafts.model_pairs import (
+    acceptance_by_k,
+    draft_matches,
+    folder_bytes,
+    parameter_count,
+    save_checkpoint,
+    stage,
+    torch_threads,
+)
 from specbuild.errors import CheckpointError, UsageError
+from specbuild.stages.atomic import atomic_output_dir, atomic_write_bytes
 
 if TYPE_CHECKING:
     import torch

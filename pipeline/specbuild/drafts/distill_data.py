@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.stages.atomic import atomic_write_bytes
 from specbuild.drafts.model_pairs import stage
 from specbuild.errors import UsageError
+from specbuild.stages.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -91,8 +91,8 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
     """The distillation prompts, held-out ones first, in the target's chat template when it has one."""
-    from specbuild.drafts.prompts import distillation_prompts
     from specbuild.bench.prompts import load_prompts
+    from specbuild.drafts.prompts import distillation_prompts
 
     benchmark = frozenset(prompt.prompt for prompt in load_prompts())
     texts = distillation_prompts(options.prompts, options.seed, exclude=benchmark)

@@ -10,17 +10,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbuild.stages.atomic import atomic_write_bytes
 from specbuild.drafts.model_pairs import stage
 from specbuild.errors import UsageError
+from specbuild.stages.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     import torch
     from rich.progress import Progress
     from transformers import LlamaForCausalLM
 
-    from specbuild.drafts.distill_options import DraftOptions
     from specbuild.drafts.distill_data import DistillData
+    from specbuild.drafts.distill_options import DraftOptions
 
 PROMPT_WEIGHT = 0.2  # prompt positions teach the draft too, but only answer positions are ever drafted
 HIDDEN_WEIGHT = 1.0

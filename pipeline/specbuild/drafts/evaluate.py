@@ -63,11 +63,11 @@ def compare_in_process(target_dir: str | Path, drafts: str | Path | Mapping[str,
 
     from specbuild.bench.prompts import load_prompts
     from specbuild.bench.runner import chat_prompts, rotated
+    from specbuild.runtimes.torch.engine import PrefixCache, TorchEngine
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup
     from specbuild.speculation.request import GenerationRequest
     from specbuild.speculation.stats import SpeculationStats
-    from specbuild.runtimes.torch.engine import PrefixCache, TorchEngine
 
     folders = {DEFAULT_DRAFT: drafts} if isinstance(drafts, (str, Path)) else dict(drafts)
     settings = settings_for(list(folders), ks, lookup)

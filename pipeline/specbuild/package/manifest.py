@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from specbuild.stages.atomic import atomic_write_text, clean_stale
 from specbuild.errors import UsageError, VerificationError
+from specbuild.stages.atomic import atomic_write_text, clean_stale
 from specbuild.stages.hashing import digest_json, hash_tree
 from specbuild.stages.runner import StageResult
 
@@ -306,8 +306,8 @@ def _require_engines(manifest: Mapping[str, Any], manifest_path: Path) -> None:
         raise VerificationError(
             f"{manifest_path} describes a release packaged without engines (`specbuild package` where the "
             f"{runtime} runtime cannot build): it is for inspection, and cannot be verified, served or deployed",
-            f"build it with `specbuild compile` on a host that has the {runtime} runtime"
-            + (" (a CUDA GPU in the NGC image)" if runtime == "tensorrt-llm" else ""))
+            f"build it with `specbuild compile` on a host that has the {runtime} runtime (docs/deployment.md: "
+            "which image serves a release)")
 
 
 @dataclass(frozen=True)
@@ -403,7 +403,7 @@ def refuse_modified_release(repository: str | Path) -> None:
                 for kind, paths in (("changed", report.changed), ("missing", report.missing), ("extra", report.extra))
                 for path in paths]
     shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
-    raise VerificationError(f"the release does not match its manifest: {report.summary()}: {shown}",
+    raise VerificationError(f"the release differs from its manifest: {report.summary()}: {shown}",
                             f"{report.fix}; `specbuild serve --no-verify` serves it anyway")
 
 

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import StageError
 from specbuild.package import contract
 from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineModel, EngineParameters
 from specbuild.package.contract import BUILD_INFO, OrchestratorParameters, PreprocessingParameters, Tensor
 from specbuild.package.parameters import ModelParameters
-from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.package.vendor import vendor
 from specbuild.spec import BuildSpec
-
 
 # The ensemble's python models (preprocessing, orchestrator, postprocessing), shipped as files.
 ENSEMBLE_MODELS_DIR = Path(__file__).resolve().parents[1] / "triton_models"

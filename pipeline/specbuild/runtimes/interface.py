@@ -1,30 +1,42 @@
-"""Runtimes: how a release's engines are converted, built and served, behind one interface.
+"""The one interface every runtime implements: how a release is built, and how it is served.
 
-A :class:`Runtime` knows which architectures it runs, the dtype it builds each model in, the conversion and
-build of a model (planned first, for ``--dry-run``; executed second), the build record of an engine it has
-only planned, the parameters of the engine models the repository serves them with, and the spec settings it
-cannot honour. A runtime that builds no engines (``builds_engines`` false: TensorRT-LLM's LLM API loads the
-checkpoints itself) renders a repository of its own and is never asked to convert or build. The compile
-pipeline, ``check`` and the repository renderer ask the runtime of a spec (:func:`runtime_for`) and never
+A :class:`Runtime` answers, for compile: which architectures it runs, the dtype it builds each model in, its
+pipeline's steps, the conversion and build of a model (planned first, for ``--dry-run``; executed second), the
+build record of an engine it has only planned, the engine models the repository serves them with, the spec
+settings it cannot honour, and what a finished release holds. A runtime without engines (TensorRT-LLM's LLM API
+loads the checkpoints itself) has no convert and build steps, renders a repository of its own and serves the
+checkpoints. For serving, it answers: what a launch may change, whether a compiled release matches the layout it
+is launched with, the launch plan (a container of its image, or the Triton server bundled with specbuild), the
+pod of a deployment, and, where it has one, a CPU rehearsal. The compile pipeline, ``check``, the repository
+renderer, ``serve`` and ``deploy`` ask the runtime of a spec (:mod:`specbuild.runtimes.registry`) and never
 branch on its name. Each runtime's heavy dependencies (TensorRT-LLM, torch) are imported only when it runs.
 """
 
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from specbuild.errors import UsageError
-from specbuild.package.contract import ORCHESTRATOR_MODEL
+from specbuild.errors import StageError, UsageError
+from specbuild.package.contract import BUILD_INFO, ORCHESTRATOR_MODEL
+from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LAUNCH_SETTINGS, BundledPlan, LaunchPlan
+from specbuild.spec import ROLES
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
     from specbuild.package.backend_contract import EngineModel
+    from specbuild.package.manifest import Release
     from specbuild.package.repository import EngineInfo
+    from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint
     from specbuild.spec import BuildSpec, Role
+
+Step = Literal["check", "convert", "build", "package"]
+STEPS: tuple[Step, ...] = ("check", "convert", "build", "package")
+
 
 @dataclass(frozen=True)
 class ModelPlan:
@@ -53,17 +65,22 @@ class PackageContext:
     kv_tokens: Mapping[str, int]
 
 
+@dataclass(frozen=True)
+class ReleaseContents:
+    """What a finished release holds besides its repository, as its manifest records it."""
+
+    engines: Path | None  # the engines folder it serves; None: none (not built here, or a runtime without engines)
+    checkpoints: dict[str, str] = field(default_factory=dict)  # the checkpoints it serves in their place, by role
+    build_info: dict[str, dict[str, Any]] | None = None  # each engine's build record (planned, without engines)
+    servable: bool = True  # False: packaged without the engines it needs (for inspection only)
+
+
 class Runtime(abc.ABC):
-    """One way to run the target and draft engines; see the module notes."""
+    """One way to build and serve the target and draft; see the module notes."""
 
     name: ClassVar[str]
     auto_priority: ClassVar[int]  # ``runtime: auto`` takes the available runtime with the highest
-    # Releases run in the runtime's container image (launch plans; serve --dry-run prints the commands), not on
-    # the Triton server bundled with specbuild.
-    container_launch: ClassVar[bool]
-    # Compile converts and builds engines (else the stages are check and package, and the release serves the
-    # checkpoints themselves).
-    builds_engines: ClassVar[bool] = True
+    steps: ClassVar[tuple[Step, ...]] = STEPS  # its compile pipeline, in order
     # Verification rules the runtime can run, preferred first (speculation.acceptance falls back to the first).
     acceptances: ClassVar[tuple[str, ...]] = ("draft-logits", "token-match")
     # The Triton model that answers each request and exports the requests in flight (stats.IN_FLIGHT, under its
@@ -73,7 +90,10 @@ class Runtime(abc.ABC):
     # nothing. On a GPU, verification is nearly free until the batch fills the GPU: NVIDIA measures draft-target
     # at about 2x at batch 1 and about 1x at batch 16 (docs/benchmarks.md).
     busy_in_flight: ClassVar[int] = 16
+    # The spec keys a launch of a compiled release may set (``serve``/``deploy --set``); the rest is compiled in.
+    launch_settings: ClassVar[frozenset[str]] = LAUNCH_SETTINGS
 
+    # --- compiling ---------------------------------------------------------------------------------------
     @abc.abstractmethod
     def available(self) -> bool:
         """Whether this machine can convert and build with this runtime."""
@@ -123,6 +143,47 @@ class Runtime(abc.ABC):
         """Spec settings this runtime cannot honour (``check`` reports them with the pair's findings)."""
         return []
 
+    def built_engines(self, spec: BuildSpec) -> dict[Role, EngineInfo] | None:
+        """The engines in ``outputs.engines_dir`` when both are built for this runtime, else None (nothing built
+        there). Engines of another runtime are refused: packaging them would mix runtimes."""
+        from specbuild.package.repository import EngineInfo
+
+        engines = Path(spec.outputs.engines_dir)
+        if not any((engines / role / BUILD_INFO).is_file() for role in ROLES):
+            return None
+        infos = {role: EngineInfo.read(engines / role, role) for role in ROLES}
+        for info in infos.values():
+            if info.runtime != self.name:
+                raise StageError("package", f"{engines / info.role} holds a {info.runtime} engine, but the spec's "
+                                 f"runtime is {self.name}", "run `specbuild compile` for this runtime, or set "
+                                 "outputs.engines_dir to the folder of its engines")
+        return infos
+
+    def planned_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo]) -> dict[Role, EngineInfo]:
+        """What packaging needs of engines that are not built here: the build records this runtime would write."""
+        from specbuild.package.repository import EngineInfo
+
+        engines = Path(spec.outputs.engines_dir)
+        return {role: EngineInfo.from_record(engines / role, role, self.planned_build_info(spec, role, checkpoint))
+                for role, checkpoint in checkpoints.items()}
+
+    def packaged_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo], *,
+                         package_only: bool) -> dict[Role, EngineInfo]:
+        """The engines the repository is rendered for: those built in ``outputs.engines_dir``, or, packaged alone
+        where none are built (``specbuild package`` without a GPU), those this runtime would build."""
+        built = self.built_engines(spec)
+        if built is None and package_only:
+            return self.planned_engines(spec, checkpoints)
+        return built or {}
+
+    def release_contents(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo]) -> ReleaseContents:
+        """What the packaged release holds besides its repository: the built engines, when they are."""
+        if self.built_engines(spec) is None:
+            return ReleaseContents(engines=None, servable=False)
+        engines = Path(spec.outputs.engines_dir)
+        return ReleaseContents(engines=engines, build_info={
+            role: json.loads((engines / role / BUILD_INFO).read_text(encoding="utf-8")) for role in ROLES})
+
     def render_repository(self, spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path,
                           output_dir: Path, context: PackageContext) -> None:
         """Write the whole Triton repository into ``output_dir``: by default the engine-model layout of
@@ -131,3 +192,26 @@ class Runtime(abc.ABC):
 
         models = {role: self.engine_model(spec, engine, output_dir, context) for role, engine in engines.items()}
         render_repository(spec, engines, models, tokenizer_dir, output_dir, self.load_policy(spec))
+
+    # --- serving -----------------------------------------------------------------------------------------
+    def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:
+        """Refuse a release whose compiled configs disagree with the layout ``spec`` launches it with (naming the
+        model and the key); by default nothing compiled depends on the layout."""
+
+    @abc.abstractmethod
+    def launch_plan(self, spec: BuildSpec, repository: Path, engines: Path, checkpoints: Mapping[str, Path], *,
+                    gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan | BundledPlan:
+        """How the release of ``spec`` in ``repository`` (its ``engines``, or the ``checkpoints`` it serves)
+        starts: a container of this runtime's image, refused where it needs more than ``gpus`` GPUs, or the
+        Triton server bundled with specbuild."""
+
+    @abc.abstractmethod
+    def pod_plan(self, spec: BuildSpec, options: DeployOptions, footprint: ReleaseFootprint) -> PodPlan:
+        """The serving container of each replica of a deployment (``specbuild deploy``)."""
+
+    def rehearsal_repository(self, release: Release, destination: Path) -> Path:
+        """A copy of ``release``'s repository in ``destination`` that the bundled Triton server serves on a CPU, in
+        place of the GPU image: for runtimes with a CPU stand-in."""
+        raise UsageError(f"{release.repository} is a {self.name} release; only releases whose runtime serves the "
+                         "checkpoints through TensorRT-LLM's LLM API have a CPU stand-in",
+                         "serve a torch release with `specbuild serve`, or compile with --runtime tensorrt-llm-llmapi")

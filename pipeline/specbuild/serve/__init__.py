@@ -1,2 +1,2 @@
-"""Serving a release: the bundled Triton server, launch plans, Kubernetes manifests, clients and the Triton
-python models (``triton_models/``)."""
+"""Serving a release from outside Triton: the bundled Triton server, launching a compiled release as its runtime
+plans it, Kubernetes manifests, the clients and the OpenAI-compatible API."""

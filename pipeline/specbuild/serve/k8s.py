@@ -1,10 +1,10 @@
 """Kubernetes manifests for a release, as plain dicts dumped to YAML.
 
-Each replica's serving container is a :class:`~specbuild.serve.k8s_pods.PodPlan`, made from the release by the way
-its runtime serves (:mod:`specbuild.serve.k8s_pods`):
+Each replica's serving container is a :class:`~specbuild.runtimes.pod_plans.PodPlan`, which the release's runtime
+makes (:meth:`~specbuild.runtimes.interface.Runtime.pod_plan`):
 
-* a runtime that launches a container (``tensorrt-llm``, ``tensorrt-llm-llmapi``): exactly the launch plan of
-  :mod:`specbuild.serve.launch` (same ``tritonserver``/``mpirun`` argv, environment, ports, mount points and GPU
+* a runtime that launches a container (``tensorrt-llm``, ``tensorrt-llm-llmapi``): exactly its launch plan
+  (the same ``tritonserver``/``mpirun`` argv, environment, ports, mount points and GPU
   count), so what ``specbuild serve --dry-run`` shows for one host is what each replica runs, on a node with the
   GPU the engines were built on (the build record's GPU name, as NVIDIA's GPU feature discovery labels nodes);
 * the embedded ``torch`` runtime: ``specbuild serve`` in the CPU image (``docker/Dockerfile.cpu``), no GPU.
@@ -32,17 +32,18 @@ a release image (see ``docker/Dockerfile.release``) into an ``emptyDir``.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from specbuild.runtimes.registry import runtime_for
 from specbuild.errors import UsageError
-from specbuild.serve.k8s_pods import DeployOptions, PodPlan, ReleaseFootprint, check_options, k8s_name, pod_plan
-from specbuild.serve.release_launch import apply_launch_settings, check_compiled_layout, release_launch_spec
-from specbuild.speculation.stats import IN_FLIGHT
+from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint, check_options
+from specbuild.runtimes.registry import runtime_for
+from specbuild.serve.release_launch import release_launch_spec
 from specbuild.spec import BuildSpec
+from specbuild.speculation.stats import IN_FLIGHT
 
 if TYPE_CHECKING:
     from specbuild.package.manifest import Release
@@ -54,6 +55,14 @@ HEALTH_LIVE = "/v2/health/live"
 KSERVE_CONTAINER = "kserve-container"  # the name KServe requires for a runtime's serving container
 KSERVE_ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels an InferenceService's pods with its name
 GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def k8s_name(name: str) -> str:
+    """``spec.name`` as a DNS label (lowercase, ``-`` for other characters), valid for every kind here."""
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    if not label or not label[0].isalpha():
+        label = f"specbuild-{label}".rstrip("-")
+    return label[:63].rstrip("-")
 
 
 def _labels(spec: BuildSpec) -> dict[str, str]:
@@ -314,7 +323,7 @@ def manifests(spec: BuildSpec, footprint: ReleaseFootprint, options: DeployOptio
     if kserve and options.pvc is None:
         raise UsageError("the KServe variant mounts the release from a PVC; a release image is not supported there",
                          "pass --pvc CLAIM, or drop --kserve to use a Deployment with an init container")
-    pod = pod_plan(spec, options, footprint)
+    pod = runtime_for(spec.runtime).pod_plan(spec, options, footprint)
     if kserve:
         pod_labels = {KSERVE_ISVC_LABEL: k8s_name(spec.name)}
         serving = [serving_runtime(spec, options, pod), inference_service(spec, options)]
@@ -329,13 +338,10 @@ def manifests(spec: BuildSpec, footprint: ReleaseFootprint, options: DeployOptio
 
 def release_manifests(release: Release, overrides: dict[str, Any], options: DeployOptions, *,
                       kserve: bool = False) -> list[dict[str, Any]]:
-    """:func:`manifests` of a compiled release, with ``overrides`` only where a launch may choose; a GPU release
-    is also held to the launch layout it was compiled for (:mod:`specbuild.serve.release_launch`)."""
-    if runtime_for(release.spec.runtime).container_launch:
-        spec = release_launch_spec(release.spec, overrides)
-        check_compiled_layout(release.repository, spec)
-    else:
-        spec = apply_launch_settings(release.spec, overrides)
+    """:func:`manifests` of a compiled release, with ``overrides`` only where a launch may choose, held to the
+    launch layout it was compiled for (:mod:`specbuild.serve.release_launch`)."""
+    spec = release_launch_spec(release.spec, overrides)
+    runtime_for(spec.runtime).check_compiled_layout(release.repository, spec)
     return manifests(spec, ReleaseFootprint.of(release), options, kserve=kserve)
 
 

@@ -37,8 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specbuild.errors import RequestError, ServerError
 from specbuild.serve.orchestrator_client import OrchestratorClient, Piece
-from specbuild.triton_models.text import StopStrings
 from specbuild.speculation.rules import explicit_sampling
+from specbuild.triton_models.text import StopStrings
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 

@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from specbuild.stages.atomic import atomic_output_dir, atomic_write_text
 from specbuild.errors import SpecbuildError, StageError, UsageError
+from specbuild.stages.atomic import atomic_output_dir, atomic_write_text
 from specbuild.stages.hashing import HashCache, digest_json, fingerprint, hash_tree
 
 STATE_FORMAT = "specbuild.stages/v2"  # v2: records keyed by scope

@@ -19,10 +19,10 @@ import torch
 from specbuild.errors import RequestError
 from specbuild.package.backend_contract import ENGINE_INPUTS
 from specbuild.package.contract import NUMPY_DTYPES, by_name
-from specbuild.triton_models.batch import row_value
-from specbuild.triton_models.text import decode_word_list, encode_word_list
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.rules import SamplingParams
+from specbuild.triton_models.batch import row_value
+from specbuild.triton_models.text import decode_word_list, encode_word_list
 
 Arrays = Mapping[str, "np.ndarray | None"]
 _ENGINE_INPUTS = by_name(ENGINE_INPUTS)

@@ -17,11 +17,11 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
-from specbuild.triton_models.batch import finite, renamed_value, row_value
-from specbuild.triton_models.text import decode_word_list
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.rules import SamplingParams
 from specbuild.speculation.stats import SpeculationStats
+from specbuild.triton_models.batch import finite, renamed_value, row_value
+from specbuild.triton_models.text import decode_word_list
 
 Arrays = Mapping[str, "np.ndarray | None"]
 _OUTPUTS = by_name(ORCHESTRATOR_OUTPUTS)

@@ -7,7 +7,7 @@ specbuild imports, plans and tests without TensorRT-LLM. Names follow the Tensor
 ``examples/draft_target_model/README.md``) and the ``tensorrtllm`` backend's model config
 (tensorrtllm_backend v0.19.0 ``all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``).
 
-Rules encoded here (see ``/work/shared/reference/trtllm-engine-flow.md``):
+Rules encoded here (TensorRT-LLM 1.2 ``examples/draft_target_model/README.md`` and ``tensorrt_llm/commands/build.py``):
 
 * target engine: ``speculative_decoding_mode=draft_tokens_external`` and ``max_draft_len``;
   draft engine: a plain engine, with ``gather_generation_logits`` only for ``draft-logits`` acceptance;
@@ -22,21 +22,23 @@ from __future__ import annotations
 import copy
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from specbuild.spec import Role
-from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime, SpecFinding
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import EngineModel, EngineParameters
 from specbuild.package.contract import BUILD_INFO
+from specbuild.runtimes.interface import ModelPlan, PackageContext, SpecFinding
+from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM
-from specbuild.runtimes.trtllm_image import EngineDtype, installed_package_dir, resolve_dtype
-from specbuild.spec import BuildSpec
+from specbuild.runtimes.tensorrt_llm.launch import check_engine_configs, launch_plan, model_devices
+from specbuild.runtimes.trtllm_image import EngineDtype, ImageRuntime, installed_package_dir, resolve_dtype
+from specbuild.spec import BuildSpec, Role
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
@@ -335,11 +337,10 @@ def engine_flow_installed() -> bool:
     return package is not None and (package / "builder.py").is_file()
 
 
-class TensorRTLLMRuntime(Runtime):
+class TensorRTLLMRuntime(ImageRuntime):
     """TensorRT-LLM 1.2.x engines served by Triton's ``tensorrtllm`` backend (a CUDA GPU, the NGC image)."""
 
     name = TENSORRT_LLM
-    container_launch = True
     auto_priority = 20
 
     def available(self) -> bool:
@@ -387,11 +388,10 @@ class TensorRTLLMRuntime(Runtime):
 
     def engine_model(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
                      context: PackageContext) -> EngineModel:
-        """The ``tensorrtllm`` backend, one instance (it places the engine on its GPUs itself). Engines at ``engine_mount`` inside the container; the KV-cache split of the memory plan (or the spec's
-        total, split the same way), capped at the planned KV tokens (each fraction applies to the memory free
-        when that engine loads, so the cap keeps the first one honest); devices from the launch layout."""
-        from specbuild.serve.launch import model_devices
-
+        """The ``tensorrtllm`` backend, one instance (it places the engine on its GPUs itself). Engines at
+        ``engine_mount`` inside the container; the KV-cache split of the memory plan (or the spec's total, split
+        the same way), capped at the planned KV tokens (each fraction applies to the memory free when that engine
+        loads, so the cap keeps the first one honest); devices from the launch layout."""
         total = spec.triton.kv_cache_free_gpu_mem_fraction
         fraction = context.kv_fractions[engine.role]
         if total is not None:
@@ -407,3 +407,10 @@ class TensorRTLLMRuntime(Runtime):
             participant_ids=devices.participant_ids,
             speculative_decoding_fast_logits=devices.fast_logits,
         ))
+
+    def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:
+        check_engine_configs(repository, spec)
+
+    def launch_plan(self, spec: BuildSpec, repository: Path, engines: Path, checkpoints: Mapping[str, Path], *,
+                    gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:
+        return launch_plan(spec, repository, engines, gpus=gpus, shm_gib=shm_gib)

@@ -5,7 +5,7 @@ the PyTorch backend, draft-target speculation inside its scheduler) loads the ch
 ``model.yaml`` (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.model_yaml`). Its tensors are one table here, read from upstream
 (not copied): TensorRT-LLM ``triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt`` (inputs, outputs,
 dims) and ``1/model.py`` + ``1/helpers.py`` (how each is read and what is really sent back), as shipped in
-TensorRT-LLM 1.2.1 (NGC ``tritonserver:26.04``-``26.07``; see ``/work/notes/trtllm-llmapi.md`` sections 1-2).
+TensorRT-LLM 1.2.1 (NGC ``tritonserver:26.04``-``26.07``; docs/deployment.md, section 6).
 The repository renders the model's ``config.pbtxt`` from it, the adapter encodes requests and decodes
 answers by it, and the CPU stand-in (:mod:`specbuild.triton_models.llmapi_stand_in`) refuses what it
 does not declare, so the CPU tests rehearse the GPU contract.

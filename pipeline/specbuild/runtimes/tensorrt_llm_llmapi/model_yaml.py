@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specbuild.errors import SpecbuildError
 
 # Every key below and the upstream class that declares it (tensorrt_llm/llmapi/llm_args.py, TensorRT-LLM 1.2.x
-# and newest main alike; see /work/notes/trtllm-llmapi.md section 4), or the Triton model that reads it.
+# and newest main alike), or the Triton model that reads it.
 UPSTREAM_FIELDS: dict[str, dict[str, str]] = {
     "LLMArgs": {
         "model": "BaseLlmArgs", "backend": "BaseLlmArgs", "trust_remote_code": "BaseLlmArgs",

@@ -16,26 +16,20 @@ import json
 import shutil
 from pathlib import Path
 
-from specbuild.runtimes.registry import runtime_for
-from specbuild.spec import ROLES
-from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
 from specbuild.errors import UsageError, VerificationError
-from specbuild.runtimes.tensorrt_llm_llmapi.contract import IMAGE_MODEL_FILES, LLMAPI_MODEL, STAND_IN_MOUNTS
-from specbuild.package.manifest import MANIFEST_NAME, read_release, verify
+from specbuild.package.manifest import MANIFEST_NAME, Release, verify
 from specbuild.package.vendor import ALLOWED_THIRD_PARTY, vendor
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import IMAGE_MODEL_FILES, LLMAPI_MODEL, STAND_IN_MOUNTS
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
+from specbuild.spec import ROLES
 
 STAND_IN_SOURCE = Path(__file__).parent / "stand_in_model.py"
 STAND_IN_THIRD_PARTY = frozenset({"pydantic", "yaml"})  # model.yaml read through its typed model
 
 
-def rehearsal_repository(release: str | Path, destination: str | Path) -> Path:
-    """Write the CPU rehearsal of the release at ``release`` (its repository folder) into ``destination`` (a new
-    folder); returns the repository to serve."""
-    found = read_release(release)
-    if runtime_for(found.spec.runtime).builds_engines:
-        raise UsageError(f"{found.repository} is a {found.spec.runtime} release; only releases whose runtime serves "
-                         "the checkpoints through TensorRT-LLM's LLM API have a CPU stand-in",
-                         "serve a torch release with `specbuild serve`, or compile with --runtime tensorrt-llm-llmapi")
+def rehearsal_repository(found: Release, destination: str | Path) -> Path:
+    """Write the CPU rehearsal of the release ``found`` into ``destination`` (a new folder); returns the repository to
+    serve."""
     report = verify(found.manifest)
     if not report.ok:
         raise VerificationError(f"the release differs from its manifest ({len(report.changed)} changed, "

@@ -23,11 +23,17 @@ from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
-from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
 from specbuild.errors import StageError
 from specbuild.package import contract
-from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, ServeConfig, to_yaml
+from specbuild.package.repository import (
+    python_model_config,
+    ship_model_source,
+    ship_tokenizer,
+    tensor_io,
+    tokenizer_end_id,
+    validate_repository,
+    write_config,
+)
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
     ADAPTER_MODEL,
     IMAGE_MODEL_DIR,
@@ -41,20 +47,14 @@ from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
     SERVE_CONFIG,
     LLMAPIAdapterParameters,
 )
-from specbuild.package.repository import (
-    python_model_config,
-    ship_model_source,
-    ship_tokenizer,
-    tensor_io,
-    tokenizer_end_id,
-    validate_repository,
-    write_config,
-)
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
+from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, ServeConfig, to_yaml
+from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
 from specbuild.spec import BuildSpec
 
 if TYPE_CHECKING:
-    from specbuild.runtimes.interface import PackageContext
     from specbuild.package.repository import EngineInfo
+    from specbuild.runtimes.interface import PackageContext
 
 ADAPTER_SOURCE = Path(__file__).parent / "adapter_model.py"  # the adapter's python model
 

@@ -19,10 +19,10 @@ import numpy as np
 from specbuild.errors import RequestError
 from specbuild.package.contract import ENSEMBLE_OUTPUTS, NUMPY_DTYPES, by_name
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPIAdapterParameters
-from specbuild.triton_models.batch import RENAMED, finite, renamed_value, row_value
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
-from specbuild.triton_models.text import decode_utf8, text_after
 from specbuild.speculation.rules import SamplingParams
+from specbuild.triton_models.batch import RENAMED, finite, renamed_value, row_value
+from specbuild.triton_models.text import decode_utf8, text_after
 
 Arrays = Mapping[str, "np.ndarray | None"]
 _OUTPUTS = by_name(ENSEMBLE_OUTPUTS)

@@ -6,7 +6,7 @@ TensorRT-LLM removed the TensorRT engine flow on main in July 2026 (PRs #15763, 
 a ``model.yaml``. Draft-target speculation runs inside TensorRT-LLM's scheduler, with in-flight batching
 (``speculative_config: {decoding_type: Draft_Target, max_draft_len, speculative_model}``).
 
-So this runtime converts and builds nothing (``builds_engines`` false: compile is check + package): the release
+So this runtime converts and builds nothing (its steps are check and package): the release
 is a repository whose ``ensemble`` keeps specbuild's public interface, in front of an adapter model that maps it
 onto the LLM-API model (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.repository`), and the container mounts the two
 checkpoints at ``triton.checkpoint_mount``. Its name says what it serves through (TensorRT-LLM's LLM API, the
@@ -24,16 +24,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.spec import Role
-from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime, SpecFinding
+from specbuild.runtimes.interface import ModelPlan, PackageContext, ReleaseContents, SpecFinding
+from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM_LLMAPI
-from specbuild.runtimes.trtllm_image import installed_package_dir, resolve_dtype
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
-from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
-from specbuild.spec import BuildSpec
+from specbuild.runtimes.tensorrt_llm_llmapi.launch import check_compiled_config, container_checkpoint, launch_plan
+from specbuild.runtimes.trtllm_image import ImageRuntime, installed_package_dir, resolve_dtype
+from specbuild.spec import BuildSpec, Role
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
+    from specbuild.package.manifest import Release
     from specbuild.package.repository import EngineInfo
 
 # Causal LMs the PyTorch backend runs natively in TensorRT-LLM 1.2.x and on main: listed in
@@ -47,12 +48,11 @@ PYTORCH_ARCHITECTURES = frozenset({
 })
 
 
-class TensorRTLLMLLMAPIRuntime(Runtime):
+class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     """TensorRT-LLM's LLM-API Triton model (PyTorch backend) on the NGC image: no engines, a CUDA GPU."""
 
     name = TENSORRT_LLM_LLMAPI
-    container_launch = True
-    builds_engines = False
+    steps = ("check", "package")  # nothing to convert or build: TensorRT-LLM loads the checkpoints
     acceptances = ("token-match",)  # the target verifies the draft's tokens inside TensorRT-LLM
     auto_priority = 10  # after the engine flow (what the 1.2 images run), before embedded torch
     serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
@@ -136,3 +136,28 @@ class TensorRTLLMLLMAPIRuntime(Runtime):
         from specbuild.runtimes.tensorrt_llm_llmapi.repository import render_repository
 
         render_repository(spec, engines, tokenizer_dir, output_dir, context)
+
+    def packaged_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo], *,
+                         package_only: bool) -> dict[Role, EngineInfo]:
+        """The models' limits, recorded as planned engines': there are none to build."""
+        return self.planned_engines(spec, checkpoints)
+
+    def release_contents(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo]) -> ReleaseContents:
+        """The checkpoints TensorRT-LLM loads, with the limits this runtime records for them."""
+        return ReleaseContents(engines=None, checkpoints={role: getattr(spec, role).checkpoint for role in checkpoints},
+                               build_info={role: self.planned_build_info(spec, role, checkpoint)
+                                           for role, checkpoint in checkpoints.items()})
+
+    def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:
+        check_compiled_config(repository, spec)
+
+    def launch_plan(self, spec: BuildSpec, repository: Path, engines: Path, checkpoints: Mapping[str, Path], *,
+                    gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:
+        return launch_plan(spec, repository, checkpoints, gpus=gpus, shm_gib=shm_gib)
+
+    def rehearsal_repository(self, release: Release, destination: Path) -> Path:
+        """The release with a torch stand-in in place of TensorRT-LLM's LLM-API model
+        (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.rehearsal`)."""
+        from specbuild.runtimes.tensorrt_llm_llmapi.rehearsal import rehearsal_repository
+
+        return rehearsal_repository(release, destination)

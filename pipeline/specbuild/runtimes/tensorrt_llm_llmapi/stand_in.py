@@ -21,11 +21,11 @@ from pathlib import Path, PurePosixPath
 from specbuild.errors import RequestError
 from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
+from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.rules import SamplingParams
 from specbuild.speculation.stats import SpeculationStats
-from specbuild.runtimes.torch.engine import TorchEngine
 
 # The loop's finish reasons as the LLM API names them (a stop word and the end token both "stop").
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "no_progress": "stop", "length": "length"}

@@ -1,7 +1,7 @@
 """Triton model ``target`` / ``draft`` for the torch runtime: the ``tensorrtllm`` backend's contract served by
 :class:`specbuild.runtimes.torch.engine.TorchEngine`.
 
-Parameters are :class:`specbuild.package.backend_contract.TorchEngineParameters`: the backend's own keys, read
+Parameters are :class:`specbuild.runtimes.torch.parameters.TorchEngineParameters`: the backend's own keys, read
 by the backend's rules (a config without a key the backend requires does not load here either), plus
 ``torch_device`` and ``torch_threads``. ``gpt_model_path`` is the engine folder: absolute, or relative to the
 release folder (the repository's parent) and then confined to it. The engine's limits (``max_seq_len``,

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.speculation.drafting import DraftHealth, draft_sources
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.loop import Round, speculate
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.stats import SpeculationStats
-from specbuild.runtimes.torch.engine import TorchEngine
 
 
 @dataclass

@@ -20,7 +20,7 @@ class TorchEngineParameters(EngineParameters):
     MODEL: ClassVar[str] = "torch engine model"
 
     torch_device: TorchDevice = "auto"  # auto: CUDA when available
-    # intra-op threads of this model's process; 0: every core the host gives it (speculation.torch_engine.threads)
+    # intra-op threads of this model's process; 0: every core the host gives it (runtimes.torch.engine.threads)
     torch_threads: int = 0
 
     def __post_init__(self) -> None:

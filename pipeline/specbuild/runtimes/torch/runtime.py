@@ -6,7 +6,7 @@ models (CPU, or any CUDA GPU), under the ``tensorrtllm`` backend's contract.
 * build: the normalized checkpoint -> an engine folder: the weights plus ``build_info.json`` holding the
   same build fields a TensorRT-LLM engine records (limits, ``max_draft_len``, speculative mode), so
   packaging does not care which runtime built it.
-* engine models: :class:`~specbuild.package.backend_contract.TorchEngineParameters`, the backend's keys
+* engine models: :class:`~specbuild.runtimes.torch.parameters.TorchEngineParameters`, the backend's keys
   rendered as for TensorRT-LLM plus ``torch_device``/``torch_threads``.
 """
 
@@ -15,22 +15,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.spec import Role
-from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import CheckpointError
 from specbuild.package.backend_contract import EngineModel
-from specbuild.runtimes.torch.parameters import TorchEngineParameters
 from specbuild.package.contract import BUILD_INFO
+from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime
+from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, BundledPlan
 from specbuild.runtimes.names import TORCH
-from specbuild.spec import BuildSpec
+from specbuild.runtimes.torch.launch import cpu_pod_plan
+from specbuild.runtimes.torch.parameters import TorchEngineParameters
+from specbuild.spec import BuildSpec, Role
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
     from specbuild.package.repository import EngineInfo
+    from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint
 
 ENGINE_MODEL = Path(__file__).parent / "engine_model.py"  # the python model of the target and the draft
 
@@ -53,7 +56,6 @@ def engine_dir_parameter(engine_dir: Path, repository_dir: Path) -> str:
 
 class TorchRuntime(Runtime):
     name = TORCH
-    container_launch = False
     auto_priority = 0
     # On CPU cores a round's draft and verification compete with the other requests' steps: from 2 in flight,
     # the default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal")
@@ -107,6 +109,15 @@ class TorchRuntime(Runtime):
         )
         return EngineModel("python", parameters, spec.triton.engine_instances, ENGINE_MODEL)
 
+
+    def launch_plan(self, spec: BuildSpec, repository: Path, engines: Path, checkpoints: Mapping[str, Path], *,
+                    gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> BundledPlan:
+        """The bundled Triton server, on this machine's CPU or any CUDA GPU (``gpus`` and ``shm_gib`` are a
+        container's)."""
+        return BundledPlan.of(spec.triton, repository, openai=True)
+
+    def pod_plan(self, spec: BuildSpec, options: DeployOptions, footprint: ReleaseFootprint) -> PodPlan:
+        return cpu_pod_plan(spec, options, footprint)
 
 def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
     """Load the HF checkpoint of ``role`` and save it normalized (safetensors, engine dtype) to ``output_dir``."""

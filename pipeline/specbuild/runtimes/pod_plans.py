@@ -1,0 +1,102 @@
+"""A replica's serving container for ``specbuild deploy``: the deploy options, what a release needs of a node, and
+the :class:`PodPlan` a runtime answers with (:meth:`~specbuild.runtimes.interface.Runtime.pod_plan`; the objects
+around it are :mod:`specbuild.serve.k8s`'s)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specbuild.errors import UsageError
+from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB
+
+if TYPE_CHECKING:
+    from specbuild.package.manifest import Release
+
+# Host memory of a replica beyond /dev/shm and the engines: tritonserver and the python models' processes
+# (tokenizers in pre/postprocessing, the orchestrator), and, per GPU process, CUDA's and TensorRT-LLM's host side.
+SERVER_HOST_GIB = 2
+PER_GPU_HOST_GIB = 1
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """How a release is deployed; every field has a default that suits one replica on one node."""
+
+    namespace: str = "default"
+    replicas: int = 1
+    max_replicas: int | None = None  # None: 4 x replicas
+    pvc: str | None = None  # claim holding <engines>/ and <repository>/ side by side
+    release_image: str | None = None  # image with /release/<engines> and /release/<repository>
+    image: str | None = None  # the serving image; None: the release's triton.image, or CPU_IMAGE for torch
+    cpu: float | None = None  # cores per replica; None: from the release
+    memory_gib: float | None = None  # host memory per replica; None: from the release (see the module notes)
+    shm_gib: int = DEFAULT_SHM_GIB
+    hpa_target: float | None = None  # in-flight requests per pod; None: 3/4 of limits.max_batch_size
+    monitor_labels: dict[str, str] = field(default_factory=dict)  # labels a Prometheus selects PodMonitors by
+    startup_timeout_s: int = 1800  # engine load (a 70B target takes minutes)
+    termination_grace_s: int = 120
+    # specbuild's OpenAI-compatible API beside a GPU release's Triton (docker/Dockerfile.cpu builds this image)
+    openai_image: str = "specbuild:cpu"
+
+
+@dataclass(frozen=True)
+class ReleaseFootprint:
+    """What a release needs of a node, read from the release on disk."""
+
+    weight_bytes: int  # the engines, or the checkpoints a runtime without engines serves: loaded through host
+    # memory (and kept there by the torch runtime)
+    gpu: str | None  # the GPU the engines were built on (their build record), None: not recorded (CPU runtimes)
+
+    @classmethod
+    def of(cls, release: Release) -> ReleaseFootprint:
+        folders = list(release.checkpoints.values()) or [release.engines]
+        weights = [path for folder in folders if folder.is_dir() for path in folder.rglob("*") if path.is_file()]
+        gpu = (release.build_info.get("target") or {}).get("gpu") or {}
+        return cls(sum(path.stat().st_size for path in weights), gpu.get("name"))
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """A replica's serving container: what it runs, with what, and where it may be scheduled."""
+
+    image: str
+    args: tuple[str, ...]  # to the image's entrypoint
+    env: dict[str, str]
+    ports: dict[str, int]  # by name; "http" answers the health checks, "metrics" is scraped
+    gpus: int
+    cpu: tuple[float, float]  # cores: request, limit
+    memory_gib: int  # request = limit
+    volume_mounts: tuple[dict[str, Any], ...]
+    node_selector: dict[str, str]
+    # a container of its own for the OpenAI-compatible API, on this port (a GPU release's image has no specbuild;
+    # `specbuild serve` in the CPU image serves the API itself, its port among ``ports``); None: none
+    openai_sidecar_port: int | None = None
+
+
+def check_options(options: DeployOptions) -> None:
+    if not _DNS_LABEL.match(options.namespace):
+        raise UsageError(f"namespace {options.namespace!r} is not a valid Kubernetes name",
+                         "use lowercase letters, digits and '-', starting with a letter")
+    if options.replicas < 1:
+        raise UsageError(f"replicas must be at least 1, got {options.replicas}", "pass --replicas 1 or more")
+    if options.max_replicas is not None and options.max_replicas < options.replicas:
+        raise UsageError(f"max replicas ({options.max_replicas}) is below replicas ({options.replicas})",
+                         "raise --max-replicas or lower --replicas")
+    if (options.pvc is None) == (options.release_image is None):
+        raise UsageError("the pod needs the release from exactly one source: a PVC or a release image",
+                         "pass --pvc CLAIM (holding the engines and repository folders) or --release-image IMAGE")
+    if options.pvc is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", options.pvc):
+        raise UsageError(f"PVC name {options.pvc!r} is not a valid Kubernetes name", "use the claim's exact name")
+    for what, value in (("HPA target", options.hpa_target), ("--cpu", options.cpu), ("--memory-gib", options.memory_gib)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{what} must be positive, got {value}", "pass a value above 0")
+
+
+def memory_gib(options: DeployOptions, weights_gib: float, gpus: int) -> int:
+    if options.memory_gib is not None:
+        return math.ceil(options.memory_gib)
+    return math.ceil(options.shm_gib + weights_gib + SERVER_HOST_GIB + PER_GPU_HOST_GIB * gpus)
