@@ -151,17 +151,17 @@ def package_gpu_release(checkpoints: Checkpoints, root: Path, overrides: dict | 
     from specbuild import compiler
     from specbuild.runtimes.registry import runtime_for
     from specbuild.checkpoint.info import read_checkpoint
-    from specbuild.package.contract import BUILD_INFO
+    from specbuild.package.build_record import GpuInfo
 
     spec = release_spec(checkpoints, root, "tensorrt-llm", overrides)
     runtime = runtime_for("tensorrt-llm")
     for role in ("target", "draft"):
         folder = Path(spec.outputs.engines_dir) / role
         folder.mkdir(parents=True)
-        record = runtime.planned_build_info(spec, role, read_checkpoint(getattr(spec, role).checkpoint))
+        record = runtime.planned_record(spec, role, read_checkpoint(getattr(spec, role).checkpoint))
         if gpu is not None:
-            record["gpu"] = {"name": gpu, "sm": "9.0"}
-        (folder / BUILD_INFO).write_text(json.dumps(record), encoding="utf-8")
+            record = record.model_copy(update={"gpu": GpuInfo(name=gpu, sm="9.0")})
+        record.write(folder)
         (folder / "rank0.engine").write_bytes(b"stand-in engine")
     return compiler.run(spec, json_mode=True, package_only=True)
 

@@ -11,6 +11,7 @@ import pytest
 from checkpoint_factory import Checkpoints, checkpoints, with_max_positions  # noqa: F401 - session fixture
 from click.testing import CliRunner
 
+from specbuild.package.build_record import BuildRecord
 from specbuild import compiler
 from specbuild.cli import main
 from specbuild.errors import SpecError
@@ -84,8 +85,8 @@ def test_every_step_after_the_check_builds_for_the_resolved_limits(short_pair: t
     assert spec.limits.max_seq_len is None
     result = compiler.run(spec, json_mode=True)
     assert (result.spec.limits.max_input_len, result.spec.limits.max_seq_len) == (SHORT // 2, SHORT)
-    build_config = json.loads((result.engines / "draft" / "build_info.json").read_text())["build_config"]
-    assert (build_config["max_input_len"], build_config["max_seq_len"]) == (SHORT // 2, SHORT)
+    limits = BuildRecord.read(result.engines / "draft").limits
+    assert (limits.max_input_len, limits.max_seq_len) == (SHORT // 2, SHORT)
     orchestrator = (result.repository / "orchestrator" / "config.pbtxt").read_text()
     assert f'key: "max_seq_len"\n  value {{\n    string_value: "{SHORT}"' in orchestrator
     assert f'key: "max_input_len"\n  value {{\n    string_value: "{SHORT // 2}"' in \

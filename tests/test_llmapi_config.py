@@ -14,7 +14,7 @@ from specbuild.errors import SpecbuildError
 from specbuild.runtimes.tensorrt_llm_llmapi import model_yaml as config
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LINES
 from specbuild.runtimes.tensorrt_llm_llmapi.repository import model_yaml, model_yaml_text, serve_config, serve_config_text
-from specbuild.package.repository import EngineInfo
+from specbuild.package.build_record import BuildLimits, BuildRecord, Engine
 from specbuild.spec import BuildSpec
 
 GOLDEN = Path(__file__).parent / "data" / "llmapi"
@@ -31,9 +31,9 @@ def golden_spec(**triton: str) -> BuildSpec:
     })
 
 
-TARGET = EngineInfo(role="target", runtime="tensorrt-llm-llmapi", path=Path("/unused"), dtype="bfloat16",
-                    vocab_size=128256, build_config={"max_batch_size": 16, "max_input_len": 3072,
-                                                     "max_seq_len": 4096 + 5, "max_draft_len": 5})
+TARGET = Engine(Path("/unused"), BuildRecord(
+    runtime="tensorrt-llm-llmapi", role="target", dtype="bfloat16", vocab_size=128256, architecture="LlamaForCausalLM",
+    limits=BuildLimits(max_batch_size=16, max_input_len=3072, max_seq_len=4096, max_draft_len=5)))
 CONTEXT = PackageContext(kv_fractions={"target": 0.8164, "draft": 0.0835}, kv_tokens={"target": 65664, "draft": 65664})
 
 

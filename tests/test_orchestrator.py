@@ -13,7 +13,8 @@ import torch
 
 from specbuild.errors import RequestError, SpecError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters
-from specbuild.package.repository import EngineInfo, orchestrator_config
+from specbuild.package.build_record import BuildLimits, BuildRecord, Engine
+from specbuild.package.repository import orchestrator_config
 from specbuild.runtimes.registry import runtime_for
 from specbuild.triton_models.engine_io import decode_output, decode_requests, encode_outputs, encode_request
 from specbuild.triton_models.orchestration import RowProgress, parse_rows
@@ -23,15 +24,15 @@ from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.stats import SpeculationStats
 
-TARGET_RECORD = {"max_draft_len": 8, "max_seq_len": 136, "max_input_len": 64}
+TARGET_LIMITS = BuildLimits(max_batch_size=8, max_draft_len=8, max_seq_len=128, max_input_len=64)
 
 
 def rendered_parameters(tmp_path: Path, runtime: str = "torch", **speculation: object) -> dict[str, str]:
     spec = load_spec(None, {"runtime": runtime, "target.checkpoint": "t", "draft.checkpoint": "d",
                             "limits.max_input_len": 64, "limits.max_seq_len": 128,
                             **{f"speculation.{key}": value for key, value in speculation.items()}}, base_dir=tmp_path)
-    target = EngineInfo(role="target", runtime=runtime, path=tmp_path, dtype="float16", vocab_size=320,
-                        build_config=TARGET_RECORD)
+    target = Engine(tmp_path, BuildRecord(runtime=runtime, role="target", dtype="float16", vocab_size=320,
+                                          architecture="LlamaForCausalLM", limits=TARGET_LIMITS))
     config = orchestrator_config(spec, target, runtime_for(runtime).load_policy(spec))
     return {key: value.string_value for key, value in config.parameters.items()}
 

@@ -10,9 +10,10 @@ from click.testing import CliRunner
 
 from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401 - session fixture
 from specbuild.package import manifest
+from specbuild.package.build_record import BUILD_INFO, BuildRecord
 from specbuild import compiler
 from specbuild.cli import main
-from specbuild.errors import StageError
+from specbuild.errors import StageError, VerificationError
 from specbuild.runtimes.torch import runtime as torch_runtime
 from specbuild.spec import BuildSpec, load_spec
 
@@ -42,12 +43,14 @@ def test_compile_writes_a_verified_release(spec: BuildSpec, tmp_path: Path) -> N
     assert set(statuses(result).values()) == {"ok"}
     assert result.manifest == tmp_path / "triton_repo" / "manifest.json"
     assert manifest.verify(result.repository).ok
-    info = json.loads((tmp_path / "engines" / "target" / "build_info.json").read_text())
-    assert info["runtime"] == "torch"
-    assert info["build_config"]["max_draft_len"] == spec.speculation.max_draft_len
-    assert info["build_config"]["speculative_decoding_mode"] == "draft_tokens_external"
-    draft_info = json.loads((tmp_path / "engines" / "draft" / "build_info.json").read_text())
-    assert draft_info["build_config"]["max_draft_len"] == 0
+    target = BuildRecord.read(tmp_path / "engines" / "target")
+    assert target.runtime == "torch" and target.toolchain is not None  # built here, not planned
+    # the target verifies up to max_draft_len drafted tokens beyond a request's sequence; the draft none
+    assert target.limits.max_draft_len == spec.speculation.max_draft_len
+    assert target.limits.engine_seq_len == target.limits.max_seq_len + spec.speculation.max_draft_len
+    draft = BuildRecord.read(tmp_path / "engines" / "draft")
+    assert draft.limits.max_draft_len == 0 and draft.limits.engine_seq_len == draft.limits.max_seq_len
+    assert draft.generation_logits is (spec.speculation.acceptance == "draft-logits")
     config = (result.repository / "target" / "config.pbtxt").read_text()
     assert 'string_value: "engines/target"' in config  # relative: the release moves as a whole
 
@@ -74,6 +77,45 @@ def test_an_incompatible_pair_stops_at_check(tmp_path: Path, checkpoints: Checkp
     assert "tokenizer" in str(error.value)
     assert not (tmp_path / "engines").exists() and not (tmp_path / "triton_repo").exists()
 
+
+
+def _as_before_the_typed_record(record: BuildRecord) -> dict:
+    """A build record as specbuild wrote it before it was typed (no ``format``, limits in ``build_config``)."""
+    limits = record.limits
+    return {"runtime": record.runtime, "role": record.role, "dtype": record.dtype, "vocab_size": record.vocab_size,
+            "architecture": record.architecture, "toolchain": record.toolchain,
+            "build_config": {"max_batch_size": limits.max_batch_size, "max_input_len": limits.max_input_len,
+                             "max_seq_len": limits.engine_seq_len, "max_draft_len": limits.max_draft_len}}
+
+
+def test_a_release_compiled_before_the_typed_build_record_is_refused_with_the_fix_to_recompile(
+        spec: BuildSpec, tmp_path: Path) -> None:
+    result = compiler.run(spec, json_mode=True)
+    manifest_file = result.repository / manifest.MANIFEST_NAME
+    data = json.loads(manifest_file.read_text())
+    for role in ("target", "draft"):
+        old = _as_before_the_typed_record(BuildRecord.read(result.engines / role))
+        data["extra"]["build_info"][role] = old
+        (result.engines / role / BUILD_INFO).write_text(json.dumps(old))
+    manifest_file.write_text(json.dumps(data))
+    for command in (["verify", str(result.repository)], ["serve", str(result.repository), "--dry-run"]):
+        refused = CliRunner().invoke(main, command)
+        assert refused.exit_code == 1 and "older specbuild" in refused.output, (command, refused.output)
+        assert "recompile the release" in refused.output and "Traceback" not in refused.output
+    with pytest.raises(VerificationError, match="older specbuild") as error:  # as the torch engine model reads it
+        BuildRecord.read(result.engines / "target")
+    assert "recompile" in error.value.fix
+    assert compiler.run(spec, json_mode=True, force=True).manifest is not None  # recompiled, it serves again
+    assert manifest.verify(result.repository).ok
+
+
+def test_a_new_build_record_format_rebuilds_the_engines(spec: BuildSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upgraded specbuild that records engines differently rebuilds them, rather than skipping the build as
+    unchanged and then refusing the record the older version wrote."""
+    assert statuses(compiler.run(spec, json_mode=True))["build"] == "ok"
+    assert statuses(compiler.run(spec, json_mode=True))["build"] == "skipped"
+    monkeypatch.setattr(compiler, "RECORD_FORMAT", "specbuild.build/v2")
+    assert statuses(compiler.run(spec, json_mode=True))["build"] == "ok"
 
 def test_an_interrupted_build_leaves_no_partial_output(spec: BuildSpec, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:

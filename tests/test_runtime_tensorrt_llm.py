@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 import shlex
 import sys
 import types
@@ -17,7 +18,8 @@ from specbuild.runtimes.interface import PackageContext
 from specbuild.runtimes.tensorrt_llm import runtime as trt
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineParameters
-from specbuild.package.repository import EngineInfo, engine_model_config
+from specbuild.package.build_record import BuildLimits, BuildRecord, Engine, GpuInfo
+from specbuild.package.repository import engine_model_config
 from specbuild.spec import BuildSpec
 
 HAS_TENSORRT_LLM = importlib.util.find_spec("tensorrt_llm") is not None
@@ -54,6 +56,7 @@ COMMON_BUILD_ARGV = ["--gemm_plugin=auto", "--use_paged_context_fmha=enable", "-
                      "--max_beam_width=1"]
 PLUGINS = {"gemm_plugin": "auto", "paged_kv_cache": True, "use_paged_context_fmha": True}
 LIMITS = {"max_batch_size": 4, "max_input_len": 3200, "max_seq_len": 4800, "max_beam_width": 1}
+LIMITS_OF_A_REQUEST = {key: value for key, value in LIMITS.items() if key != "max_beam_width"}
 
 
 @pytest.mark.parametrize("acceptance", ["token-match", "draft-logits"])
@@ -230,9 +233,10 @@ def test_sm_check(major: int, minor: int, ok: bool) -> None:
 CONTEXT = PackageContext(kv_fractions={"target": 0.7, "draft": 0.2}, kv_tokens={"target": 38400, "draft": 38400})
 
 
-def engine_info(role: str = "target") -> EngineInfo:
-    return EngineInfo(role=role, runtime="tensorrt-llm", path=f"/work/engines/{role}", dtype="bfloat16",
-                      vocab_size=400, build_config={"max_seq_len": 4808, "max_input_len": 3200, "max_draft_len": 8})
+def engine_info(role: str = "target") -> Engine:
+    return Engine(Path(f"/work/engines/{role}"), BuildRecord(
+        runtime="tensorrt-llm", role=role, dtype="bfloat16", vocab_size=400, architecture="LlamaForCausalLM",
+        limits=BuildLimits(max_batch_size=16, max_seq_len=4800, max_input_len=3200, max_draft_len=8)))
 
 
 def engine_config(role: str = "target", spec: BuildSpec | None = None) -> mc.ModelConfig:
@@ -425,9 +429,10 @@ FAKE_TENSORRT_LLM = {
         "        pathlib.Path(out, f'rank{rank}.engine').write_text('e')\n"
         "        mode = self.bc.kw.get('speculative_decoding_mode')\n"
         "        cfg = {**self.bc.kw, 'speculative_decoding_mode': mode and mode.name,\n"
+        "               'max_seq_len': self.bc.kw['max_seq_len'] + self.bc.kw.get('max_draft_len', 0),\n"
         "               'plugin_config': dict(self.bc.plugin_config)}\n"
         "        pathlib.Path(out, 'config.json').write_text(json.dumps({'build_config': cfg, 'pretrained_config': \n"
-        "            {'dtype': 'bfloat16', 'vocab_size': 400}}))\n"
+        "            {'architecture': 'LlamaForCausalLM', 'dtype': 'bfloat16', 'vocab_size': 400}}))\n"
         "def build(model, bc):\n"
         "    tensorrt_llm.CALLS.append(('build', model.config.mapping.rank))\n"
         "    return Engine(model, bc)\n"),
@@ -467,14 +472,14 @@ def test_convert_then_build_every_rank_and_record_build_info(fake_tensorrt_llm, 
         ("from_checkpoint", 0, "float32"), ("build", 0), ("from_checkpoint", 1, "float32"), ("build", 1)]
     assert sorted(p.name for p in engine.iterdir()) == [
         "build_info.json", "config.json", "rank0.engine", "rank1.engine"]
-    info = json.loads((engine / trt.BUILD_INFO).read_text())
-    assert info == {
-        "runtime": "tensorrt-llm", "role": "target", "tensorrt_llm": "1.2.1", "tensorrt": "10.13.0", "cuda": "12.9",
-        "gpu": {"name": "NVIDIA H100", "sm": "9.0"},
-        "build_config": {**LIMITS, "speculative_decoding_mode": "DRAFT_TOKENS_EXTERNAL", "max_draft_len": 8,
-                         "plugin_config": PLUGINS},
-        "dtype": "bfloat16", "vocab_size": 400,
-    }
+    assert BuildRecord.read(engine) == BuildRecord(
+        runtime="tensorrt-llm", role="target", dtype="bfloat16", vocab_size=400, architecture="LlamaForCausalLM",
+        limits=BuildLimits(**{**LIMITS_OF_A_REQUEST, "max_draft_len": 8}),
+        toolchain={"tensorrt_llm": "1.2.1", "tensorrt": "10.13.0", "cuda": "12.9"},
+        gpu=GpuInfo(name="NVIDIA H100", sm="9.0"))
+    # the engine's own config.json keeps TensorRT-LLM's format: its max_seq_len counts the draft positions
+    engine_config = json.loads((engine / "config.json").read_text())["build_config"]
+    assert engine_config["max_seq_len"] == LIMITS["max_seq_len"] + 8
 
 
 def test_build_refuses_a_checkpoint_converted_for_other_ranks(fake_tensorrt_llm, tmp_path) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
+from specbuild.package.build_record import RECORD_FORMAT
 from specbuild.package.vendor import source_digest
 from specbuild.runtimes.interface import STEPS, PackageContext, ReleaseContents, Step
 from specbuild.runtimes.registry import resolved, runtime_for
@@ -26,7 +27,7 @@ from specbuild.stages.runner import Stage, StageResult, StageRunner
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
-    from specbuild.package.repository import EngineInfo
+    from specbuild.package.build_record import Engine
 
 STATE_FILE = ".specbuild-state.json"
 
@@ -106,7 +107,7 @@ def _build_action(spec: BuildSpec, converted: Path, output: Path, progress: Any)
         runtime.build(spec, role, converted / role, output / role)
 
 
-def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, EngineInfo], output: Path) -> None:
+def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, Engine], output: Path) -> None:
     context = PackageContext(kv_fractions=check["kv_fractions"], kv_tokens=check["kv_tokens"])
     runtime_for(spec.runtime).render_repository(spec, engines, Path(spec.target.checkpoint), output, context)
 
@@ -132,7 +133,7 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: Step = "package", *,
     def checked() -> BuildSpec:
         return with_checked_limits(spec, check_data())
 
-    def engines() -> dict[Role, EngineInfo]:
+    def engines() -> dict[Role, Engine]:
         return runtime.packaged_engines(checked(), _checkpoints(spec), package_only=package_only)
 
     # Stages after the check hash the limits as the user set them: the resolved ones are in the check's
@@ -158,7 +159,7 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: Step = "package", *,
         "convert": Stage("convert", {"runtime": spec.runtime, "models": models, "security": spec.security},
                          converted, lambda tmp, progress: _convert_action(checked(), tmp, progress)),
         "build": Stage("build", {"runtime": spec.runtime, "models": models, "engine_speculation": engine_speculation,
-                                 "limits": spec.limits},
+                                 "limits": spec.limits, "record": RECORD_FORMAT},  # a new record format rebuilds
                        engines_dir, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
         "package": package,
     }
@@ -219,7 +220,9 @@ def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dic
     try:
         return manifest.write_manifest(
             repository, contents.engines, spec=spec, inputs=check_data.get("inputs", {}), steps=results,
-            compatibility=check_data.get("compatibility"), extra={"build_info": contents.build_info},
+            compatibility=check_data.get("compatibility"),
+            extra={"build_info": None if contents.build_info is None
+                   else {role: record.model_dump(mode="json") for role, record in contents.build_info.items()}},
             checkpoints=contents.checkpoints or None,
         )
     except SpecbuildError as exc:

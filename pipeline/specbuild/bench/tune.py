@@ -34,14 +34,13 @@ def release_max_draft_len(repository: str | Path) -> int:
     record, as the server reads it (the spec file may have changed since the release was built)."""
     from specbuild.package.contract import TARGET_MODEL
     from specbuild.package.manifest import read_release
-    from specbuild.package.repository import EngineInfo
 
     release = read_release(repository)
     record = release.build_info.get(TARGET_MODEL)
     if record is None:
         raise UsageError(f"the release in {repository} records no {TARGET_MODEL} engine, so its max_draft_len is "
                          "unknown", "compile it again (specbuild compile) before tuning it")
-    return EngineInfo.from_record(release.engines / TARGET_MODEL, TARGET_MODEL, record).max_draft_len
+    return record.limits.max_draft_len
 
 
 def score(cell: Cell, goal: Goal) -> float | None:

@@ -133,8 +133,6 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
 # One text per row, 1-D as NVIDIA's postprocessing returns it ([batch x beams]): its clients read text_output[0].
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (Tensor("text_output", "TYPE_STRING", (-1,)),)
 
-# Every engine folder's build record (dtype, vocabulary, build config, toolchain), whichever runtime built it.
-BUILD_INFO = "build_info.json"
 
 # The models of a repository, by role. Names are fixed so clients and the ensemble can rely on them.
 ENSEMBLE_MODEL = "ensemble"

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from specbuild.errors import UsageError, VerificationError
+from specbuild.package.build_record import RECOMPILE, BuildRecord
 from specbuild.stages.atomic import atomic_write_text, clean_stale
 from specbuild.stages.hashing import digest_json, hash_tree
 from specbuild.stages.runner import StageResult
@@ -317,7 +318,7 @@ class Release:
 
     manifest: Path
     spec: BuildSpec
-    build_info: dict[str, Any]
+    build_info: dict[str, BuildRecord]
     repository: Path
     engines: Path
     checkpoints: dict[str, Path]
@@ -338,8 +339,17 @@ def read_release(path: str | Path) -> Release:
         raise VerificationError(f"{manifest_path} holds a spec this specbuild cannot read ({exc.errors()[0]['msg']})",
                                 "re-package the release with this specbuild version") from None
     engines = (manifest_path.parent / manifest["trees"].get("engines", ".")).resolve()
-    return Release(manifest_path, spec, dict(manifest.get("extra", {}).get("build_info") or {}),
-                   manifest_path.parent, engines, {role: Path(path) for role, path in _checkpoints(manifest).items()})
+    return Release(manifest_path, spec, _records(manifest, manifest_path), manifest_path.parent, engines, {role: Path(path) for role, path in _checkpoints(manifest).items()})
+
+
+def _records(manifest: Mapping[str, Any], manifest_path: Path) -> dict[str, BuildRecord]:
+    """The engines' build records the manifest holds (a runtime without engines: its models' limits), read through
+    their typed model: a release compiled by an older specbuild is refused with the fix to recompile it."""
+    records = (manifest.get("extra") or {}).get("build_info") or {}
+    if not isinstance(records, dict):
+        raise VerificationError(f"{manifest_path} holds build records that are not a mapping", RECOMPILE)
+    return {role: BuildRecord.parse(record, f"{manifest_path} (the {role} engine's build record)")
+            for role, record in records.items()}
 
 
 def _checkpoints(manifest: Mapping[str, Any]) -> dict[str, str]:
@@ -372,6 +382,7 @@ def verify(path: str | Path) -> VerifyReport:
     manifest_path = find_manifest(path).resolve()
     manifest = _load(manifest_path)
     _require_engines(manifest, manifest_path)
+    _records(manifest, manifest_path)
     base = manifest_path.parent
     trees = manifest["trees"]
     recorded = {**manifest["files"], **_checkpoint_files(manifest, recorded=True)}

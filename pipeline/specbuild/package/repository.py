@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,49 +21,14 @@ from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import StageError
 from specbuild.package import contract
 from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineModel, EngineParameters
-from specbuild.package.contract import BUILD_INFO, OrchestratorParameters, PreprocessingParameters, Tensor
+from specbuild.package.build_record import Engine
+from specbuild.package.contract import OrchestratorParameters, PreprocessingParameters, Tensor
 from specbuild.package.parameters import ModelParameters
 from specbuild.package.vendor import vendor
 from specbuild.spec import BuildSpec
 
 # The ensemble's python models (preprocessing, orchestrator, postprocessing), shipped as files.
 ENSEMBLE_MODELS_DIR = Path(__file__).resolve().parents[1] / "triton_models"
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What packaging needs from a built engine folder (``build_info.json``), whichever runtime built it."""
-
-    role: str
-    runtime: str
-    path: Path
-    dtype: str
-    vocab_size: int
-    build_config: dict[str, Any]
-
-    @classmethod
-    def from_record(cls, engine_dir: Path, role: str, record: dict[str, Any]) -> EngineInfo:
-        """From a build record (``build_info.json``, or the one a runtime plans for an engine not built here)."""
-        return cls(role=role, runtime=record["runtime"], path=engine_dir, dtype=record["dtype"],
-                   vocab_size=int(record["vocab_size"]), build_config=dict(record["build_config"]))
-
-    @classmethod
-    def read(cls, engine_dir: Path, role: str) -> EngineInfo:
-        info_file = engine_dir / BUILD_INFO
-        try:
-            return cls.from_record(engine_dir, role, json.loads(info_file.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise StageError("package", f"{info_file} is missing or unreadable ({exc})",
-                             f"rebuild the {role} engine with `specbuild build`") from None
-
-    @property
-    def max_draft_len(self) -> int:
-        return int(self.build_config.get("max_draft_len") or 0)
-
-    @property
-    def max_seq_len(self) -> int:
-        """Prompt + generated tokens a request may have: the engine's limit, less the draft tokens it verifies."""
-        return int(self.build_config["max_seq_len"]) - self.max_draft_len
 
 
 # --- config builders -----------------------------------------------------------------------------------
@@ -150,12 +114,12 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     return config
 
 
-def orchestrator_parameters(spec: BuildSpec, target: EngineInfo, busy_in_flight: int) -> OrchestratorParameters:
+def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the target engine's build record (what it can do);
     ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default)."""
-    s = spec.speculation
+    s, record = spec.speculation, target.record
     return OrchestratorParameters(
-        max_draft_len=target.max_draft_len,
+        max_draft_len=record.limits.max_draft_len,
         num_draft_tokens=s.num_draft_tokens,
         use_draft_logits=s.acceptance == "draft-logits",
         adaptive_draft=s.adaptive,
@@ -165,14 +129,14 @@ def orchestrator_parameters(spec: BuildSpec, target: EngineInfo, busy_in_flight:
         lookup_min_ngram=s.prompt_lookup.min_ngram,
         lookup_draft_fallback=s.prompt_lookup.draft_fallback,
         fast_logits=spec.launch.fast_logits,
-        max_input_len=int(target.build_config["max_input_len"]),
-        max_seq_len=target.max_seq_len,
-        vocab_size=target.vocab_size,
+        max_input_len=record.limits.max_input_len,
+        max_seq_len=record.limits.max_seq_len,
+        vocab_size=record.vocab_size,
         max_request_seconds=spec.triton.max_request_seconds,
     )
 
 
-def orchestrator_config(spec: BuildSpec, target: EngineInfo, busy_in_flight: int) -> mc.ModelConfig:
+def orchestrator_config(spec: BuildSpec, target: Engine, busy_in_flight: int) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
                                contract.ORCHESTRATOR_OUTPUTS, orchestrator_parameters(spec, target, busy_in_flight),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
@@ -222,7 +186,7 @@ def tokenizer_end_id(tokenizer_dir: Path) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], engine_models: Mapping[str, EngineModel],
+def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_models: Mapping[str, EngineModel],
                       tokenizer_dir: Path, output_dir: Path, busy_in_flight: int) -> None:
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic): the ensemble, its
     python models, and the ``engine_models`` serving ``engines``."""
@@ -231,7 +195,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], engine
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         contract.PREPROCESSING_MODEL: python_model_config(
             contract.PREPROCESSING_MODEL, spec, contract.PREPROCESSING_INPUTS, contract.PREPROCESSING_OUTPUTS,
-            PreprocessingParameters(max_input_len=int(target.build_config["max_input_len"]),
+            PreprocessingParameters(max_input_len=target.record.limits.max_input_len,
                                     end_id=tokenizer_end_id(tokenizer_dir))),
         contract.ORCHESTRATOR_MODEL: orchestrator_config(spec, target, busy_in_flight),
         contract.POSTPROCESSING_MODEL: python_model_config(

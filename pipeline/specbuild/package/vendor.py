@@ -22,8 +22,9 @@ from specbuild.errors import StageError
 PACKAGE = "specbuild"
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # .../specbuild
 # What the python models may import besides the standard library and specbuild itself: what the NGC
-# TensorRT-LLM image ships (TensorRT-LLM 1.2.x pins numpy < 2, torch and transformers 4.57).
-ALLOWED_THIRD_PARTY = frozenset({"numpy", "torch", "transformers", "triton_python_backend_utils"})
+# TensorRT-LLM image ships (TensorRT-LLM 1.2.x's requirements.txt pins numpy < 2, torch, transformers 4.57 and
+# pydantic >= 2.9.1, on which its LLM API is built).
+ALLOWED_THIRD_PARTY = frozenset({"numpy", "pydantic", "torch", "transformers", "triton_python_backend_utils"})
 PACKAGE_MARKER = '"""specbuild modules shipped with this release (see specbuild.package.vendor)."""\n'
 
 
@@ -65,7 +66,8 @@ def closure(entry: Path, allowed: frozenset[str] = ALLOWED_THIRD_PARTY) -> dict[
                     pending.append((module_file, imported))
             elif top not in sys.stdlib_module_names and top not in allowed:
                 raise StageError("package", f"{name} imports {imported!r}, which the Triton image does not have",
-                                 "keep the serving modules to numpy, torch and transformers (a specbuild bug)")
+                                 "keep the serving modules to numpy, pydantic, torch and transformers "
+                                 "(a specbuild bug)")
     return found
 
 

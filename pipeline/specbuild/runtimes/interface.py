@@ -15,14 +15,14 @@ branch on its name. Each runtime's heavy dependencies (TensorRT-LLM, torch) are 
 from __future__ import annotations
 
 import abc
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from specbuild.errors import StageError, UsageError
-from specbuild.package.contract import BUILD_INFO, ORCHESTRATOR_MODEL
+from specbuild.errors import StageError, UsageError, VerificationError
+from specbuild.package.build_record import BUILD_INFO, BuildLimits, BuildRecord, Engine
+from specbuild.package.contract import ORCHESTRATOR_MODEL
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LAUNCH_SETTINGS, BundledPlan, LaunchPlan
 from specbuild.spec import ROLES
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
     from specbuild.package.backend_contract import EngineModel
     from specbuild.package.manifest import Release
-    from specbuild.package.repository import EngineInfo
     from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint
     from specbuild.spec import BuildSpec, Role
 
@@ -71,7 +70,7 @@ class ReleaseContents:
 
     engines: Path | None  # the engines folder it serves; None: none (not built here, or a runtime without engines)
     checkpoints: dict[str, str] = field(default_factory=dict)  # the checkpoints it serves in their place, by role
-    build_info: dict[str, dict[str, Any]] | None = None  # each engine's build record (planned, without engines)
+    build_info: dict[str, BuildRecord] | None = None  # each engine's build record (planned, without engines)
     servable: bool = True  # False: packaged without the engines it needs (for inspection only)
 
 
@@ -120,11 +119,20 @@ class Runtime(abc.ABC):
         """Converted checkpoint -> engine folder ``output`` (with its ``build_info.json``)."""
         raise self._no_engines()
 
-    def engine_model(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+    def engine_model(self, spec: BuildSpec, engine: Engine, repository: Path,
                      context: PackageContext) -> EngineModel:
         """How the engine model serving ``engine`` from ``repository`` is configured (backend, parameters,
         instances, python model)."""
         raise self._no_engines()
+
+    def draft_positions(self, spec: BuildSpec, role: Role) -> int:
+        """The drafted tokens the engine of ``role`` verifies per round at most: the target's ``max_draft_len``
+        (requests choose up to it), none for the draft."""
+        return spec.speculation.max_draft_len if role == "target" else 0
+
+    def record_limits(self, spec: BuildSpec, role: Role) -> BuildLimits:
+        """What the engine of ``role`` is built for: the spec's (resolved) limits and its draft positions."""
+        return BuildLimits(**spec.limits.model_dump(), max_draft_len=self.draft_positions(spec, role))
 
     def load_policy(self, spec: BuildSpec) -> int:
         """The load policy's threshold: ``speculation.busy_in_flight``, or this runtime's default when unset."""
@@ -135,40 +143,39 @@ class Runtime(abc.ABC):
         return UsageError(f"the {self.name} runtime builds no engines", "run `specbuild compile` (check and package)")
 
     @abc.abstractmethod
-    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
-        """The ``build_info.json`` the engine of ``role`` would get: what packaging needs to render the
-        repository for engines not built here (for a runtime without engines: the model's limits)."""
+    def planned_record(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> BuildRecord:
+        """The build record the engine of ``role`` would get: what packaging needs to render the repository for
+        engines not built here (for a runtime without engines: the model's limits)."""
 
     def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
         """Spec settings this runtime cannot honour (``check`` reports them with the pair's findings)."""
         return []
 
-    def built_engines(self, spec: BuildSpec) -> dict[Role, EngineInfo] | None:
+    def built_engines(self, spec: BuildSpec) -> dict[Role, Engine] | None:
         """The engines in ``outputs.engines_dir`` when both are built for this runtime, else None (nothing built
         there). Engines of another runtime are refused: packaging them would mix runtimes."""
-        from specbuild.package.repository import EngineInfo
-
         engines = Path(spec.outputs.engines_dir)
         if not any((engines / role / BUILD_INFO).is_file() for role in ROLES):
             return None
-        infos = {role: EngineInfo.read(engines / role, role) for role in ROLES}
-        for info in infos.values():
-            if info.runtime != self.name:
-                raise StageError("package", f"{engines / info.role} holds a {info.runtime} engine, but the spec's "
+        try:
+            built = {role: Engine(engines / role, BuildRecord.read(engines / role)) for role in ROLES}
+        except VerificationError as exc:
+            raise StageError("package", exc.message, f"rebuild the engines with `specbuild build` ({exc.fix})") from None
+        for engine in built.values():
+            if engine.record.runtime != self.name:
+                raise StageError("package", f"{engine.path} holds a {engine.record.runtime} engine, but the spec's "
                                  f"runtime is {self.name}", "run `specbuild compile` for this runtime, or set "
                                  "outputs.engines_dir to the folder of its engines")
-        return infos
+        return built
 
-    def planned_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo]) -> dict[Role, EngineInfo]:
+    def planned_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo]) -> dict[Role, Engine]:
         """What packaging needs of engines that are not built here: the build records this runtime would write."""
-        from specbuild.package.repository import EngineInfo
-
         engines = Path(spec.outputs.engines_dir)
-        return {role: EngineInfo.from_record(engines / role, role, self.planned_build_info(spec, role, checkpoint))
+        return {role: Engine(engines / role, self.planned_record(spec, role, checkpoint))
                 for role, checkpoint in checkpoints.items()}
 
     def packaged_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo], *,
-                         package_only: bool) -> dict[Role, EngineInfo]:
+                         package_only: bool) -> dict[Role, Engine]:
         """The engines the repository is rendered for: those built in ``outputs.engines_dir``, or, packaged alone
         where none are built (``specbuild package`` without a GPU), those this runtime would build."""
         built = self.built_engines(spec)
@@ -178,13 +185,13 @@ class Runtime(abc.ABC):
 
     def release_contents(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo]) -> ReleaseContents:
         """What the packaged release holds besides its repository: the built engines, when they are."""
-        if self.built_engines(spec) is None:
+        built = self.built_engines(spec)
+        if built is None:
             return ReleaseContents(engines=None, servable=False)
-        engines = Path(spec.outputs.engines_dir)
-        return ReleaseContents(engines=engines, build_info={
-            role: json.loads((engines / role / BUILD_INFO).read_text(encoding="utf-8")) for role in ROLES})
+        return ReleaseContents(engines=Path(spec.outputs.engines_dir),
+                               build_info={role: engine.record for role, engine in built.items()})
 
-    def render_repository(self, spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path,
+    def render_repository(self, spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path,
                           output_dir: Path, context: PackageContext) -> None:
         """Write the whole Triton repository into ``output_dir``: by default the engine-model layout of
         :func:`specbuild.package.repository.render_repository`."""

@@ -55,8 +55,9 @@ class ReleaseFootprint:
     def of(cls, release: Release) -> ReleaseFootprint:
         folders = list(release.checkpoints.values()) or [release.engines]
         weights = [path for folder in folders if folder.is_dir() for path in folder.rglob("*") if path.is_file()]
-        gpu = (release.build_info.get("target") or {}).get("gpu") or {}
-        return cls(sum(path.stat().st_size for path in weights), gpu.get("name"))
+        target = release.build_info.get("target")
+        gpu = target.gpu if target is not None else None
+        return cls(sum(path.stat().st_size for path in weights), gpu.name if gpu is not None else None)
 
 
 @dataclass(frozen=True)

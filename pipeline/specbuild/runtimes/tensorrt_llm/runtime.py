@@ -32,7 +32,7 @@ from pydantic import TypeAdapter
 
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import EngineModel, EngineParameters
-from specbuild.package.contract import BUILD_INFO
+from specbuild.package.build_record import BuildLimits, BuildRecord, Engine, GpuInfo
 from specbuild.runtimes.interface import ModelPlan, PackageContext, SpecFinding
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM
@@ -42,7 +42,6 @@ from specbuild.spec import BuildSpec, Role
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
-    from specbuild.package.repository import EngineInfo
 
 TENSORRT_LLM_SERIES = "1.2"
 LOGITS_DTYPE = "float32"  # engine logits; the Triton config's logits tensors are TYPE_FP32 to match
@@ -319,14 +318,25 @@ def build(plan: BuildPlan, into: str | Path | None = None) -> Path:
         model = MODEL_MAP[config.architecture].from_checkpoint(plan.checkpoint_dir, config=rank_config)
         build_engine(model, build_config).save(str(output))
         del model
-    engine_config = json.loads((output / "config.json").read_text(encoding="utf-8"))
-    info = {"runtime": TENSORRT_LLM, "role": plan.role, "tensorrt_llm": trtllm.__version__,
-            "tensorrt": tensorrt.__version__, "cuda": gpu.pop("cuda"), "gpu": gpu,
-            "build_config": engine_config.get("build_config", {}),
-            "dtype": engine_config.get("pretrained_config", {}).get("dtype"),
-            "vocab_size": engine_config.get("pretrained_config", {}).get("vocab_size")}
-    (output / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    toolchain = {"tensorrt_llm": str(trtllm.__version__), "tensorrt": str(tensorrt.__version__),
+                 "cuda": str(gpu.pop("cuda"))}
+    engine_record(plan.role, output, toolchain, GpuInfo(**gpu)).write(output)
     return output
+
+
+def engine_record(role: Role, engine_dir: Path, toolchain: dict[str, str], gpu: GpuInfo) -> BuildRecord:
+    """The build record of the engine TensorRT-LLM wrote into ``engine_dir``, from its ``config.json`` (TensorRT-LLM's
+    format: ``build_config`` and ``pretrained_config``; ``trtllm-build`` adds the draft positions to the target's
+    ``max_seq_len`` itself)."""
+    config = json.loads((engine_dir / "config.json").read_text(encoding="utf-8"))
+    build_config, pretrained = config["build_config"], config["pretrained_config"]
+    limits = BuildLimits.from_engine_seq_len(
+        int(build_config["max_seq_len"]), max_draft_len=int(build_config.get("max_draft_len") or 0),
+        max_batch_size=int(build_config["max_batch_size"]), max_input_len=int(build_config["max_input_len"]))
+    return BuildRecord(runtime=TENSORRT_LLM, role=role, dtype=pretrained["dtype"], vocab_size=pretrained["vocab_size"],
+                       architecture=pretrained["architecture"], limits=limits,
+                       generation_logits=bool(build_config.get("gather_generation_logits")), toolchain=toolchain,
+                       gpu=gpu)
 
 
 # --- the runtime ---------------------------------------------------------------------------------------
@@ -377,16 +387,15 @@ class TensorRTLLMRuntime(ImageRuntime):
     def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
         build(build_plan(spec, role, converted, output), into=output)
 
-    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
+    def planned_record(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> BuildRecord:
         plan = build_plan(spec, role, Path("."), Path("."))
-        build_config = dict(plan.build_config)
-        if role == "target":  # trtllm-build adds the draft tokens to max_seq_len itself
-            build_config["max_seq_len"] += build_config["max_draft_len"]
-        return {"runtime": self.name, "role": role, "dtype": self.engine_dtype(getattr(spec, role).dtype, role, checkpoint.torch_dtype),
-                "vocab_size": checkpoint.vocab_size, "architecture": checkpoint.architecture,
-                "build_config": build_config, "tensorrt_llm": None}
+        return BuildRecord(runtime=self.name, role=role,
+                           dtype=self.engine_dtype(getattr(spec, role).dtype, role, checkpoint.torch_dtype),
+                           vocab_size=checkpoint.vocab_size, architecture=checkpoint.architecture,
+                           limits=self.record_limits(spec, role),
+                           generation_logits=bool(plan.build_config.get("gather_generation_logits")))
 
-    def engine_model(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+    def engine_model(self, spec: BuildSpec, engine: Engine, repository: Path,
                      context: PackageContext) -> EngineModel:
         """The ``tensorrtllm`` backend, one instance (it places the engine on its GPUs itself). Engines at
         ``engine_mount`` inside the container; the KV-cache split of the memory plan (or the spec's total, split

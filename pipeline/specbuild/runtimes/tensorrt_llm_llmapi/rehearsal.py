@@ -24,7 +24,7 @@ from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
 from specbuild.spec import ROLES
 
 STAND_IN_SOURCE = Path(__file__).parent / "stand_in_model.py"
-STAND_IN_THIRD_PARTY = frozenset({"pydantic", "yaml"})  # model.yaml read through its typed model
+STAND_IN_THIRD_PARTY = frozenset({"yaml"})  # model.yaml read through its typed model
 
 
 def rehearsal_repository(found: Release, destination: str | Path) -> Path:

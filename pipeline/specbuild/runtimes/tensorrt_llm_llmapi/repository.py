@@ -25,6 +25,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from specbuild.errors import StageError
 from specbuild.package import contract
+from specbuild.package.build_record import Engine
 from specbuild.package.repository import (
     python_model_config,
     ship_model_source,
@@ -53,7 +54,6 @@ from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
 from specbuild.spec import BuildSpec
 
 if TYPE_CHECKING:
-    from specbuild.package.repository import EngineInfo
     from specbuild.runtimes.interface import PackageContext
 
 ADAPTER_SOURCE = Path(__file__).parent / "adapter_model.py"  # the adapter's python model
@@ -84,16 +84,16 @@ def llmapi_model_config(model_yaml: ModelYaml) -> mc.ModelConfig:
     return config
 
 
-def llm_arguments(spec: BuildSpec, target: EngineInfo, context: PackageContext) -> dict[str, object]:
+def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext) -> dict[str, object]:
     """The ``LLM()`` arguments of the release. KV cache: the memory plan's share of both models (or the spec's
     total), capped at the planned tokens each model holds."""
     limits = spec.limits
     fraction = spec.triton.kv_cache_free_gpu_mem_fraction or sum(context.kv_fractions.values())
     return {
-        "trust_remote_code": spec.security.trust_remote_code, "dtype": target.dtype,
+        "trust_remote_code": spec.security.trust_remote_code, "dtype": target.record.dtype,
         "tensor_parallel_size": spec.target.tp_size, "pipeline_parallel_size": spec.target.pp_size,
         "max_batch_size": limits.max_batch_size, "max_input_len": limits.max_input_len,
-        "max_seq_len": target.max_seq_len, "max_num_tokens": MAX_NUM_TOKENS,
+        "max_seq_len": target.record.limits.max_seq_len, "max_num_tokens": MAX_NUM_TOKENS,
         "kv_cache_config": {"free_gpu_memory_fraction": round(fraction, 4),
                             "max_tokens": context.kv_tokens[contract.TARGET_MODEL]},
         "speculative_config": {"decoding_type": LINES[spec.triton.tensorrt_llm].decoding_type,
@@ -102,11 +102,11 @@ def llm_arguments(spec: BuildSpec, target: EngineInfo, context: PackageContext) 
     }
 
 
-def model_yaml(spec: BuildSpec, target: EngineInfo, context: PackageContext) -> ModelYaml:
+def model_yaml(spec: BuildSpec, target: Engine, context: PackageContext) -> ModelYaml:
     return ModelYaml(model=container_checkpoint(spec, contract.TARGET_MODEL), **llm_arguments(spec, target, context))
 
 
-def serve_config(spec: BuildSpec, target: EngineInfo, context: PackageContext) -> ServeConfig:
+def serve_config(spec: BuildSpec, target: Engine, context: PackageContext) -> ServeConfig:
     return ServeConfig(**llm_arguments(spec, target, context))
 
 
@@ -116,13 +116,13 @@ def _header(spec: BuildSpec, reader: str) -> str:
             "Written from typed values; package again rather than edit.")
 
 
-def model_yaml_text(spec: BuildSpec, target: EngineInfo, context: PackageContext) -> str:
+def model_yaml_text(spec: BuildSpec, target: Engine, context: PackageContext) -> str:
     """``tensorrt_llm/1/model.yaml`` as the release holds it."""
     return to_yaml(model_yaml(spec, target, context),
                    _header(spec, "read by TensorRT-LLM's LLM-API model (model.py beside it)"))
 
 
-def serve_config_text(spec: BuildSpec, target: EngineInfo, context: PackageContext) -> str:
+def serve_config_text(spec: BuildSpec, target: Engine, context: PackageContext) -> str:
     """``trtllm-serve.yaml`` as the release holds it."""
     command = f"trtllm-serve {container_checkpoint(spec, contract.TARGET_MODEL)} --config {SERVE_CONFIG}"
     return to_yaml(serve_config(spec, target, context),
@@ -135,7 +135,7 @@ def _link_image_model(version_dir: Path) -> None:
         os.symlink(f"{IMAGE_MODEL_DIR}/{name}", version_dir / name)
 
 
-def render_repository(spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path, output_dir: Path,
+def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path, output_dir: Path,
                       context: PackageContext) -> None:
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic)."""
     target = engines[contract.TARGET_MODEL]

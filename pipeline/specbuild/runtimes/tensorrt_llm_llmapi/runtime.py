@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from specbuild.package.build_record import BuildRecord, Engine
 from specbuild.runtimes.interface import ModelPlan, PackageContext, ReleaseContents, SpecFinding
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM_LLMAPI
@@ -35,7 +36,6 @@ from specbuild.spec import BuildSpec, Role
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
     from specbuild.package.manifest import Release
-    from specbuild.package.repository import EngineInfo
 
 # Causal LMs the PyTorch backend runs natively in TensorRT-LLM 1.2.x and on main: listed in
 # docs/source/models/supported-models.md (newest main) without the AutoDeploy-only footnote, and exported by the
@@ -84,17 +84,16 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
                 f"{model.checkpoint} (mounted at {data['mounted_at']}) when the server starts ({what})")
         return ModelPlan(role, data, text)
 
-    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
-        """The model's limits, recorded as an engine's: ``max_seq_len`` counts the draft tokens the target
-        verifies beyond a request's limit, as an engine's does."""
-        draft_len = spec.speculation.num_draft_tokens if role == "target" else 0
-        limits = spec.limits
-        return {"runtime": self.name, "role": role,
-                "dtype": self.engine_dtype(getattr(spec, role).dtype, role, checkpoint.torch_dtype),
-                "vocab_size": checkpoint.vocab_size, "architecture": checkpoint.architecture,
-                "build_config": {"max_batch_size": limits.max_batch_size, "max_input_len": limits.max_input_len,
-                                 "max_seq_len": limits.max_seq_len + draft_len, "max_draft_len": draft_len},
-                "tensorrt_llm": None}
+    def planned_record(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> BuildRecord:
+        """The model's limits, recorded as an engine's (there is none to build)."""
+        return BuildRecord(runtime=self.name, role=role,
+                           dtype=self.engine_dtype(getattr(spec, role).dtype, role, checkpoint.torch_dtype),
+                           vocab_size=checkpoint.vocab_size, architecture=checkpoint.architecture,
+                           limits=self.record_limits(spec, role))
+
+    def draft_positions(self, spec: BuildSpec, role: Role) -> int:
+        """The draft length fixed at load (``speculative_config.max_draft_len``): requests cannot choose another."""
+        return spec.speculation.num_draft_tokens if role == "target" else 0
 
     def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
         s, findings = spec.speculation, []
@@ -131,21 +130,21 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
                                         "placement: shared"))
         return findings
 
-    def render_repository(self, spec: BuildSpec, engines: Mapping[str, EngineInfo], tokenizer_dir: Path,
+    def render_repository(self, spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path,
                           output_dir: Path, context: PackageContext) -> None:
         from specbuild.runtimes.tensorrt_llm_llmapi.repository import render_repository
 
         render_repository(spec, engines, tokenizer_dir, output_dir, context)
 
     def packaged_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo], *,
-                         package_only: bool) -> dict[Role, EngineInfo]:
+                         package_only: bool) -> dict[Role, Engine]:
         """The models' limits, recorded as planned engines': there are none to build."""
         return self.planned_engines(spec, checkpoints)
 
     def release_contents(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo]) -> ReleaseContents:
         """The checkpoints TensorRT-LLM loads, with the limits this runtime records for them."""
         return ReleaseContents(engines=None, checkpoints={role: getattr(spec, role).checkpoint for role in checkpoints},
-                               build_info={role: self.planned_build_info(spec, role, checkpoint)
+                               build_info={role: self.planned_record(spec, role, checkpoint)
                                            for role, checkpoint in checkpoints.items()})
 
     def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from specbuild.errors import RequestError
+from specbuild.package.build_record import BuildLimits
 from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
 from specbuild.runtimes.torch.engine import TorchEngine
@@ -59,8 +60,10 @@ class LLMAPIStandIn:
         self.tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=config.trust_remote_code)
         self.end_id = self.tokenizer.eos_token_id
         engine = {"dtype": "float32", "device": "cpu", "trust_remote_code": config.trust_remote_code}
+        limits = BuildLimits(max_batch_size=config.max_batch_size, max_input_len=config.max_input_len,
+                             max_seq_len=config.max_seq_len, max_draft_len=self.max_draft_len)
         self.speculator = InProcessSpeculator(
-            TorchEngine(target_dir, max_seq_len=config.max_seq_len + self.max_draft_len,
+            TorchEngine(target_dir, max_seq_len=limits.engine_seq_len,
                         max_draft_len=self.max_draft_len, cache_tokens=config.kv_cache_config.max_tokens, **engine),
             TorchEngine(draft_dir, max_seq_len=config.max_seq_len, cache_tokens=config.kv_cache_config.max_tokens,
                         **engine))

@@ -5,8 +5,8 @@ Parameters are :class:`specbuild.runtimes.torch.parameters.TorchEngineParameters
 by the backend's rules (a config without a key the backend requires does not load here either), plus
 ``torch_device`` and ``torch_threads``. ``gpt_model_path`` is the engine folder: absolute, or relative to the
 release folder (the repository's parent) and then confined to it. The engine's limits (``max_seq_len``,
-``max_draft_len``, dtype) come from its ``build_info.json``, as a TensorRT-LLM engine's come from its
-``config.json``.
+``max_draft_len``, dtype) come from its build record (:class:`~specbuild.package.build_record.BuildRecord`), as a
+TensorRT-LLM engine's come from its ``config.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ if not __name__.startswith("specbuild."):  # inside a repository: this release's
 # Before torch starts its thread pool: threads that wait sleep instead of spinning on cores other models need.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import json  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
@@ -29,7 +28,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.backend_contract import ENGINE_INPUTS  # noqa: E402
 from specbuild.runtimes.torch.parameters import TorchEngineParameters  # noqa: E402
-from specbuild.package.contract import BUILD_INFO  # noqa: E402
+from specbuild.package.build_record import BUILD_INFO, BuildRecord  # noqa: E402
 from specbuild.triton_models.engine_io import decode_requests, encode_outputs  # noqa: E402
 from specbuild.triton_models.common import (  # noqa: E402
     error_response,
@@ -61,7 +60,7 @@ class TritonPythonModel:
             pb_utils.Logger.log_warn(warning)
         release_root = Path(args["model_repository"]).resolve().parent.parent
         engine_dir = resolve_engine_dir(self.parameters.gpt_model_path, release_root)
-        build = json.loads((engine_dir / BUILD_INFO).read_text(encoding="utf-8"))
+        record = BuildRecord.read(engine_dir)
         device = self.parameters.torch_device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,10 +69,10 @@ class TritonPythonModel:
                                  f"threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
         self.engine = TorchEngine(
             engine_dir,
-            dtype=build["dtype"],
+            dtype=record.dtype,
             device=device,
-            max_seq_len=int(build["build_config"]["max_seq_len"]),
-            max_draft_len=int(build["build_config"].get("max_draft_len") or 0),
+            max_seq_len=record.limits.engine_seq_len,
+            max_draft_len=record.limits.max_draft_len,
             cache_tokens=(self.parameters.max_tokens_in_paged_kv_cache or 0)
             if self.parameters.enable_kv_cache_reuse else 0,
         )

@@ -17,12 +17,12 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import CheckpointError
 from specbuild.package.backend_contract import EngineModel
-from specbuild.package.contract import BUILD_INFO
+from specbuild.package.build_record import BuildRecord, Engine
 from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, BundledPlan
 from specbuild.runtimes.names import TORCH
@@ -32,7 +32,6 @@ from specbuild.spec import BuildSpec, Role
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
-    from specbuild.package.repository import EngineInfo
     from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint
 
 ENGINE_MODEL = Path(__file__).parent / "engine_model.py"  # the python model of the target and the draft
@@ -81,10 +80,12 @@ class TorchRuntime(Runtime):
 
     def plan(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, converted: Path,
              engine: Path) -> ModelPlan:
+        planned = self.planned_record(spec, role, checkpoint)
         data = {"checkpoint": getattr(spec, role).checkpoint, "converted": str(converted), "engine": str(engine),
-                "dtype": resolve_dtype(spec, role), "build_config": build_config(spec, role)}
+                "dtype": planned.dtype, "limits": planned.limits.model_dump(),
+                "generation_logits": planned.generation_logits}
         text = (f"{role}: {data['checkpoint']} -> {converted} -> {engine} (dtype {data['dtype']}, "
-                f"{json.dumps(data['build_config'])})")
+                f"{json.dumps(data['limits'])})")
         return ModelPlan(role, data, text)
 
     def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
@@ -93,10 +94,10 @@ class TorchRuntime(Runtime):
     def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
         build(spec, role, converted, output)
 
-    def planned_build_info(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> dict[str, Any]:
-        return _build_info(spec, role, checkpoint.vocab_size, checkpoint.architecture, toolchain=None)
+    def planned_record(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> BuildRecord:
+        return record(spec, role, checkpoint.vocab_size, checkpoint.architecture, toolchain=None)
 
-    def engine_model(self, spec: BuildSpec, engine: EngineInfo, repository: Path,
+    def engine_model(self, spec: BuildSpec, engine: Engine, repository: Path,
                      context: PackageContext) -> EngineModel:
         """A python model (:data:`ENGINE_MODEL`), as many instances as the spec asks for."""
         parameters = TorchEngineParameters(
@@ -151,22 +152,8 @@ def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
     copy_tokenizer(source, output_dir)
 
 
-def build_config(spec: BuildSpec, role: Role) -> dict:
-    """The engine's build fields, named as TensorRT-LLM's ``BuildConfig`` names them."""
-    is_target = role == "target"
-    return {
-        "max_batch_size": spec.limits.max_batch_size,
-        "max_input_len": spec.limits.max_input_len,
-        "max_seq_len": spec.limits.max_seq_len + (spec.speculation.max_draft_len if is_target else 0),
-        "max_draft_len": spec.speculation.max_draft_len if is_target else 0,
-        "speculative_decoding_mode": "draft_tokens_external" if is_target else None,
-        "gather_generation_logits": (not is_target) and spec.speculation.acceptance == "draft-logits",
-        "kv_cache_type": "paged",
-    }
-
-
 def build(spec: BuildSpec, role: Role, checkpoint_dir: Path, output_dir: Path) -> None:
-    """Make the engine folder: the converted weights (hard-linked when possible) and ``build_info.json``."""
+    """Make the engine folder: the converted weights (hard-linked when possible) and its build record."""
     import torch
     import transformers
 
@@ -178,13 +165,16 @@ def build(spec: BuildSpec, role: Role, checkpoint_dir: Path, output_dir: Path) -
             except OSError:
                 shutil.copy2(item, output_dir / item.name)
     config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
-    info = _build_info(spec, role, config.get("vocab_size"), (config.get("architectures") or ["?"])[0],
-                       toolchain={"torch": torch.__version__, "transformers": transformers.__version__})
-    (output_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    record(spec, role, config.get("vocab_size"), (config.get("architectures") or ["?"])[0],
+           toolchain={"torch": torch.__version__, "transformers": transformers.__version__}).write(output_dir)
 
 
-def _build_info(spec: BuildSpec, role: Role, vocab_size: int | None, architecture: str,
-                toolchain: dict[str, str] | None) -> dict[str, Any]:
-    """An engine folder's record; ``toolchain`` None: planned, not built."""
-    return {"runtime": TORCH, "role": role, "dtype": resolve_dtype(spec, role), "vocab_size": vocab_size,
-            "architecture": architecture, "build_config": build_config(spec, role), "toolchain": toolchain}
+def record(spec: BuildSpec, role: Role, vocab_size: int | None, architecture: str,
+           toolchain: dict[str, str] | None) -> BuildRecord:
+    """An engine folder's record; ``toolchain`` None: planned, not built. The draft returns its logits for
+    draft-logits acceptance (every torch engine can; the record says what this release asks of it)."""
+    return BuildRecord(runtime=TORCH, role=role, dtype=resolve_dtype(spec, role), vocab_size=vocab_size,
+                       architecture=architecture,
+                       limits=TorchRuntime().record_limits(spec, role),
+                       generation_logits=role == "draft" and spec.speculation.acceptance == "draft-logits",
+                       toolchain=toolchain)
