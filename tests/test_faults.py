@@ -225,7 +225,7 @@ def test_serve_no_verify_serves_a_tampered_release(checkpoints, tmp_path):
     http = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "specbuild.cli", "serve", str(repository), "--no-verify", "--http-port", str(http),
-         "--grpc-port", "0", "--metrics-port", "0", "--timeout", "300"],
+         "--grpc-port", "0", "--metrics-port", "0", "--openai-port", "0", "--timeout", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
