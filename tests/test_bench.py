@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.bench.metrics import (COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare,
+from specbuild.bench.metrics import (BY_SOURCE, COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare,
                                      drift_warnings, expected_speedup, leviathan_tokens_per_step, match_baseline,
                                      per_token_acceptance, percentiles, summarize)
 from specbuild.bench.runner import BenchPlan, is_loopback, rotated
@@ -112,11 +112,13 @@ def samples(accepted_per_position, **scalars):
              "drafted_tokens": "specbuild_spec_decode_num_draft_tokens_total",
              "accepted_tokens": "specbuild_spec_decode_num_accepted_tokens_total",
              "draft_seconds": "specbuild_draft_seconds_total", "target_seconds": "specbuild_target_seconds_total",
-             "output_tokens": "specbuild_output_tokens_total",
-             "lookup_drafts": "specbuild_prompt_lookup_drafts_total",
-             "lookup_drafted_tokens": "specbuild_prompt_lookup_draft_tokens_total",
-             "lookup_accepted_tokens": "specbuild_prompt_lookup_accepted_tokens_total"}
-    result = [(names[key], {"model": "orchestrator"}, value) for key, value in scalars.items()]
+             "output_tokens": "specbuild_output_tokens_total"}
+    by_source = {"lookup_drafts": "specbuild_spec_decode_source_drafts_total",
+                 "lookup_drafted_tokens": "specbuild_spec_decode_source_draft_tokens_total",
+                 "lookup_accepted_tokens": "specbuild_spec_decode_source_accepted_tokens_total"}
+    result = [(names[key], {"model": "orchestrator"}, value) for key, value in scalars.items() if key in names]
+    result += [(by_source[key], {"model": "orchestrator", "source": "lookup"}, value)
+               for key, value in scalars.items() if key in by_source]
     result += [("specbuild_spec_decode_num_accepted_tokens_per_pos_total",
                 {"model": "orchestrator", "position": str(i)}, v) for i, v in enumerate(accepted_per_position)]
     result.append(("nv_inference_count", {"model": "target"}, 99.0))  # Triton's own metrics are ignored
@@ -124,13 +126,15 @@ def samples(accepted_per_position, **scalars):
 
 
 def test_bench_reads_the_counters_the_orchestrator_writes():
-    """One table of names (speculation.stats): every counter bench reads is one the orchestrator exports."""
-    from specbuild.speculation.stats import METRICS, SpeculationStats
+    """One table of names (speculation.stats): every counter bench reads is one the orchestrator exports, by key."""
+    from specbuild.speculation.stats import METRICS, REQUEST_METRICS, SourceStats, SpeculationStats
 
     exported = {metric.name for metric in METRICS}
-    assert set(COUNTER_NAMES.values()) | set(PER_POSITION.values()) <= exported
+    assert set(COUNTER_NAMES.values()) | set(PER_POSITION.values()) | set(BY_SOURCE.values()) <= exported
     stats_fields = set(vars(SpeculationStats()))
-    assert set(COUNTER_NAMES) - {"requests", "output_tokens"} <= stats_fields and set(PER_POSITION) <= stats_fields
+    assert set(COUNTER_NAMES) - {metric.key for metric in REQUEST_METRICS} <= stats_fields
+    assert set(PER_POSITION) <= stats_fields and set(BY_SOURCE) == set(vars(SourceStats()))
+    assert {"requests", "output_tokens", "errors", "cancelled", "timed_out"} <= set(COUNTER_NAMES)  # by key
 
 
 def test_counters_parse_prometheus_text_and_subtract():
@@ -150,7 +154,8 @@ def test_counters_parse_prometheus_text_and_subtract():
                                           lookup_accepted_tokens=3))
     delta = after - before
     assert delta.rounds == 15 and delta.accepted_tokens == 6
-    assert (delta.lookup_drafts, delta.lookup_accepted_tokens, delta.lookup_drafted_tokens) == (3, 3, 0)
+    assert delta.source("lookup") == {"drafts": 3, "accepted_tokens": 3, "drafted_tokens": 0}
+    assert delta.source("model") == {"drafts": 0, "accepted_tokens": 0, "drafted_tokens": 0}
     assert delta.accepted_per_position == (3.0, 3.0)  # trailing zeros dropped
 
 
@@ -167,7 +172,7 @@ def synthetic_cell(k: int, tokens_per_second: float, counters: Counters | None, 
 
 
 def test_summarize_from_counters():
-    counters = Counters(rounds=40, drafts=40, drafted_tokens=160, accepted_tokens=60, draft_seconds=0.8,
+    counters = Counters.of(rounds=40, drafts=40, drafted_tokens=160, accepted_tokens=60, draft_seconds=0.8,
                         target_seconds=3.0, accepted_per_position=(30.0, 18.0, 9.0, 3.0))
     cell = synthetic_cell(4, 25.0, counters)
     assert cell.source == "metrics"
@@ -180,20 +185,22 @@ def test_summarize_from_counters():
     assert cell.target_seconds_per_round == pytest.approx(0.075)
     assert cell.engine_share == pytest.approx(3.8 / 4.0)
     assert len(cell.latencies["e2e"]) == 4
-    assert cell.lookup_share is None and cell.lookup_acceptance is None  # lookup was off
+    assert cell.sources == {}  # no source counted by name (a server older than the per-source counters)
 
 
 def test_summarize_reports_prompt_lookups_share_and_acceptance():
     # 40 rounds: 10 drafted by lookup (25 tokens, 15 accepted), 20 by the draft model, 10 by neither
-    counters = Counters(rounds=40, drafts=30, drafted_tokens=85, accepted_tokens=40, draft_seconds=0.6, target_seconds=3.0,
-                        lookup_drafts=10, lookup_drafted_tokens=25, lookup_accepted_tokens=15)
+    counters = Counters.of(rounds=40, drafts=30, drafted_tokens=85, accepted_tokens=40, draft_seconds=0.6,
+                           target_seconds=3.0,
+                           sources={"lookup": {"drafts": 10, "drafted_tokens": 25, "accepted_tokens": 15},
+                                    "model": {"drafts": 20, "drafted_tokens": 60, "accepted_tokens": 25}})
     cell = synthetic_cell(3, 25.0, counters, lookup=True)
     assert cell.label == "K=3+lookup" and cell.key == (3, False, True, 1)
-    assert cell.lookup_share == pytest.approx(10 / 40)
-    assert cell.lookup_acceptance == pytest.approx(15 / 25)
+    assert cell.sources["lookup"] == {"share": pytest.approx(10 / 40), "acceptance": pytest.approx(15 / 25)}
+    assert cell.sources["model"] == {"share": pytest.approx(20 / 40), "acceptance": pytest.approx(25 / 60)}
     assert cell.acceptance_rate == pytest.approx(40 / 85)  # the totals count both draft sources
     assert cell.mean_acceptance_length == pytest.approx(1 + 40 / 30)
-    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=5.0))
+    base = synthetic_cell(0, 20.0, Counters.of(rounds=100, target_seconds=5.0))
     assert compare([base, cell])[1].speedup == pytest.approx(25 / 20)  # lookup cells compare with plain K=0
 
 
@@ -208,9 +215,9 @@ def test_summarize_without_counters_uses_per_request_outputs():
 
 
 def test_compare_speedup_expectation_and_efficiency():
-    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
+    base = synthetic_cell(0, 20.0, Counters.of(rounds=100, target_seconds=100 * STEP))
     # K=4: MAL 2.5, draft 0.1 target steps per token, verification 1.5 target steps
-    spec = synthetic_cell(4, 30.0, Counters(rounds=40, drafts=40, drafted_tokens=160, accepted_tokens=60,
+    spec = synthetic_cell(4, 30.0, Counters.of(rounds=40, drafts=40, drafted_tokens=160, accepted_tokens=60,
                                             draft_seconds=160 * 0.1 * STEP, target_seconds=40 * 1.5 * STEP))
     other = synthetic_cell(4, 50.0, None, concurrency=8)  # no K=0 at concurrency 8: nothing to compare
     cells = compare([base, spec, other])
@@ -230,10 +237,11 @@ def test_compare_speedup_expectation_and_efficiency():
 def test_expectation_counts_rounds_that_draft_nothing():
     """Lookup-only: 20 of 100 rounds drafted (2 tokens, 1.5 accepted each), 80 rounds make one token alone.
     Tokens per round 1 + 30/100; cost per round: 80 one-token steps and 20 verifications of 1.25 steps."""
-    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
-    lookup = synthetic_cell(2, 23.0, Counters(rounds=100, drafts=20, drafted_tokens=40, accepted_tokens=30,
-                                              target_seconds=(80 + 20 * 1.25) * STEP, lookup_drafts=20,
-                                              lookup_drafted_tokens=40, lookup_accepted_tokens=30), lookup=True)
+    base = synthetic_cell(0, 20.0, Counters.of(rounds=100, target_seconds=100 * STEP))
+    lookup = synthetic_cell(2, 23.0, Counters.of(rounds=100, drafts=20, drafted_tokens=40, accepted_tokens=30,
+                                              target_seconds=(80 + 20 * 1.25) * STEP,
+                                              sources={"lookup": {"drafts": 20, "drafted_tokens": 40,
+                                                                  "accepted_tokens": 30}}), lookup=True)
     cell = compare([base, lookup])[1]
     assert cell.tokens_per_round == pytest.approx(1.3)
     assert cell.expected_speedup == pytest.approx(1.3 / 1.05)  # MAL / V(K) over drafted rounds would say 2.5 / 1.05
@@ -284,8 +292,8 @@ def test_cells_run_interleaved_block_by_block_in_rotating_order():
 
 
 def test_counter_deltas_add_up_over_blocks():
-    first = Counters(rounds=10, accepted_tokens=4, accepted_per_position=(3.0, 1.0))
-    second = Counters(rounds=5, accepted_tokens=2, accepted_per_position=(2.0,), drafted_per_position=(4.0,))
+    first = Counters.of(rounds=10, accepted_tokens=4, accepted_per_position=(3.0, 1.0))
+    second = Counters.of(rounds=5, accepted_tokens=2, accepted_per_position=(2.0,), drafted_per_position=(4.0,))
     total = Counters() + first + second
     assert total.rounds == 15 and total.accepted_tokens == 6
     assert total.accepted_per_position == (5.0, 1.0) and total.drafted_per_position == (4.0,)
@@ -293,10 +301,10 @@ def test_counter_deltas_add_up_over_blocks():
 
 
 def test_drift_warning_when_verification_comes_out_cheaper_than_a_step():
-    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=100 * STEP))
-    honest = synthetic_cell(2, 24.0, Counters(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50,
+    base = synthetic_cell(0, 20.0, Counters.of(rounds=100, target_seconds=100 * STEP))
+    honest = synthetic_cell(2, 24.0, Counters.of(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50,
                                               draft_seconds=100 * 0.1 * STEP, target_seconds=50 * 1.2 * STEP))
-    drifted = synthetic_cell(2, 30.0, Counters(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50,
+    drifted = synthetic_cell(2, 30.0, Counters.of(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50,
                                                draft_seconds=100 * 0.1 * STEP, target_seconds=50 * 0.9 * STEP),
                              lookup=True)
     cells = compare([base, honest, drifted])
@@ -320,12 +328,13 @@ def test_reports_are_written(tmp_path: Path):
     from specbuild.bench.report import markdown, tables, write_outputs
     from specbuild.bench.runner import BenchReport
 
-    base = synthetic_cell(0, 20.0, Counters(rounds=100, target_seconds=5.0))
-    spec = synthetic_cell(2, 26.0, Counters(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50, draft_seconds=0.5,
+    base = synthetic_cell(0, 20.0, Counters.of(rounds=100, target_seconds=5.0))
+    spec = synthetic_cell(2, 26.0, Counters.of(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50, draft_seconds=0.5,
                                             target_seconds=3.0, accepted_per_position=(30.0, 20.0)))
-    lookup = synthetic_cell(2, 30.0, Counters(rounds=40, drafts=40, drafted_tokens=80, accepted_tokens=50, draft_seconds=0.3,
-                                              target_seconds=2.5, lookup_drafts=10, lookup_drafted_tokens=20,
-                                              lookup_accepted_tokens=11), lookup=True)
+    lookup = synthetic_cell(2, 30.0, Counters.of(rounds=40, drafts=40, drafted_tokens=80, accepted_tokens=50, draft_seconds=0.3,
+                                              target_seconds=2.5,
+                                              sources={"lookup": {"drafts": 10, "drafted_tokens": 20,
+                                                                  "accepted_tokens": 11}}), lookup=True)
     report = BenchReport(BenchPlan(ks=(2,), lookup=(False, True)), "127.0.0.1:1", 82, compare([base, spec, lookup]),
                          True, {"cpus": 2}, warnings=["K=2 drifted"])
     written = write_outputs(report, tmp_path / "out")
@@ -336,16 +345,16 @@ def test_reports_are_written(tmp_path: Path):
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["cells"][1]["label"] == "K=2" and math.isclose(data["cells"][1]["speedup"], 1.3)
     assert data["cells"][2]["label"] == "K=2+lookup" and data["cells"][2]["lookup"] is True
-    assert data["cells"][2]["lookup_share"] == 0.25 and data["cells"][2]["lookup_acceptance"] == 0.55
+    assert data["cells"][2]["sources"] == {"lookup": {"share": 0.25, "acceptance": 0.55}}
     assert data["plan"]["lookup"] == [False, True]
     assert data["order"] == "interleaved" and data["warnings"] == ["K=2 drifted"]
     text = markdown(report)
     assert "**Warning:** K=2 drifted" in text
     assert "| 2 | 1 | 4 | 26.0 | 1.30x |" in text
-    assert "| 2+lookup | 1 | 4 | 30.0 | 1.50x |" in text and "| 25%/0.55 |" in text
+    assert "| 2+lookup | 1 | 4 | 30.0 | 1.50x |" in text and "| lookup 25%/0.55 |" in text
     speed, _ = tables(report.cells)
-    lookup_column = [column for column in speed.columns if column.header == "lookup"]
-    assert len(lookup_column) == 1 and list(lookup_column[0].cells) == ["-", "-", "25%/0.55"]
+    sources_column = [column for column in speed.columns if column.header == "sources"]
+    assert len(sources_column) == 1 and list(sources_column[0].cells) == ["-", "-", "lookup 25%/0.55"]
 
 
 def test_wheel_ships_the_bundled_prompts(tmp_path: Path):
@@ -393,9 +402,9 @@ def test_bench_against_a_real_server(bench_release: Path, tmp_path: Path):
     cells = {(c["k"], c["lookup"], c["concurrency"]): c for c in data["cells"]}
     assert set(cells) == {(0, False, 1), (2, False, 1), (2, True, 1), (0, False, 2), (2, False, 2), (2, True, 2)}
     for (k, lookup, _), cell in cells.items():
-        assert (cell["lookup_share"] is not None) == lookup
-        if lookup:
-            assert 0.0 <= cell["lookup_share"] <= 1.0
+        assert ("lookup" in cell["sources"]) == lookup and ("model" in cell["sources"]) == (k > 0)
+        for figures in cell["sources"].values():
+            assert 0.0 < figures["share"] <= 1.0
         assert cell["requests"] == 3 and cell["errors"] == 0 and cell["output_tokens"] > 0
         assert cell["source"] == "metrics"
         assert cell["matches_baseline"] == 1.0  # greedy: speculation never changes the text
@@ -484,9 +493,9 @@ def test_acceptance_per_position_divides_by_drafts_at_that_position():
     from specbuild.bench.metrics import acceptance_per_position
 
     # Adaptive K: 10 rounds drafted position 0, only 4 reached position 2.
-    counters = Counters(drafts=10, accepted_per_position=(8.0, 5.0, 2.0), drafted_per_position=(10.0, 8.0, 4.0))
+    counters = Counters.of(drafts=10, accepted_per_position=(8.0, 5.0, 2.0), drafted_per_position=(10.0, 8.0, 4.0))
     assert acceptance_per_position(counters) == pytest.approx([0.8, 0.625, 0.5])
-    older_server = Counters(drafts=10, accepted_per_position=(8.0, 5.0))
+    older_server = Counters.of(drafts=10, accepted_per_position=(8.0, 5.0))
     assert acceptance_per_position(older_server) == pytest.approx([0.8, 0.5])
     parsed = Counters.from_samples([
         ("specbuild_spec_decode_num_draft_tokens_per_pos_total", {"position": "0"}, 10.0),

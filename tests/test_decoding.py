@@ -11,14 +11,14 @@ from dataclasses import replace
 import pytest
 
 from random_llama import VOCAB, tiny  # noqa: F401 - the tiny model pair fixture
-from specbuild.speculation.drafting import DraftHealth, draft_sources
+from specbuild.speculation.drafting import DraftHealth, draft_sources, next_draft_length
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.runtimes.torch.inprocess import Generated, InProcessSpeculator
-from specbuild.speculation.loop import Round, next_draft_length, speculate
+from specbuild.speculation.loop import Round, speculate
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
-from specbuild.speculation.stats import SpeculationStats
+from specbuild.speculation.stats import SourceStats, SpeculationStats
 from specbuild.runtimes.torch.engine import TorchEngine
 
 MAX_DRAFT_LEN = 8
@@ -44,12 +44,12 @@ def speculator(request, tiny, target):
 def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, *, health=None,
              lookup_draft_fallback=True, on_draft_failure=None, busy=None) -> list[Round]:
     stats = stats if stats is not None else SpeculationStats()
-    drafts = draft_sources(request, draft_call, stats=stats, health=health or DraftHealth(),
-                           lookup_draft_fallback=lookup_draft_fallback, on_failure=on_draft_failure)
+    drafts = draft_sources(request, draft_call, max_draft_len=MAX_DRAFT_LEN, stats=stats,
+                           health=health or DraftHealth(), lookup_draft_fallback=lookup_draft_fallback,
+                           on_failure=on_draft_failure)
 
     async def collect():
-        return [r async for r in speculate(request, target_call, drafts, max_draft_len=MAX_DRAFT_LEN, stats=stats,
-                                           busy=busy)]
+        return [r async for r in speculate(request, target_call, drafts, stats=stats, busy=busy)]
     return asyncio.run(collect())
 
 
@@ -310,11 +310,13 @@ def test_greedy_with_prompt_lookup_is_token_identical(tiny, target, alone, with_
         for k in (1, 3):
             result = draft.generate(GenerationRequest(prompt, 20, num_draft_tokens=k, prompt_lookup=LOOKUP))
             assert result.tokens == expected, (prompt, k)
-            for name in ("drafts", "lookup_drafts", "lookup_drafted_tokens", "lookup_accepted_tokens"):
-                setattr(totals, name, getattr(totals, name) + getattr(result.stats, name))
-    assert 0 < totals.lookup_accepted_tokens < totals.lookup_drafted_tokens  # accepted and rejected lookups
-    assert 0 < totals.lookup_drafts <= totals.drafts
-    assert (totals.lookup_drafts < totals.drafts) == with_draft  # the draft model fills in when lookup finds nothing
+            totals += result.stats
+    lookup = totals.source("lookup")
+    assert 0 < lookup.accepted_tokens < lookup.drafted_tokens  # accepted and rejected lookups
+    assert 0 < lookup.drafts <= totals.drafts
+    assert (lookup.drafts < totals.drafts) == with_draft  # the draft model fills in when lookup finds nothing
+    assert (totals.source("model").drafts == totals.drafts - lookup.drafts)  # every draft has its source
+    assert sum(source.drafted_tokens for source in totals.by_source.values()) == totals.drafted_tokens
 
 
 def test_a_lookup_round_calls_no_draft_model(tiny, target):
@@ -324,8 +326,8 @@ def test_a_lookup_round_calls_no_draft_model(tiny, target):
     stats = SpeculationStats()
     run_loop(GenerationRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
              engine_call(target, seen_target), engine_call(draft, seen_draft), stats)
-    assert stats.lookup_drafts > 0
-    assert len(seen_draft) == stats.drafts - stats.lookup_drafts
+    assert stats.source("lookup").drafts > 0
+    assert len(seen_draft) == stats.drafts - stats.source("lookup").drafts
     assert stats.drafted_tokens == sum(len(r.draft_tokens or []) for r in seen_target)
 
 
@@ -338,7 +340,7 @@ def test_lookup_keeps_drafting_after_the_draft_model_fails(target, alone):
     rounds = run_loop(GenerationRequest(prompt, 20, num_draft_tokens=3, prompt_lookup=LOOKUP),
                       engine_call(target), broken, stats)
     assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 20)).tokens
-    assert stats.fallbacks == 1 and stats.lookup_drafts > 0 and stats.drafts == stats.lookup_drafts
+    assert stats.fallbacks == 1 and stats.source("lookup").drafts > 0 and stats.drafts == stats.source("lookup").drafts
 
 
 def test_sampled_lookup_drafts_are_verified_by_token_matching(tiny, target):
@@ -351,8 +353,8 @@ def test_sampled_lookup_drafts_are_verified_by_token_matching(tiny, target):
     run_loop(request, engine_call(target, seen), engine_call(TorchEngine(tiny.unrelated)), stats)
     verified = [r for r in seen if r.draft_tokens]
     by_logits = [r for r in verified if r.draft_logits is not None]
-    assert stats.lookup_drafts > 0 and len(verified) - len(by_logits) == stats.lookup_drafts
-    assert len(by_logits) == stats.drafts - stats.lookup_drafts > 0
+    assert stats.source("lookup").drafts > 0 and len(verified) - len(by_logits) == stats.source("lookup").drafts
+    assert len(by_logits) == stats.drafts - stats.source("lookup").drafts > 0
     assert all(tuple(r.draft_logits.shape) == (len(r.draft_tokens), VOCAB) for r in by_logits)
 
 
@@ -377,7 +379,7 @@ def test_a_lookup_only_release_never_calls_the_draft_model(tiny, target, alone):
     rounds = run_loop(GenerationRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
                       engine_call(target), engine_call(TorchEngine(tiny.perturbed), seen), stats,
                       lookup_draft_fallback=False)
-    assert not seen and stats.drafts == stats.lookup_drafts > 0
+    assert not seen and stats.drafts == stats.source("lookup").drafts > 0
     assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(REPEATING[0], 20)).tokens
 
 
@@ -404,12 +406,15 @@ def test_lookup_is_off_at_k0_and_counts_only_its_own_rounds(target):
     stats = SpeculationStats()
     run_loop(GenerationRequest(REPEATING[0], 8, num_draft_tokens=0, prompt_lookup=LOOKUP), engine_call(target), None,
              stats)
-    assert stats.drafts == 0 and stats.lookup_drafts == 0
+    assert stats.drafts == 0 and stats.source("lookup").drafts == 0 and stats.by_source == {}
     stats = SpeculationStats()
-    stats.record_round(drafted=3, accepted=1, by_lookup=True)
+    stats.record_round(drafted=3, accepted=1, source="lookup")
     stats.record_round(drafted=2, accepted=2)
     assert (stats.drafts, stats.drafted_tokens, stats.accepted_tokens) == (2, 5, 3)
-    assert (stats.lookup_drafts, stats.lookup_drafted_tokens, stats.lookup_accepted_tokens) == (1, 3, 1)
+    lookup = stats.source("lookup")
+    assert (lookup.drafts, lookup.drafted_tokens, lookup.accepted_tokens) == (1, 3, 1)
+    stats += stats  # summed over requests, by source too
+    assert stats.source("lookup") == SourceStats(2, 6, 2) and set(stats.by_source) == {"lookup"}
 
 
 # --- min_tokens and penalties: exact as the target alone ------------------------------------------------------

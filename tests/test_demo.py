@@ -40,7 +40,8 @@ def test_token_sources_split_accepted_tokens_by_draft_source():
     from specbuild.bench.metrics import Counters
     from specbuild.demo import token_sources
 
-    counters = Counters(output_tokens=64, rounds=40, drafts=30, drafted_tokens=60, accepted_tokens=24,
-                        lookup_drafts=10, lookup_drafted_tokens=20, lookup_accepted_tokens=9)
+    counters = Counters.of(output_tokens=64, rounds=40, drafts=30, drafted_tokens=60, accepted_tokens=24,
+                           sources={"lookup": {"drafts": 10, "drafted_tokens": 20, "accepted_tokens": 9},
+                                    "model": {"drafts": 20, "drafted_tokens": 40, "accepted_tokens": 15}})
     assert token_sources(counters) == ("15 accepted from the draft model (of 40 drafted), 9 from prompt lookup (of 20 "
                                        "drafted), 40 made by the target itself, in 40 target steps")

@@ -79,7 +79,8 @@ def scalars(value: Any, dtype: Any, rows: int = 1) -> np.ndarray:
 
 
 def metrics(server: TritonServer, model: str = ORCHESTRATOR_MODEL) -> dict[str, float]:
-    """The ``specbuild_*`` series of ``model`` (the orchestrator's counters), by name (per-position ones summed)."""
+    """The ``specbuild_*`` series of ``model`` (the orchestrator's counters), by name (per-position ones summed;
+    per-source ones as ``name[source]``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
@@ -88,7 +89,8 @@ def metrics(server: TritonServer, model: str = ORCHESTRATOR_MODEL) -> dict[str, 
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("specbuild_") and sample.labels.get("model") == model:
-                totals[sample.name] += sample.value
+                source = sample.labels.get("source")
+                totals[sample.name if source is None else f"{sample.name}[{source}]"] += sample.value
     return dict(totals)
 
 
@@ -352,8 +354,10 @@ def test_in_flight_gauge_counts_the_requests_being_served(tiny_server, tiny_clie
 
 # --- 6b. prompt lookup ---------------------------------------------------------------------------------------
 REPEATING = "for i in range(10):\n    total += i\nfor i in range(10):\n    total += i\nfor i in range(10):\n"
-LOOKUP_COUNTERS = ("specbuild_prompt_lookup_drafts_total", "specbuild_prompt_lookup_draft_tokens_total",
-                   "specbuild_prompt_lookup_accepted_tokens_total")
+SOURCE_COUNTERS = ("specbuild_spec_decode_source_drafts_total", "specbuild_spec_decode_source_draft_tokens_total",
+                   "specbuild_spec_decode_source_accepted_tokens_total")
+LOOKUP_COUNTERS = tuple(f"{name}[lookup]" for name in SOURCE_COUNTERS)
+MODEL_COUNTERS = tuple(f"{name}[model]" for name in SOURCE_COUNTERS)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -376,10 +380,12 @@ def test_prompt_lookup_counters_move_on_a_prompt_that_repeats_itself(tiny_server
     assert on[0].text == off.text == target_alone(REPEATING, MAX_TOKENS).text
     drafts, tokens, accepted = (delta(middle, after, name) for name in LOOKUP_COUNTERS)
     assert 0 < drafts <= tokens and 0 <= accepted <= tokens
-    # the totals count both draft sources, so they hold at least lookup's share
+    # the totals count both draft sources: each one's share, by its name
+    model_drafts, model_tokens, model_accepted = (delta(middle, after, name) for name in MODEL_COUNTERS)
     assert delta(middle, after, "specbuild_spec_decode_num_draft_tokens_total") == \
-        sum(g.total_draft_tokens for g in on) >= tokens
-    assert delta(middle, after, "specbuild_spec_decode_num_accepted_tokens_total") >= accepted
+        sum(g.total_draft_tokens for g in on) == tokens + model_tokens
+    assert delta(middle, after, "specbuild_spec_decode_num_accepted_tokens_total") == accepted + model_accepted
+    assert delta(middle, after, "specbuild_spec_decode_num_drafts_total") == drafts + model_drafts
 
 
 # --- 7. bad requests ----------------------------------------------------------------------------------------

@@ -566,8 +566,8 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
         assert len(result.tokens) == length
         outputs.append(tuple(result.tokens))
         accepted += result.stats.accepted_tokens
-        lookup_accepted += result.stats.lookup_accepted_tokens
-        lookup_drafted += result.stats.lookup_drafted_tokens
+        lookup_accepted += result.stats.source("lookup").accepted_tokens
+        lookup_drafted += result.stats.source("lookup").drafted_tokens
     assert accepted > draws // 4  # the drafts really contribute tokens
     if lookup:  # lookup drafts were both accepted and rejected
         assert draws // 4 < lookup_accepted < lookup_drafted

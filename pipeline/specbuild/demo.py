@@ -31,13 +31,11 @@ DEMO_SPECULATION = {"speculation.num_draft_tokens": 1, "speculation.prompt_looku
 def token_sources(counters: Counters) -> str:
     """Where one request's tokens came from, from the orchestrator's counter deltas over it: accepted draft
     tokens by source (the draft model, prompt lookup), and the tokens the target made itself."""
-    lookup = counters.lookup_accepted_tokens
-    model = counters.accepted_tokens - lookup
-    model_drafted = counters.drafted_tokens - counters.lookup_drafted_tokens
+    model, lookup = counters.source("model"), counters.source("lookup")
     own = counters.output_tokens - counters.accepted_tokens
-    return (f"{model:.0f} accepted from the draft model (of {model_drafted:.0f} drafted), {lookup:.0f} from prompt "
-            f"lookup (of {counters.lookup_drafted_tokens:.0f} drafted), {own:.0f} made by the target itself, in "
-            f"{counters.rounds:.0f} target steps")
+    return (f"{model['accepted_tokens']:.0f} accepted from the draft model (of {model['drafted_tokens']:.0f} "
+            f"drafted), {lookup['accepted_tokens']:.0f} from prompt lookup (of {lookup['drafted_tokens']:.0f} "
+            f"drafted), {own:.0f} made by the target itself, in {counters.rounds:.0f} target steps")
 
 
 @dataclass

@@ -27,14 +27,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from specbuild.speculation.stats import REQUEST_METRICS, SPECULATION_METRICS
+from specbuild.speculation.stats import METRICS
 
 QUANTILES = (50, 95, 99)
 
-# The orchestrator's Prometheus counters, by the SpeculationStats field they count (speculation/stats.py owns them).
-COUNTER_NAMES = {metric.key: metric.name for metric in SPECULATION_METRICS + REQUEST_METRICS[:2]
-                 if not metric.per_position}
-PER_POSITION = {metric.key: metric.name for metric in SPECULATION_METRICS if metric.per_position}
+# The orchestrator's Prometheus counters by key (speculation/stats.py owns the names): every unlabelled counter, the
+# counters by draft position, and those by draft source (keyed by the SourceStats field they count).
+COUNTER_NAMES = {metric.key: metric.name for metric in METRICS if metric.kind == "counter" and metric.label is None}
+PER_POSITION = {metric.key: metric.name for metric in METRICS if metric.label == "position"}
+BY_SOURCE = {metric.key: metric.name for metric in METRICS if metric.label == "source"}
 
 
 # --- per request -----------------------------------------------------------------------------------------
@@ -107,40 +108,67 @@ def percentiles(values: Iterable[float | None], quantiles: Sequence[int] = QUANT
 # --- server counters -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Counters:
-    """The orchestrator's Prometheus counters (summed over models), or their change over a run."""
+    """The orchestrator's Prometheus counters (summed over models), or their change over a run: every counter of
+    :data:`~specbuild.speculation.stats.METRICS` by its key (``counters.rounds``; 0 when a server does not export
+    it), the per-position ones as tuples (``counters.accepted_per_position``) and the per-source ones by source
+    (:meth:`source`)."""
 
-    requests: float = 0.0
-    output_tokens: float = 0.0
-    rounds: float = 0.0
-    drafts: float = 0.0
-    drafted_tokens: float = 0.0
-    accepted_tokens: float = 0.0
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    fallbacks: float = 0.0
-    unspeculated: float = 0.0  # stays 0 from servers older than this counter
-    lookup_drafts: float = 0.0  # these three stay 0 from servers older than prompt lookup
-    lookup_drafted_tokens: float = 0.0
-    lookup_accepted_tokens: float = 0.0
-    accepted_per_position: tuple[float, ...] = ()
-    drafted_per_position: tuple[float, ...] = ()  # empty from servers older than this counter
+    totals: Mapping[str, float] = field(default_factory=dict)
+    per_position: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    by_source: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Every counter present (0 where none was seen), so equal counts compare equal however they were made."""
+        object.__setattr__(self, "totals", {key: float(self.totals.get(key, 0.0)) for key in COUNTER_NAMES})
+        object.__setattr__(self, "per_position", {key: tuple(self.per_position.get(key, ())) for key in PER_POSITION})
+        object.__setattr__(self, "by_source", {name: {key: float(counts.get(key, 0.0)) for key in BY_SOURCE}
+                                               for name, counts in self.by_source.items()})
+
+    @classmethod
+    def of(cls, sources: Mapping[str, Mapping[str, float]] | None = None, **values: Any) -> Counters:
+        """Counters from their keys (``rounds=40``, ``accepted_per_position=(...)``) and ``sources`` by name."""
+        unknown = set(values) - set(COUNTER_NAMES) - set(PER_POSITION)
+        unknown |= {key for counts in (sources or {}).values() for key in counts if key not in BY_SOURCE}
+        if unknown:
+            raise TypeError(f"no such counter: {', '.join(sorted(unknown))}")
+        return cls({key: float(value) for key, value in values.items() if key in COUNTER_NAMES},
+                   {key: tuple(float(v) for v in value) for key, value in values.items() if key in PER_POSITION},
+                   {name: {key: float(value) for key, value in counts.items()}
+                    for name, counts in (sources or {}).items()})
+
+    def __getattr__(self, key: str) -> Any:
+        if key in COUNTER_NAMES:
+            return self.totals.get(key, 0.0)
+        if key in PER_POSITION:
+            return self.per_position.get(key, ())
+        raise AttributeError(f"{type(self).__name__} has no counter {key!r}")
+
+    def source(self, name: str) -> dict[str, float]:
+        """What the draft source ``name`` drafted (``drafts``, ``drafted_tokens``, ``accepted_tokens``)."""
+        counts = self.by_source.get(name, {})
+        return {key: counts.get(key, 0.0) for key in BY_SOURCE}
 
     @classmethod
     def from_samples(cls, samples: Iterable[tuple[str, Mapping[str, str], float]]) -> Counters:
         """From (sample name, labels, value) triples as a Prometheus text parser yields them."""
-        by_name = {name: key for key, name in COUNTER_NAMES.items()}
-        by_position_name = {name: key for key, name in PER_POSITION.items()}
+        totals_by_name = {name: key for key, name in COUNTER_NAMES.items()}
+        positions_by_name = {name: key for key, name in PER_POSITION.items()}
+        sources_by_name = {name: key for key, name in BY_SOURCE.items()}
         totals: dict[str, float] = {}
         positions: dict[str, dict[int, float]] = {key: {} for key in PER_POSITION}
+        sources: dict[str, dict[str, float]] = {}
         for name, labels, value in samples:
-            if name in by_name:
-                totals[by_name[name]] = totals.get(by_name[name], 0.0) + value
-            elif name in by_position_name and "position" in labels:
-                counts = positions[by_position_name[name]]
+            if name in totals_by_name:
+                totals[totals_by_name[name]] = totals.get(totals_by_name[name], 0.0) + value
+            elif name in positions_by_name and "position" in labels:
+                counts = positions[positions_by_name[name]]
                 counts[int(labels["position"])] = counts.get(int(labels["position"]), 0.0) + value
+            elif name in sources_by_name and "source" in labels:
+                counts = sources.setdefault(labels["source"], {})
+                counts[sources_by_name[name]] = counts.get(sources_by_name[name], 0.0) + value
         vectors = {key: tuple(counts.get(i, 0.0) for i in range(max(counts) + 1)) if counts else ()
                    for key, counts in positions.items()}
-        return cls(**totals, **vectors)
+        return cls(totals, vectors, sources)
 
     def __sub__(self, before: Counters) -> Counters:
         return self._combine(before, -1.0)
@@ -150,9 +178,11 @@ class Counters:
         return self._combine(other, 1.0)
 
     def _combine(self, other: Counters, sign: float) -> Counters:
-        scalars = {key: getattr(self, key) + sign * getattr(other, key) for key in COUNTER_NAMES}
+        totals = {key: getattr(self, key) + sign * getattr(other, key) for key in COUNTER_NAMES}
         vectors = {key: _combine(getattr(self, key), getattr(other, key), sign) for key in PER_POSITION}
-        return Counters(**scalars, **vectors)
+        sources = {name: {key: self.source(name)[key] + sign * other.source(name)[key] for key in BY_SOURCE}
+                   for name in {*self.by_source, *other.by_source}}
+        return Counters(totals, vectors, sources)
 
 
 def _combine(first: tuple[float, ...], second: tuple[float, ...], sign: float) -> tuple[float, ...]:
@@ -251,8 +281,8 @@ class Cell:
     tokens_per_round: float | None = None  # 1 + accepted / rounds, over all rounds
     engine_share: float | None = None  # engine seconds / request seconds
     lookup: bool = False  # prompt lookup on for this cell's requests
-    lookup_share: float | None = None  # rounds drafted by prompt lookup / all rounds
-    lookup_acceptance: float | None = None  # accepted / drafted tokens of prompt lookup's drafts
+    # by draft source (model, lookup): "share" of all rounds it drafted, "acceptance" of its own tokens
+    sources: dict[str, dict[str, float | None]] = field(default_factory=dict)
     source: str = "requests"  # where acceptance came from: "metrics" or "requests"
     matches_baseline: float | None = None  # share of prompts whose text equals K=0's (greedy)
     latencies: dict[str, list[float]] = field(default_factory=dict)  # per request, for distribution plots
@@ -313,9 +343,10 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.drafted_per_round = counters.drafted_tokens / counters.rounds
         cell.tokens_per_round = 1.0 + counters.accepted_tokens / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
-        if lookup:
-            cell.lookup_share = counters.lookup_drafts / counters.rounds
-            cell.lookup_acceptance = _ratio(counters.lookup_accepted_tokens, counters.lookup_drafted_tokens)
+        cell.sources = {name: {"share": counts["drafts"] / counters.rounds,
+                               "acceptance": _ratio(counts["accepted_tokens"], counts["drafted_tokens"])}
+                        for name, counts in ((name, counters.source(name)) for name in sorted(counters.by_source))
+                        if counts["drafts"]}
     else:  # per-request outputs only: one streamed response per round
         drafted = sum(t.drafted for t in done)
         rounds = sum(t.rounds for t in done)

@@ -23,11 +23,10 @@ def _ms(values: dict[str, float | None]) -> str:
     return " / ".join("-" if values.get(q) is None else f"{values[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
 
 
-def _lookup(cell: Cell) -> str:
-    """Prompt lookup's share of rounds and its own acceptance, e.g. ``25%/0.55``."""
-    if not cell.lookup or cell.lookup_share is None:
-        return "-"
-    return f"{cell.lookup_share:.0%}/{_num(cell.lookup_acceptance, 2)}"
+def _sources(cell: Cell) -> str:
+    """Each draft source's share of rounds and its own acceptance, e.g. ``lookup 25%/0.55 model 50%/0.41``."""
+    return " ".join(f"{name} {figures['share']:.0%}/{_num(figures['acceptance'], 2)}"
+                    for name, figures in cell.sources.items()) or "-"
 
 
 def _positions(cell: Cell, shown: int = 4) -> str:
@@ -46,7 +45,7 @@ SPEED_COLUMNS: list[Column] = [
     ("effic.", lambda c: _num(c.efficiency, 2)),
     ("accept", lambda c: _num(c.acceptance_rate, 2)),
     ("MAL", lambda c: _num(c.mean_acceptance_length, 2)),
-    ("lookup", _lookup),
+    ("sources", _sources),
     ("per position", _positions),
     ("c", lambda c: _num(c.cost_ratio, 3)),
     ("V(K)", lambda c: _num(c.verify_cost, 2)),
@@ -104,9 +103,9 @@ def markdown(report: Any) -> str:
     lines += ["MAL = 1 + accepted / drafts (tokens per target step); per position = accepted at that position "
               "per draft; c = draft seconds per token and V(K) = target seconds per round, both over the K=0 target "
               "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "
-              "share = engine seconds / request seconds; lookup = rounds drafted by prompt lookup / all rounds, then "
-              "prompt lookup's own acceptance (its accepted / drafted tokens; acceptance and MAL count both draft "
-              "sources).", ""]
+              "share = engine seconds / request seconds; sources = rounds each draft source (model, lookup) drafted / "
+              "all rounds, then its own acceptance (its accepted / drafted tokens; acceptance and MAL count every "
+              "source).", ""]
     return "\n".join(lines)
 
 

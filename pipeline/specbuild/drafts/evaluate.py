@@ -116,10 +116,10 @@ def _row(setting: Setting, total: dict[str, Any], baseline: dict[str, Any]) -> d
            "mean_acceptance_length": round(stats.mean_acceptance_length, 3),
            "identical": sum(a == b for a, b in zip(total["outputs"], baseline["outputs"]))}
     if setting.k and stats.rounds:
-        model_tokens = stats.drafted_tokens - stats.lookup_drafted_tokens
+        model_tokens = stats.source("model").drafted_tokens
         row.update(cost_ratio=round(stats.draft_seconds / model_tokens / step, 3) if model_tokens else None,
                    verify_cost=round(stats.target_seconds / stats.rounds / step, 3),
                    tokens_per_round=round(total["tokens"] / stats.rounds, 3),
-                   lookup_share=round(stats.lookup_drafts / stats.rounds, 3) if setting.lookup else None)
+                   lookup_share=round(stats.source("lookup").drafts / stats.rounds, 3) if setting.lookup else None)
     return row
 

@@ -1,17 +1,22 @@
-"""Where a round's draft comes from: the draft model, prompt lookup, or the first of them that proposes.
+"""Where a round's draft comes from: the draft model, prompt lookup, or the first of them that proposes, and how
+many tokens to draft.
 
-A :class:`DraftSource` proposes up to ``k`` tokens after a context, with the distribution they were drawn
-from (Hugging Face's ``candidate_generator.py`` has the same split: the loop verifies, a source proposes).
-Both callers of the loop, the Triton orchestrator and the in-process speculator, build their sources with
-:func:`draft_sources`, so the policy (lookup first, draft-model fallback, draft down-time after a failure)
-is the same wherever the loop runs.
+A :class:`DraftSource` proposes up to ``k`` tokens after a context, with the distribution they were drawn from,
+under its own :attr:`~DraftSource.name` (statistics and metrics are kept by it), and learns each round's outcome
+(:meth:`~DraftSource.update`; Hugging Face's ``candidate_generator.py`` has the same split, its
+``update_candidate_strategy`` the same hook: the loop verifies, a source proposes). :class:`Drafts` is one request's
+drafting: its sources in order and the draft length per round (fixed, or adaptive K), told every outcome, so a
+per-request policy lives here rather than in the loop. Both callers of the loop, the Triton orchestrator and the
+in-process speculator, build it with :func:`draft_sources`, so the policy (lookup first, draft-model fallback, draft
+down-time after a failure) is the same wherever the loop runs. A new source is one class and its place in
+:func:`draft_sources`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol, Sequence
 
 import torch
 
@@ -38,16 +43,21 @@ class Draft:
 
     tokens: list[int]
     logits: torch.Tensor | None
-    source: Literal["model", "lookup"]
+    source: str  # the name of the source that proposed it
 
 
 class DraftSource(Protocol):
+    name: ClassVar[str]  # what its statistics are kept under (Prometheus label ``source``)
+
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         """Up to ``k`` tokens to follow ``context``, or None when this source has nothing to offer."""
 
     @property
     def may_propose(self) -> bool:
         """False once this source will propose nothing more for the request (the target may then run ahead)."""
+
+    def update(self, draft: Draft, accepted: int) -> None:
+        """The outcome of a round that verified this source's ``draft``: ``accepted`` of its tokens kept."""
 
 
 class DraftHealth:
@@ -70,6 +80,7 @@ class DraftHealth:
 class LookupDrafts:
     """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's suffix n-gram."""
 
+    name = "lookup"
     may_propose = True
 
     def __init__(self, lookup: PromptLookup) -> None:
@@ -77,12 +88,17 @@ class LookupDrafts:
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         tokens = self.lookup.propose(context, k)
-        return Draft(tokens, None, "lookup") if tokens else None
+        return Draft(tokens, None, self.name) if tokens else None
+
+    def update(self, draft: Draft, accepted: int) -> None:
+        """Lookup proposes what the context says, whatever was accepted before."""
 
 
 class ModelDrafts:
     """The draft model, called as an engine. A failure ends its use for the request (the loop goes on with the
     target alone, exactly) and is reported to ``health`` and ``on_failure``; its time counts in ``stats``."""
+
+    name = "model"
 
     def __init__(self, call: EngineCall, request: GenerationRequest, stats: SpeculationStats, health: DraftHealth,
                  on_failure: Callable[[Exception], None] | None = None) -> None:
@@ -123,14 +139,32 @@ class ModelDrafts:
             self.stats.draft_seconds += time.perf_counter() - started
         tokens = output.tokens[:k]
         logits = output.logits[: len(tokens)] if self.with_logits and output.logits is not None else None
-        return Draft(tokens, logits, "model") if tokens else None
+        return Draft(tokens, logits, self.name) if tokens else None
+
+    def update(self, draft: Draft, accepted: int) -> None:
+        """The draft model drafts the same way whatever was accepted (its length is :class:`Drafts`'s)."""
 
 
-class FirstProposal:
-    """The first proposal of several sources, in order (prompt lookup first: it costs no model call)."""
+def next_draft_length(current: int, drafted: int, accepted: int, max_draft_len: int) -> int:
+    """Adaptive K: two longer after a fully accepted round, one shorter after a rejection (within 1..max)."""
+    if drafted == 0:
+        return current
+    if accepted == drafted:
+        return min(current + 2, max_draft_len)
+    return max(1, current - 1)
 
-    def __init__(self, *sources: DraftSource) -> None:
-        self.sources = sources
+
+class Drafts:
+    """One request's drafting: the first proposal of its sources, in order (prompt lookup first: it costs no model
+    call), ``length`` tokens a round (at most ``max_draft_len``); with ``adaptive`` the length follows each round's
+    outcome (:func:`next_draft_length`), which the source that proposed learns too."""
+
+    def __init__(self, sources: Sequence[DraftSource], length: int, max_draft_len: int, *,
+                 adaptive: bool = False) -> None:
+        self.sources = tuple(sources)
+        self.max_draft_len = max_draft_len
+        self.length = min(length, max_draft_len)
+        self.adaptive = adaptive
 
     @property
     def may_propose(self) -> bool:
@@ -143,17 +177,25 @@ class FirstProposal:
                 return draft
         return None
 
+    def update(self, draft: Draft, accepted: int) -> None:
+        """The outcome of a round that verified ``draft``: ``accepted`` of its tokens kept."""
+        for source in self.sources:
+            if source.name == draft.source:
+                source.update(draft, accepted)
+        if self.adaptive:
+            self.length = next_draft_length(self.length, len(draft.tokens), accepted, self.max_draft_len)
 
-def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, stats: SpeculationStats,
-                  health: DraftHealth, lookup_draft_fallback: bool = True,
-                  on_failure: Callable[[Exception], None] | None = None) -> DraftSource | None:
+
+def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_draft_len: int,
+                  stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
+                  on_failure: Callable[[Exception], None] | None = None) -> Drafts | None:
     """The sources a request drafts from: prompt lookup first when it is on, then the draft model (unless the
     release drafts by lookup only, ``lookup_draft_fallback=False``); None when nothing drafts (K=0), and for a
     request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
     generated token is penalised for the tokens before it, but TensorRT-LLM's penalty kernel gives every
     drafted position of a verification step the same counts (``penaltyKernels.cu``), so only the target alone
     is exact there."""
-    if request.num_draft_tokens <= 0:
+    if request.num_draft_tokens <= 0 or max_draft_len <= 0:
         return None
     if request.sampling.penalized:
         stats.unspeculated += 1
@@ -165,4 +207,4 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, stats
         sources.append(ModelDrafts(draft, request, stats, health, on_failure))
     if not sources:
         return None
-    return sources[0] if len(sources) == 1 else FirstProposal(*sources)
+    return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive)

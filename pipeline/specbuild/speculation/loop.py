@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from specbuild.speculation.drafting import Draft, DraftSource
+from specbuild.speculation.drafting import Draft, Drafts
 from specbuild.speculation.engine import EngineCall, EngineRequest
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.rules import round_seed
@@ -43,21 +43,13 @@ def _stop_index(generated: list[int], start: int, stop_words: list[list[int]]) -
     return None
 
 
-def next_draft_length(current: int, drafted: int, accepted: int, max_draft_len: int) -> int:
-    """Adaptive K: two longer after a fully accepted round, one shorter after a rejection (within 1..max)."""
-    if drafted == 0:
-        return current
-    if accepted == drafted:
-        return min(current + 2, max_draft_len)
-    return max(1, current - 1)
-
-
-async def speculate(request: GenerationRequest, target: EngineCall, drafts: DraftSource | None, *,
-                    max_draft_len: int, stats: SpeculationStats | None = None,
+async def speculate(request: GenerationRequest, target: EngineCall, drafts: Drafts | None, *,
+                    stats: SpeculationStats | None = None,
                     busy: Callable[[], bool] | None = None) -> AsyncIterator[Round]:
     """Run the loop for one request, yielding each round's new tokens; ``stats`` is updated in place.
 
-    ``drafts`` None (or K=0) runs the target alone; see :func:`~specbuild.speculation.drafting.draft_sources`.
+    ``drafts`` None runs the target alone; see :func:`~specbuild.speculation.drafting.draft_sources` (which also
+    says how many tokens a round drafts, and learns each round's outcome).
     ``busy``, asked before each round: while true, rounds run as K=0 does (no draft call, the target makes
     ``target_only_chunk`` tokens or the rest), since on a busy server drafting and verifying cost more of the
     shared compute than they save (the orchestrator's load policy). Not for a seeded sampled request: its
@@ -67,9 +59,6 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         busy = None  # K=0 rounds would change a seeded request's random draws: it keeps its K to stay reproducible
     stats = stats if stats is not None else SpeculationStats()
     generated: list[int] = []
-    k_wanted = min(request.num_draft_tokens, max_draft_len)
-    if k_wanted <= 0:
-        drafts = None
     round_index = 0
     while True:
         remaining = request.max_tokens - len(generated)
@@ -77,17 +66,17 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         # Until min_tokens, the target alone: only it knows its distribution without the end token there.
         unfinished = min(max(0, request.min_tokens - len(generated)), remaining)
         sources = drafts if busy is None or not busy() else None
-        k = min(k_wanted, remaining - 1) if sources is not None and not unfinished else 0
+        k = min(sources.length, remaining - 1) if sources is not None and not unfinished else 0
         draft = await sources.propose(context, k, round_index) if k > 0 else None
         started = time.perf_counter()
         verdict = await target(_target_request(request, context, draft, remaining, unfinished, round_index, sources))
         stats.target_seconds += time.perf_counter() - started
         drafted = len(draft.tokens) if draft else 0
         accepted = _accepted_prefix(draft.tokens, verdict.tokens) if draft else 0
-        stats.record_round(drafted, accepted, by_lookup=draft is not None and draft.source == "lookup")
+        stats.record_round(drafted, accepted, source=draft.source if draft else None)
+        if draft is not None:
+            sources.update(draft, accepted)
         round_index += 1
-        if request.adaptive:
-            k_wanted = next_draft_length(k_wanted, drafted, accepted, max_draft_len)
 
         new_tokens = verdict.tokens[:remaining]
         finish_reason = None
@@ -111,7 +100,7 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
 
 
 def _target_request(request: GenerationRequest, context: list[int], draft: Draft | None, remaining: int,
-                    unfinished: int, round_index: int, drafts: DraftSource | None) -> EngineRequest:
+                    unfinished: int, round_index: int, drafts: Drafts | None) -> EngineRequest:
     """Verify ``draft`` (the accepted prefix plus one token of the target's own comes back), or, without one,
     generate: up to the ``unfinished`` tokens min_tokens still needs (none of them the end token) while a source
     may propose afterwards, else one token while a source may still propose next round, else

@@ -7,7 +7,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from specbuild.speculation.stats import IN_FLIGHT, METRICS, SpeculationStats
+from specbuild.speculation.stats import IN_FLIGHT, METRICS, SPECULATION_METRICS, SpeculationStats
 
 
 class Metrics:
@@ -18,12 +18,13 @@ class Metrics:
         self._labels = {"model": model_name}
         # looked up here: the python backend provides MetricFamily once the model runs, not when it is imported
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
-        self._families = {metric.key: pb_utils.MetricFamily(name=metric.name, description=metric.description,
-                                                            kind=kinds[metric.kind])
+        self._families = {metric.name: pb_utils.MetricFamily(name=metric.name, description=metric.description,
+                                                             kind=kinds[metric.kind])
                           for metric in METRICS}
-        self._metrics = {metric.key: self._families[metric.key].Metric(labels=self._labels)
-                         for metric in METRICS if not metric.per_position}
-        self._per_position: dict[tuple[str, int], Any] = {}
+        # the unlabelled series by key (request totals are counted by it); labelled ones made as they appear
+        self._metrics = {metric.key: self._families[metric.name].Metric(labels=self._labels)
+                         for metric in METRICS if metric.label is None}
+        self._labelled: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._in_flight = 0
 
     def count(self, key: str, value: float = 1.0) -> None:
@@ -43,16 +44,13 @@ class Metrics:
     def record(self, stats: SpeculationStats, output_tokens: int) -> None:
         self.count("requests")
         self.count("output_tokens", output_tokens)
-        for metric in METRICS:
-            value = getattr(stats, metric.key, None)
-            if value is None:
-                continue
-            if not metric.per_position:
-                self.count(metric.key, value)
-                continue
-            for position, count in enumerate(value):
-                if (metric.key, position) not in self._per_position:
-                    labels = dict(self._labels, position=str(position))
-                    self._per_position[metric.key, position] = self._families[metric.key].Metric(labels=labels)
-                if count:
-                    self._per_position[metric.key, position].increment(count)
+        for metric in SPECULATION_METRICS:
+            for labels, value in metric.series(stats):
+                if not labels:
+                    self.count(metric.key, value)
+                    continue
+                series = (metric.name, tuple(sorted(labels.items())))
+                if series not in self._labelled:
+                    self._labelled[series] = self._families[metric.name].Metric(labels={**self._labels, **labels})
+                if value:
+                    self._labelled[series].increment(value)

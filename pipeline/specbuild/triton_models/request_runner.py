@@ -133,11 +133,11 @@ class RequestRunner:
         settings = self.settings
         generation, limit = row.row.generation, row.row.max_seconds
         row.scheduled_ns = time.time_ns()
-        drafts = draft_sources(generation, self.draft, stats=row.stats, health=self.health,
+        drafts = draft_sources(generation, self.draft, max_draft_len=settings.max_draft_len, stats=row.stats,
+                               health=self.health,
                                lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed)
         try:
-            async for step in speculate(generation, self.target, drafts, max_draft_len=settings.max_draft_len,
-                                        stats=row.stats,
+            async for step in speculate(generation, self.target, drafts, stats=row.stats,
                                         busy=lambda: settings.busy(self.metrics.requests_in_flight)):
                 if exchange.cancelled():
                     raise RequestCancelled

@@ -68,6 +68,7 @@ class InProcessSpeculator:
             assert self.draft is not None
             return await call(self.draft, engine_request)
 
-        drafts = draft_sources(request, call_draft if self.draft else None, stats=stats, health=self.health,
+        drafts = draft_sources(request, call_draft if self.draft else None, max_draft_len=self.target.max_draft_len,
+                               stats=stats, health=self.health,
                                lookup_draft_fallback=self.lookup_draft_fallback)
-        return speculate(request, call_target, drafts, max_draft_len=self.target.max_draft_len, stats=stats)
+        return speculate(request, call_target, drafts, stats=stats)
