@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
+from specbuild.package import model_config as mc
 
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import StageError

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tritonclient.grpc import model_config_pb2 as mc
+from specbuild.package import model_config as mc
 
 from specbuild.errors import StageError
 from specbuild.package import contract
