@@ -25,8 +25,8 @@ def test_every_field_is_triton_s(name: str) -> None:
     ours, theirs = mc.ModelConfig.DESCRIPTOR.file.pool.FindMessageTypeByName(f"inference.{name}"), _upstream(name)
     for field in ours.fields:
         upstream = theirs.fields_by_name[field.name]
-        assert (field.number, field.type, field.is_repeated) == (upstream.number, upstream.type, upstream.is_repeated), \
-            field.name
+        shape = (field.number, field.type, field.is_repeated)
+        assert shape == (upstream.number, upstream.type, upstream.is_repeated), field.name
         for kind in ("message_type", "enum_type"):
             mine, real = getattr(field, kind), getattr(upstream, kind)
             assert (mine and mine.full_name) == (real and real.full_name), field.name

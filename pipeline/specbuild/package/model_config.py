@@ -29,8 +29,8 @@ ENUMS: dict[str, tuple[tuple[str, int], ...]] = {
         "TYPE_BF16"))),
     "ModelInstanceGroup.Kind": (("KIND_AUTO", 0), ("KIND_GPU", 1), ("KIND_CPU", 2), ("KIND_MODEL", 3)),
 }
-# Messages: name (nested ones dotted, after their outer one) -> fields (name, number, type). A type is a scalar, an enum or message of
-# this table, with "[]" for a repeated field and "{}" for a map from string.
+# Messages: name (nested ones dotted, after their outer one) -> fields (name, number, type). A type is a scalar,
+# an enum or message of this table, with "[]" for a repeated field and "{}" for a map from string.
 MESSAGES: dict[str, tuple[tuple[str, int, str], ...]] = {
     "ModelTensorReshape": (("shape", 1, "int64[]"),),
     "ModelInput": (("name", 1, "string"), ("data_type", 2, "DataType"), ("dims", 4, "int64[]"),
