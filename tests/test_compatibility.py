@@ -63,6 +63,28 @@ def test_padded_draft_needs_token_match(target: CheckpointInfo, checkpoints: Che
     assert "draft-vocab-size" not in codes(match.warnings)  # config and embedding agree at 448
 
 
+def test_draft_logits_compares_the_widths_the_engines_have_across_tp_sizes(target: CheckpointInfo,
+                                                                          draft: CheckpointInfo) -> None:
+    # TensorRT-LLM pads lm_head to a multiple of tp: an odd vocabulary split over 2 GPUs returns one more logit
+    def widened(info: CheckpointInfo) -> CheckpointInfo:
+        rows = {"lm_head_rows": VOCAB + 1, "embedding_rows": VOCAB + 1}
+        return info.model_copy(update={"vocab_size": VOCAB + 1, "weights": info.weights.model_copy(update=rows)})
+
+    odd, odd_draft = widened(target), widened(draft)
+    assert odd.logits_width == odd_draft.logits_width == VOCAB + 1
+    engines = PairParams(acceptance="draft-logits", runtime="tensorrt-llm", target_tp=2, draft_tp=1)
+    [reason] = [r for r in check_pair(odd, odd_draft, engines).reasons if r.code == "logits-width"]
+    assert f"target logits width {VOCAB + 2} does not match draft logits width {VOCAB + 1}" in reason.message
+    assert "padded to a multiple of tp 2 and 1" in reason.message
+    assert "token-match" in reason.fix and "the target's tp_size" in reason.fix
+    # the same pair at equal tp sizes, or with token matching, or on the torch runtime (no padding) is fine
+    for params in (engines.model_copy(update={"draft_tp": 2}), engines.model_copy(update={"acceptance": "token-match"}),
+                   PairParams(acceptance="draft-logits", runtime="torch", target_tp=2, draft_tp=1)):
+        assert "logits-width" not in codes(check_pair(odd, odd_draft, params).reasons), params
+    # an even vocabulary pads to itself
+    assert check_pair(target, draft, engines).compatible
+
+
 def test_tokenizer_ids_beyond_the_embedding_are_a_reason(target: CheckpointInfo, draft: CheckpointInfo) -> None:
     report = check_pair(target, with_tokenizer(draft, max_token_id=VOCAB + 5))
     assert "draft-embedding" in codes(report.reasons)

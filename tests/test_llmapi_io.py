@@ -1,5 +1,6 @@
 """The adapter's mapping and the LLM-API model's tensors, without Triton: names, dtypes and shapes from the contract
-table, the refusals that name the input, the stop string kept, statistics carried over, deltas of a stream."""
+table, the refusals that name the input, stop words ended in the text (never sent to upstream), penalties on a K=0
+release, the chat template and time limit, statistics carried over, deltas of a stream."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_INPUTS, LLMAPI_OUTPUTS, LLMAPIAdapterParameters
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest, decode_answer, decode_request, encode_answer, \
     encode_request
-from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows
+from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows, templated
 
-SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True)
+SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True, max_request_seconds=600.0)
+TARGET_ALONE = LLMAPIAdapterParameters(num_draft_tokens=0, end_id=2, streams=True, max_request_seconds=0.0)
 
 
 def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
@@ -22,7 +24,8 @@ def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
               "max_tokens": np.array([[8]] * rows, dtype=np.int32)}
     dtypes = {"stream": bool, "temperature": np.float32, "top_k": np.int32, "top_p": np.float32,
               "random_seed": np.uint64, "seed": np.uint64, "min_tokens": np.int32, "min_length": np.int32,
-              "repetition_penalty": np.float32, "presence_penalty": np.float32, "num_return_sequences": np.int32,
+              "repetition_penalty": np.float32, "presence_penalty": np.float32, "frequency_penalty": np.float32,
+              "num_return_sequences": np.int32,
               "apply_chat_template": bool, "max_time": np.float32, "end_id": np.int32, "num_draft_tokens": np.int32, "beam_width": np.int32,
               "use_draft_logits": bool, "adaptive_draft": bool, "prompt_lookup": bool,
               "exclude_input_in_output": bool}
@@ -36,13 +39,13 @@ def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
 
 def test_requests_are_encoded_by_the_contract_table_and_read_back() -> None:
     request = LLMAPIRequest(prompt="héllo", max_tokens=9, temperature=0.75, top_k=0, top_p=0.5, seed=2**40,
-                            stop=("\n\n", "END"), streaming=True)
+                            presence_penalty=0.5, frequency_penalty=0.25, streaming=True)
     arrays = encode_request(request)
     table = by_name(LLMAPI_INPUTS)
     for name, array in arrays.items():
         assert array.dtype == np.dtype(NUMPY_DTYPES[table[name].dtype]), name
         assert array.ndim == 1 and (array.shape == (1,) or -1 in table[name].dims), name
-    assert arrays["sampling_param_stop"].shape == (2,)
+    assert arrays["sampling_param_presence_penalty"].tolist() == [0.5]
     assert decode_request(arrays) == request
 
 
@@ -57,7 +60,8 @@ def test_defaults_left_out_are_the_upstream_ones() -> None:
 
 @pytest.mark.parametrize(("change", "expected"), [
     ({"sampling_param_best_of": np.array([2], dtype=np.int32)}, "sampling_param_best_of=2"),
-    ({"sampling_param_presence_penalty": np.array([0.5], dtype=np.float32)}, "sampling_param_presence_penalty"),
+    # upstream helpers.py hands these bytes to SamplingParams.stop, which tokenizes str only: the request fails
+    ({"sampling_param_stop": np.array([b"END"], dtype=object)}, "sampling_param_stop: upstream helpers.py"),
     ({"lora_name": np.array([b"x"], dtype=object)}, "unexpected input(s) lora_name"),
     ({"sampling_param_top_k": np.array([1], dtype=np.int64)}, "sampling_param_top_k must be TYPE_INT32"),
     ({"sampling_param_top_k": np.array([1, 2], dtype=np.int32)}, "must hold one value"),
@@ -88,7 +92,8 @@ def test_answers_are_strings_sent_only_when_asked_and_read_back() -> None:
 def test_a_public_request_maps_onto_sampling_params() -> None:
     [row] = parse_rows(ensemble_request(stream=True, random_seed=7, stop_words=["\n\n"], num_draft_tokens=4,
                                         use_draft_logits=False, end_id=2, exclude_input_in_output=False), SETTINGS)
-    assert row.llm == LLMAPIRequest(prompt="def main(", max_tokens=8, top_k=1, seed=7, stop=("\n\n",), streaming=True)
+    assert row.llm == LLMAPIRequest(prompt="def main(", max_tokens=8, top_k=1, seed=7, streaming=True)
+    assert row.stop == ("\n\n",) and "sampling_param_stop" not in encode_request(row.llm)  # ended here, not sent
     assert row.stream and not row.include_prompt  # a stream never carries the prompt
     [sampled] = parse_rows(ensemble_request(temperature=0.8, top_p=1.0), SETTINGS)
     assert (sampled.llm.temperature, sampled.llm.top_k, sampled.llm.top_p) == (pytest.approx(0.8), 0, 1.0)
@@ -102,7 +107,7 @@ def test_a_public_request_maps_onto_sampling_params() -> None:
 
 
 def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> None:
-    settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False)
+    settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=0.0)
     [row] = parse_rows(ensemble_request(stream=True), settings)
     assert row.stream and not row.llm.streaming
 
@@ -118,10 +123,9 @@ def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> 
     ({"bad_words": ["foo"]}, "bad_words=['foo']", "leave bad_words out"),
     ({"min_length": 3}, "min_tokens=3", "leave min_tokens out"),
     ({"repetition_penalty": 1.5}, "repetition_penalty=1.5", "leave repetition_penalty out"),
-    ({"presence_penalty": 0.5}, "presence_penalty=0.5", "leave presence_penalty out"),
+    ({"presence_penalty": 0.5}, "presence_penalty=0.5", "speculation.num_draft_tokens=0"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty=0.5", "speculation.num_draft_tokens=0"),
     ({"num_return_sequences": 2}, "num_return_sequences=2", "leave num_return_sequences out"),
-    ({"apply_chat_template": True}, "apply_chat_template=True", "leave apply_chat_template out"),
-    ({"max_time": 2.0}, "max_time=2.0", "leave max_time out"),
 ])
 def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict, named: str, fix: str) -> None:
     with pytest.raises(RequestError) as refused:
@@ -133,6 +137,7 @@ def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict
     ({"max_tokens": 0}, "max_tokens must be at least 1"),
     ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
     ({"temperature": float("inf")}, "temperature must be a finite number >= 0"),
+    ({"max_time": -1.0}, "max_time must be a finite number above 0"),
 ])
 def test_bad_values_are_refused(values: dict, expected: str) -> None:
     arrays = ensemble_request(**{k: v for k, v in values.items() if k != "max_tokens"})
@@ -144,16 +149,24 @@ def test_bad_values_are_refused(values: dict, expected: str) -> None:
         parse_rows({**ensemble_request(), "text_input": np.array([[b" "]], dtype=object)}, SETTINGS)
 
 
-def test_a_streamed_row_sends_deltas_and_keeps_the_stop_string() -> None:
-    [row] = parse_rows(ensemble_request(stream=True, stop_words=["END"]), SETTINGS)
+def test_a_streamed_row_sends_deltas_and_ends_at_the_stop_word_kept() -> None:
+    [row] = parse_rows(ensemble_request(stream=True, stop_words=["END", "wö"]), SETTINGS)
     progress = RowProgress(row)
     progress.update(LLMAPIAnswer("Hello"))
-    assert progress.take_new_text() == "Hello"
+    assert progress.take_new_text() == "Hello" and not progress.finished
     progress.update(LLMAPIAnswer("Hello, w\ufffd"))  # an incomplete character is held back
     assert progress.take_new_text() == ", w"
-    progress.update(LLMAPIAnswer("Hello, wörld", "stop", "END", 0.5, 2, 4))
-    progress.finished = True
-    assert progress.take_new_text() == "örldEND" and progress.sent == "Hello, wörldEND"
+    # the first stop word found ends the text (kept, as the other runtimes keep it) and the row
+    progress.update(LLMAPIAnswer("Hello, wörld END and more", acceptance_rate=0.5))
+    assert progress.finished and progress.answer.finish_reason == "stop"
+    assert progress.take_new_text() == "ö" and progress.sent == "Hello, wö"
+
+
+def test_on_a_line_that_does_not_stream_the_stop_word_cuts_the_whole_answer() -> None:
+    [row] = parse_rows(ensemble_request(stop_words=["\n\n"]), SETTINGS)
+    progress = RowProgress(row)
+    progress.update(LLMAPIAnswer("first\n\nsecond\n\nthird", "length"))
+    assert progress.finished and progress.generated() == "first\n\n" and progress.answer.finish_reason == "stop"
 
 
 def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about_one_row() -> None:
@@ -174,9 +187,53 @@ def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about
     assert progress.response("c", arrival_ns=5)["num_output_tokens"].item() == 1  # the tokens since the last one
 
 
-def test_a_stop_reason_that_is_not_a_requested_string_adds_nothing() -> None:
+def test_a_stop_reason_of_the_model_adds_nothing() -> None:
     [row] = parse_rows(ensemble_request(stop_words=["END"]), SETTINGS)
     progress = RowProgress(row)
     progress.update(LLMAPIAnswer("text", "stop", "2"))  # the end token's id
     progress.finished = True
     assert progress.generated() == "text"
+
+
+def test_a_release_without_speculation_passes_penalties_on() -> None:
+    [row] = parse_rows(ensemble_request(presence_penalty=0.5, frequency_penalty=0.25), TARGET_ALONE)
+    assert (row.llm.presence_penalty, row.llm.frequency_penalty) == (0.5, 0.25)
+    arrays = encode_request(row.llm)
+    assert arrays["sampling_param_frequency_penalty"].tolist() == [0.25]
+    [plain] = parse_rows(ensemble_request(presence_penalty=0.0), SETTINGS)  # the neutral value is no penalty
+    assert plain.llm.presence_penalty is None
+
+
+def test_the_time_limit_is_max_time_within_the_release_s() -> None:
+    [row] = parse_rows(ensemble_request(max_time=2.0), SETTINGS)
+    assert row.max_seconds == 2.0
+    [capped] = parse_rows(ensemble_request(max_time=2000.0), SETTINGS)
+    assert capped.max_seconds == 600.0
+    [unlimited] = parse_rows(ensemble_request(), TARGET_ALONE)
+    assert unlimited.max_seconds is None
+
+
+class ChatTokenizer:
+    """A tokenizer whose template starts with its BOS token, which it also adds to every text."""
+
+    chat_template = "{{ bos_token }}<user>{{ messages[0]['content'] }}<assistant>"
+    bos_token, bos_token_id = "<s>", 1
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):  # noqa: ANN001, ANN201
+        assert not tokenize and add_generation_prompt
+        return f"<s><user>{messages[0]['content']}<assistant>"
+
+    def encode(self, text: str) -> list[int]:
+        return [1, *range(2, 2 + len(text))]
+
+
+def test_the_chat_template_is_applied_without_a_second_bos() -> None:
+    [row] = parse_rows(ensemble_request(apply_chat_template=True), SETTINGS)
+    assert templated(row, ChatTokenizer()).llm.prompt == "<user>def main(<assistant>"
+    [plain] = parse_rows(ensemble_request(), SETTINGS)
+    assert templated(plain, ChatTokenizer()) == plain
+
+    class NoTemplate(ChatTokenizer):
+        chat_template = None
+
+    assert templated(row, NoTemplate()) == row  # as preprocessing: no template, the text as it is

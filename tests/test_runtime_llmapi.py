@@ -23,6 +23,7 @@ from specbuild.cli import main
 from specbuild.errors import SpecError, UsageError
 from specbuild.package import contract
 from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, ServeConfig, parse
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
     ADAPTER_MODEL,
     IMAGE_MODEL_DIR,
@@ -64,7 +65,7 @@ def test_architectures_come_from_the_pytorch_backend_table() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "code"), [
-    ({"speculation.num_draft_tokens": 0}, "num-draft-tokens"),
+    ({"triton.tensorrt_llm": "main", "speculation.busy_in_flight": 1}, "load-policy"),
     ({"speculation.adaptive": True}, "adaptive"),
     ({"speculation.prompt_lookup.enabled": True}, "prompt-lookup"),
     ({"draft.tp_size": 2}, "draft-layout"),
@@ -79,6 +80,17 @@ def test_what_the_llm_api_fixes_at_load_is_refused_by_check(tmp_path: Path, chec
     assert not report.compatible
     assert code in {reason.code for reason in report.reasons}
     assert all(reason.fix for reason in report.reasons)
+
+
+def test_k_0_packages_the_target_alone(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811
+    spec = release_spec(checkpoints, tmp_path, RUNTIME, {"speculation.num_draft_tokens": 0})
+    assert check(spec.target.checkpoint, spec.draft.checkpoint, spec).compatible
+    result = compiler.run(spec, json_mode=True)
+    version = result.repository / LLMAPI_MODEL / "1"
+    typed = parse(ModelYaml, (version / MODEL_YAML).read_text(), MODEL_YAML, LINES[spec.triton.tensorrt_llm])
+    assert typed.speculative_config is None
+    adapter = LLMAPIAdapterParameters.from_parameters(parameters(read_config(result.repository / ADAPTER_MODEL)))
+    assert adapter.num_draft_tokens == 0
 
 
 def test_engines_cannot_be_built_for_a_tensorrt_llm_without_the_engine_flow(tmp_path: Path,
@@ -135,7 +147,7 @@ def test_every_config_parses_and_the_repository_cross_checks(release: compiler.C
     adapter = read_config(repo / ADAPTER_MODEL)
     assert adapter.model_transaction_policy.decoupled
     assert LLMAPIAdapterParameters.from_parameters(parameters(adapter)) == LLMAPIAdapterParameters(
-        num_draft_tokens=4, end_id=1, streams=False)
+        num_draft_tokens=4, end_id=1, streams=False, max_request_seconds=release.spec.triton.max_request_seconds)
     llmapi = read_config(repo / LLMAPI_MODEL)
     assert (llmapi.backend, llmapi.max_batch_size, llmapi.model_transaction_policy.decoupled) == ("python", 0, True)
     assert [t.name for t in llmapi.input] == [t.name for t in LLMAPI_INPUTS]
@@ -148,8 +160,10 @@ def test_the_llmapi_model_is_the_images_with_a_typed_model_yaml(release: compile
     assert sorted(p.name for p in version.iterdir()) == sorted(["helpers.py", MODEL_YAML, "model.py"])
     for name in ("model.py", "helpers.py"):  # links into the NGC image: no upstream code in the release
         assert (version / name).is_symlink() and os.readlink(version / name) == f"{IMAGE_MODEL_DIR}/{name}"
-    typed = parse(ModelYaml, (version / MODEL_YAML).read_text(), MODEL_YAML)
     spec = release.spec
+    line = LINES[spec.triton.tensorrt_llm]
+    typed = parse(ModelYaml, (version / MODEL_YAML).read_text(), MODEL_YAML, line)
+    assert typed.speculative_config.decoding_type == "DraftTarget"  # 1.2.1's dispatch key (the default line)
     assert (typed.model, typed.speculative_config.speculative_model) == ("/checkpoints/target", "/checkpoints/draft")
     assert (typed.max_seq_len, typed.max_input_len, typed.max_batch_size) == (192, 64, 8)
     assert typed.speculative_config.max_draft_len == spec.speculation.num_draft_tokens
@@ -157,7 +171,7 @@ def test_the_llmapi_model_is_the_images_with_a_typed_model_yaml(release: compile
     assert typed.kv_cache_config.max_tokens == check_data["kv_tokens"]["target"]
     assert typed.kv_cache_config.free_gpu_memory_fraction == pytest.approx(sum(check_data["kv_fractions"].values()),
                                                                            abs=1e-4)
-    serve = parse(ServeConfig, (release.repository / SERVE_CONFIG).read_text(), SERVE_CONFIG)
+    serve = parse(ServeConfig, (release.repository / SERVE_CONFIG).read_text(), SERVE_CONFIG, line)
     assert serve.model_dump() == {**typed.model_dump(exclude={"triton_config"}), "model": None}
 
 

@@ -252,7 +252,7 @@ def parameters(config: mc.ModelConfig) -> dict[str, str]:
 
 def test_engine_config_round_trips_through_text_format() -> None:
     config = engine_config(spec=make_spec(tp=2, launch={"fast_logits": True}))
-    parsed = text_format.Parse(text_format.MessageToString(config), mc.ModelConfig())
+    parsed = text_format.Parse(text_format.MessageToString(config), type(config)())
     assert parsed == config
 
 

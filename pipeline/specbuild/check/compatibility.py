@@ -39,6 +39,8 @@ class PairParams(BaseModel):
     runtime: str = TORCH
     target_dtype: str = "auto"
     draft_dtype: str = "auto"
+    target_tp: int = 1
+    draft_tp: int = 1
 
     @classmethod
     def from_spec(cls, spec: BuildSpec) -> PairParams:
@@ -48,7 +50,8 @@ class PairParams(BaseModel):
         acceptance = spec.speculation.acceptance
         return cls(acceptance=acceptance if acceptance in runtime.acceptances else runtime.acceptances[0],
                    max_seq_len=spec.limits.max_seq_len, max_input_len=spec.limits.max_input_len,
-                   runtime=runtime.name, target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype)
+                   runtime=runtime.name, target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype,
+                   target_tp=spec.target.tp_size, draft_tp=spec.draft.tp_size)
 
 
 class CompatibilityReport(BaseModel):
@@ -131,16 +134,22 @@ def _vocab_widths(target: CheckpointInfo, draft: CheckpointInfo, params: PairPar
             report.warnings.append(Finding(
                 code=f"{role}-vocab-size",
                 message=f"{role} config.json vocab_size {info.vocab_size} differs from its embedding rows {rows}"))
-    if target.logits_width == draft.logits_width:
+    runtime = runtime_for(params.runtime)  # the widths its models return: padded to a multiple of tp by some
+    served = {role: runtime.served_logits_width(info.logits_width, tp)
+              for role, info, tp in (("target", target, params.target_tp), ("draft", draft, params.draft_tp))}
+    if served["target"] == served["draft"]:
         return
-    widths = f"target logits width {target.logits_width} does not match draft logits width {draft.logits_width}"
+    widths = (f"target logits width {served['target']} does not match draft logits width {served['draft']}"
+              + ("" if served == {"target": target.logits_width, "draft": draft.logits_width} else
+                 f" as the {params.runtime} runtime serves them (output heads {target.logits_width} and "
+                 f"{draft.logits_width} wide, padded to a multiple of tp {params.target_tp} and {params.draft_tp})"))
     if params.acceptance == "draft-logits":
         report.reasons.append(Finding(
             code="logits-width",
             message=f"{widths}: draft-logits acceptance compares target and draft probabilities token by token "
                     "and needs equal widths",
             fix="use acceptance token-match (--acceptance token-match), or a draft with the target's padded "
-                "vocab size"))
+                "vocab size" + ("" if params.target_tp == params.draft_tp else ", or the target's tp_size")))
     else:
         report.warnings.append(Finding(
             code="logits-width",

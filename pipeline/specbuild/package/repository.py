@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
+from specbuild.package import model_config as mc
 
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import StageError
@@ -176,10 +177,13 @@ def ship_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
 
 
 def tokenizer_end_id(tokenizer_dir: Path) -> int:
-    """The tokenizer's eos id: the default ``end_id`` of requests."""
+    """The tokenizer's eos id: the default ``end_id`` of requests. Read from the portable copy a release ships
+    (a tokenizer saved by transformers 5 does not load as is in the image's transformers 4.57)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=False)
+    with tempfile.TemporaryDirectory() as scratch:
+        ship_tokenizer(tokenizer_dir, Path(scratch))
+        tokenizer = AutoTokenizer.from_pretrained(str(Path(scratch) / "1" / "tokenizer"), trust_remote_code=False)
     if tokenizer.eos_token_id is None:
         raise StageError("package", f"the tokenizer in {tokenizer_dir} defines no eos token",
                          "set eos_token in tokenizer_config.json")

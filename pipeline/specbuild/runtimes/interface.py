@@ -151,6 +151,11 @@ class Runtime(abc.ABC):
         """Spec settings this runtime cannot honour (``check`` reports them with the pair's findings)."""
         return []
 
+    def served_logits_width(self, logits_width: int, tp_size: int) -> int:
+        """How many logits a model with an output head ``logits_width`` wide returns when split over ``tp_size``
+        GPUs (what draft-logits acceptance compares): the checkpoint's width, unless the runtime pads it."""
+        return logits_width
+
     def built_engines(self, spec: BuildSpec) -> dict[Role, Engine] | None:
         """The engines in ``outputs.engines_dir`` when both are built for this runtime, else None (nothing built
         there). Engines of another runtime are refused: packaging them would mix runtimes."""

@@ -69,6 +69,12 @@ class ImageRuntime(Runtime):
     """A runtime whose releases start in the NGC TensorRT-LLM image: each replica of a deployment runs exactly its
     launch plan, on the GPU its engines were built on."""
 
+    def served_logits_width(self, logits_width: int, tp_size: int) -> int:
+        """TensorRT-LLM's model definitions split ``lm_head`` over tp with its width padded to a multiple of
+        tp_size (``vocab_size_padded = pad_vocab_size(vocab_size, mapping.tp_size)`` in ``tensorrt_llm/models/
+        llama/model.py`` and the other decoders, ``pad_vocab_size`` in ``tensorrt_llm/_utils.py``, v1.2.1)."""
+        return -(-logits_width // tp_size) * tp_size
+
     @abc.abstractmethod
     def launch_plan(self, spec: BuildSpec, repository: Path, engines: Path, checkpoints: Mapping[str, Path], *,
                     gpus: int | None = None, shm_gib: int = DEFAULT_SHM_GIB) -> LaunchPlan:

@@ -1,14 +1,14 @@
 """Triton model ``llmapi_adapter``: specbuild's public interface in front of TensorRT-LLM's LLM-API model.
 
-The ensemble of a ``tensorrt-llm-llmapi`` release routes the public inputs here unchanged; this decoupled
-model turns each row into a request to the ``tensorrt_llm`` model (BLS, decoupled), whose draft-target
-speculation runs inside TensorRT-LLM, and answers each row with the public outputs (one response per row and
-round, ``batch_index`` naming it, as the orchestrator answers): the text (as deltas when streamed, the LLM API
-sending the whole text each time), the acceptance figures TensorRT-LLM reports, timings, and the generated
-token count (the LLM-API model returns text only: ``max_tokens`` when the answer ran to it, else the text
-re-tokenized with the target's tokenizer, shipped under ``tokenizer/``). The request handling is in
-:mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests` and :mod:`specbuild.runtimes.tensorrt_llm_llmapi.tensors` (pure, unit-tested); this file only
-moves tensors. Parameters: :class:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPIAdapterParameters`.
+The ensemble of a ``tensorrt-llm-llmapi`` release routes the public inputs here unchanged; this decoupled model
+turns each row into a request to the ``tensorrt_llm`` model (BLS, decoupled), whose draft-target speculation runs
+inside TensorRT-LLM, and answers each row with the public outputs (one response per row and round, ``batch_index``
+naming it, as the orchestrator answers): the text (as deltas when streamed, the LLM API sending the whole text each
+time), the acceptance figures TensorRT-LLM reports, timings, and the generated token count (the LLM-API model
+returns text only: ``max_tokens`` when the answer ran to it, else the text re-tokenized with the target's tokenizer,
+shipped under ``tokenizer/``). The request handling is in :mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests` and
+:mod:`specbuild.runtimes.tensorrt_llm_llmapi.tensors` (pure, unit-tested); this file only moves tensors. Parameters:
+:class:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPIAdapterParameters`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.contract import ENSEMBLE_INPUTS  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_WANTS, LLMAPIAdapterParameters  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import decode_answer, encode_request  # noqa: E402
-from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows  # noqa: E402
+from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows, templated  # noqa: E402
 from specbuild.triton_models.common import (  # noqa: E402
     FINAL,
     model_dir,
@@ -69,7 +69,8 @@ class TritonPythonModel:
         self.metrics.in_flight(+1)
         last: Any = None  # the final responses, or an error message
         try:
-            rows = parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)
+            rows = [templated(row, self.tokenizer)
+                    for row in parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)]
             progress = [RowProgress(row, index, prompt_tokens=len(self.tokenizer.encode(row.llm.prompt)))
                         for index, row in enumerate(rows)]
             texts = await self._answer(request, sender, progress, arrival_ns)
@@ -104,13 +105,23 @@ class TritonPythonModel:
     async def _answer(self, request: Any, sender: Any, progress: list[RowProgress],
                       arrival_ns: int) -> list[str] | None:
         """Run every row; streamed, a response whenever a row has new text. Returns each row's last text (the rest
-        of a stream, else the whole answer), or None when the client cancelled."""
+        of a stream, else the whole answer), or None when the client cancelled. A row past its time limit ends
+        with the text so far (its generation cancelled), as the orchestrator ends it."""
         stream = any(item.row.stream for item in progress)
         events: asyncio.Queue[BaseException | None] = asyncio.Queue()
         tasks = [asyncio.create_task(self._run_row(item, events)) for item in progress]
+        limits = [item.row.max_seconds for item in progress if item.row.max_seconds is not None]
+        deadline = time.monotonic() + min(limits) if limits else None
         try:
             while True:
-                event = await events.get()
+                try:
+                    event = await asyncio.wait_for(events.get(), None if deadline is None
+                                                   else max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    self.metrics.count("timed_out")
+                    for item in progress:
+                        item.finished = True
+                    event = None
                 if event is not None:
                     raise event
                 if request.is_cancelled():
@@ -148,6 +159,9 @@ class TritonPythonModel:
                     item.update(decode_answer(arrays), time.time_ns())
                     self._count(item)
                     events.put_nowait(None)
+                if item.finished:  # a stop word ended it: stop the generation
+                    answers.cancel()
+                    break
             item.finished = True
             self._count(item)
             events.put_nowait(None)

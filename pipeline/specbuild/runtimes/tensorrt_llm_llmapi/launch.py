@@ -1,6 +1,7 @@
 """How a ``tensorrt-llm-llmapi`` release starts in the NGC image. It has no engines: TensorRT-LLM's LLM-API model loads
-the checkpoints, mounted at ``triton.checkpoint_mount``, in one of two layouts, as TensorRT-LLM's ``triton_backend/scripts/launch_triton_server.py``
-and tensorrtllm_backend ``docs/llmapi.md`` run it (:func:`launch_plan`):
+the checkpoints, mounted at ``triton.checkpoint_mount``, in one of two layouts, as TensorRT-LLM's
+``triton_backend/scripts/launch_triton_server.py`` and tensorrtllm_backend ``docs/llmapi.md`` run it
+(:func:`launch_plan`):
 
 * ``single`` (``auto``): one ``tritonserver`` under ``mpirun -n 1``; the LLM spawns its tp x pp GPU workers.
 * ``leader``: ``mpirun -n <tp x pp> trtllm-llmapi-launch tritonserver ...``: MPI starts every rank,
@@ -69,6 +70,7 @@ def check_compiled_config(repository: Path, spec: BuildSpec) -> None:
     """The LLM-API model's ``model.yaml`` must read back through its typed model and name the checkpoints and
     the parallel layout this launch mounts and reserves GPUs for."""
     from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_MODEL, MODEL_YAML
+    from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES
     from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, parse
 
     path = repository / LLMAPI_MODEL / "1" / MODEL_YAML
@@ -76,13 +78,15 @@ def check_compiled_config(repository: Path, spec: BuildSpec) -> None:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc}", "package the release again (specbuild package)") from None
-    config = parse(ModelYaml, text, str(path))
+    config = parse(ModelYaml, text, str(path), LINES[spec.triton.tensorrt_llm])
     compared = {  # key: (model.yaml's value, what the launch mounts and reserves GPUs for)
         "model": (config.model, container_checkpoint(spec, TARGET_MODEL)),
-        "speculative_model": (config.speculative_config.speculative_model, container_checkpoint(spec, DRAFT_MODEL)),
         "tensor_parallel_size": (config.tensor_parallel_size, spec.target.tp_size),
         "pipeline_parallel_size": (config.pipeline_parallel_size, spec.target.pp_size),
     }
+    if config.speculative_config is not None:  # K=0 names no draft
+        compared["speculative_model"] = (config.speculative_config.speculative_model,
+                                         container_checkpoint(spec, DRAFT_MODEL))
     problems = [f"{key} is {found!r}, the launch needs {needed!r}" for key, (found, needed) in compared.items()
                 if found != needed]
     if problems:

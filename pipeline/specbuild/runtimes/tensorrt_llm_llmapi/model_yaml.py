@@ -4,8 +4,11 @@ Both files hold TensorRT-LLM ``LLM()`` arguments (the Triton model passes every 
 ``update_llm_args_with_extra_dict`` and then ``LLM(**args)``; ``trtllm-serve --config`` does the same with its
 file). Each is a pydantic model with ``extra="forbid"``: a key specbuild does not know cannot be written or
 read back, and :data:`UPSTREAM_FIELDS` names, for every key, the upstream class that declares it (a test checks
-the models against that table). Packaging fills them from the spec and the check's memory plan
-(:mod:`specbuild.runtimes.tensorrt_llm_llmapi.repository`).
+the models against that table). What differs between TensorRT-LLM lines (the ``decoding_type`` spelling, the
+``speculative_config`` fields and values each accepts) is in the line's rule table
+(:mod:`specbuild.runtimes.tensorrt_llm_llmapi.lines`), which :func:`parse` applies before the typed model, as the
+stand-in's reading of a release must fail where the line's parser fails. Packaging fills them from the spec and
+the check's memory plan (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.repository`).
 
 Upstream (read, not copied): TensorRT-LLM ``tensorrt_llm/llmapi/llm_args.py`` (``BaseLlmArgs``/``TorchLlmArgs``,
 ``KvCacheConfig``, ``DecodingBaseConfig``/``DraftTargetDecodingConfig``), ``triton_backend/all_models/llmapi/
@@ -14,12 +17,13 @@ tensorrt_llm/1/model.py`` (``triton_config``: ``max_batch_size`` and ``decoupled
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specbuild.errors import SpecbuildError
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import LineRules
 
 # Every key below and the upstream class that declares it (tensorrt_llm/llmapi/llm_args.py, TensorRT-LLM 1.2.x
 # and newest main alike), or the Triton model that reads it.
@@ -34,7 +38,7 @@ UPSTREAM_FIELDS: dict[str, dict[str, str]] = {
     "KvCacheConfig": {"free_gpu_memory_fraction": "KvCacheConfig", "max_tokens": "KvCacheConfig",
                       "enable_block_reuse": "KvCacheConfig"},
     "DraftTargetConfig": {"decoding_type": "DraftTargetDecodingConfig", "max_draft_len": "DecodingBaseConfig",
-                          "speculative_model": "DecodingBaseConfig"},
+                          "speculative_model": "DecodingBaseConfig", "max_concurrency": "DecodingBaseConfig"},
     "TritonConfig": {"max_batch_size": "all_models/llmapi/tensorrt_llm/1/model.py",
                      "decoupled": "all_models/llmapi/tensorrt_llm/1/model.py"},
 }
@@ -55,9 +59,13 @@ class KvCacheConfig(_Typed):
 
 
 class DraftTargetConfig(_Typed):
-    decoding_type: Literal["Draft_Target", "DraftTarget"]
+    """Draft/Target speculation; its spelling and value rules are the line's (:mod:`.lines`)."""
+
+    decoding_type: str
     max_draft_len: int = Field(ge=1)  # fixed at load: requests cannot choose another
     speculative_model: str  # the draft checkpoint as the container sees it
+    # the load policy: speculation off above this batch size (TensorRT-LLM counts its batch, not requests in flight)
+    max_concurrency: int | None = Field(None, ge=0)
 
 
 class LLMArgs(_Typed):
@@ -77,19 +85,21 @@ class LLMArgs(_Typed):
     # Two-model speculation runs with the overlap scheduler off, as every upstream Draft/Target example does
     # (TensorRT-LLM docs/source/features/speculative-decoding.md).
     disable_overlap_scheduler: bool = True
-    speculative_config: DraftTargetConfig
+    speculative_config: DraftTargetConfig | None = None  # None: the target alone (specbuild's K=0)
 
 
 class TritonConfig(_Typed):
-    max_batch_size: Literal[0] = 0  # one prompt per request (upstream "JIRA-4496")
-    decoupled: bool = True
+    """Both keys required: upstream ``model.py`` indexes ``triton_config["decoupled"]`` and ``["max_batch_size"]``."""
+
+    max_batch_size: Literal[0]  # one prompt per request (upstream "JIRA-4496")
+    decoupled: bool
 
 
 class ModelYaml(LLMArgs):
     """``tensorrt_llm/1/model.yaml``: the LLM arguments plus the Triton model's own ``triton_config``."""
 
     model: str  # type: ignore[assignment]  # required here
-    triton_config: TritonConfig = TritonConfig()
+    triton_config: TritonConfig
 
 
 class ServeConfig(LLMArgs):
@@ -104,11 +114,19 @@ def to_yaml(config: LLMArgs, header: str = "") -> str:
     return "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + body
 
 
-def parse(kind: type[LLMArgs], text: str, source: str) -> LLMArgs:
-    """Read a ``model.yaml`` or ``trtllm-serve`` YAML back into its typed model; unknown keys are errors."""
+def parse(kind: type[LLMArgs], text: str, source: str, line: LineRules) -> LLMArgs:
+    """Read a ``model.yaml`` or ``trtllm-serve`` YAML back into its typed model, as TensorRT-LLM ``line`` would:
+    what its rules refuse, and keys specbuild does not know, are errors."""
+    fix = "package the release again (specbuild package) rather than editing it"
     try:
-        return kind.model_validate(yaml.safe_load(text))
-    except (yaml.YAMLError, ValidationError) as exc:
-        raise SpecbuildError(f"{source} is not a valid {kind.__name__}: {exc}",
-                             "package the release again (specbuild package) rather than editing it") from None
-
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecbuildError(f"{source} is not YAML: {exc}", fix) from None
+    speculative = data.get("speculative_config") if isinstance(data, dict) else None
+    if isinstance(speculative, dict) and (refused := line.refusals(speculative)):
+        raise SpecbuildError(f"{source}: TensorRT-LLM {line.tensorrt_llm} refuses its speculative_config:\n  "
+                             + "\n  ".join(refused), fix)
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        raise SpecbuildError(f"{source} is not a valid {kind.__name__}: {exc}", fix) from None

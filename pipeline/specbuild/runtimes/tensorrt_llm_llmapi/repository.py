@@ -5,13 +5,16 @@ Three models, each config built as Triton's ``ModelConfig`` from typed values:
 * ``ensemble``: specbuild's public inputs and outputs (:data:`specbuild.package.contract.ENSEMBLE_INPUTS`/
   ``ENSEMBLE_OUTPUTS``, the same as every runtime's), routed to and from the adapter unchanged;
 * ``llmapi_adapter``: a decoupled python model mapping them onto the LLM-API model and its answers back
-  (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests`), shipped with its specbuild import closure and the target's tokenizer;
+  (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests`), shipped with its specbuild import closure and the
+  target's tokenizer;
 * ``tensorrt_llm``: TensorRT-LLM's LLM-API model, its config rendered from
-  :data:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPI_INPUTS`/``LLMAPI_OUTPUTS``, its ``1/model.yaml`` from the typed
-  :class:`~specbuild.runtimes.tensorrt_llm_llmapi.model_yaml.ModelYaml`, and its ``model.py``/``helpers.py`` linked to the copies the
-  NGC image ships (``/app/all_models/llmapi``), never copied into the release.
+  :data:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPI_INPUTS`/``LLMAPI_OUTPUTS``, its ``1/model.yaml``
+  from the typed :class:`~specbuild.runtimes.tensorrt_llm_llmapi.model_yaml.ModelYaml`, and its
+  ``model.py``/``helpers.py`` linked to the copies the NGC image ships (``/app/all_models/llmapi``), never copied
+  into the release.
 
-The same LLM arguments go to ``trtllm-serve.yaml`` at the repository's root, for ``trtllm-serve --config``.
+The same LLM arguments go to ``trtllm-serve.yaml`` at the repository's root, for ``trtllm-serve
+--extra_llm_api_options`` (the flag both lines have).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tritonclient.grpc import model_config_pb2 as mc
+from specbuild.package import model_config as mc
 
 from specbuild.errors import StageError
 from specbuild.package import contract
@@ -39,7 +42,6 @@ from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
     ADAPTER_MODEL,
     IMAGE_MODEL_DIR,
     IMAGE_MODEL_FILES,
-    LINES,
     LLMAPI_INPUTS,
     LLMAPI_MODEL,
     LLMAPI_MODEL_NAMES,
@@ -49,7 +51,8 @@ from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
     LLMAPIAdapterParameters,
 )
 from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
-from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, ServeConfig, to_yaml
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import DRAFT_KEY, LINES, LineRules, max_concurrency
+from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, ServeConfig, TritonConfig, to_yaml
 from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
 from specbuild.spec import BuildSpec
 
@@ -84,9 +87,27 @@ def llmapi_model_config(model_yaml: ModelYaml) -> mc.ModelConfig:
     return config
 
 
-def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext) -> dict[str, object]:
+def speculative_config(spec: BuildSpec, line: LineRules, busy_in_flight: int) -> dict[str, object] | None:
+    """``speculative_config`` as ``line`` dispatches it, or None for K=0 (the target alone: nothing to draft)."""
+    k = spec.speculation.num_draft_tokens
+    if k == 0:
+        return None
+    config = {"decoding_type": line.decoding_type, "max_draft_len": k,
+              DRAFT_KEY: container_checkpoint(spec, contract.DRAFT_MODEL)}
+    cutoff = max_concurrency(busy_in_flight)
+    if cutoff is not None:
+        config["max_concurrency"] = cutoff
+    refused = line.refusals(config)
+    if refused:  # spec_findings refuses what a user can cause, so this is a bug
+        raise StageError("package", f"TensorRT-LLM {line.tensorrt_llm} would refuse the rendered speculative_config:"
+                         "\n  " + "\n  ".join(refused), "this is a specbuild bug; please report it with the spec")
+    return config
+
+
+def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int
+                  ) -> dict[str, object]:
     """The ``LLM()`` arguments of the release. KV cache: the memory plan's share of both models (or the spec's
-    total), capped at the planned tokens each model holds."""
+    total), capped at the planned tokens each model holds; ``busy_in_flight``: the runtime's load policy."""
     limits = spec.limits
     fraction = spec.triton.kv_cache_free_gpu_mem_fraction or sum(context.kv_fractions.values())
     return {
@@ -96,18 +117,18 @@ def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext) -> d
         "max_seq_len": target.record.limits.max_seq_len, "max_num_tokens": MAX_NUM_TOKENS,
         "kv_cache_config": {"free_gpu_memory_fraction": round(fraction, 4),
                             "max_tokens": context.kv_tokens[contract.TARGET_MODEL]},
-        "speculative_config": {"decoding_type": LINES[spec.triton.tensorrt_llm].decoding_type,
-                               "max_draft_len": spec.speculation.num_draft_tokens,
-                               "speculative_model": container_checkpoint(spec, contract.DRAFT_MODEL)},
+        "speculative_config": speculative_config(spec, LINES[spec.triton.tensorrt_llm], busy_in_flight),
     }
 
 
-def model_yaml(spec: BuildSpec, target: Engine, context: PackageContext) -> ModelYaml:
-    return ModelYaml(model=container_checkpoint(spec, contract.TARGET_MODEL), **llm_arguments(spec, target, context))
+def model_yaml(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> ModelYaml:
+    return ModelYaml(model=container_checkpoint(spec, contract.TARGET_MODEL),
+                     **llm_arguments(spec, target, context, busy_in_flight),
+                     triton_config=TritonConfig(max_batch_size=0, decoupled=True))
 
 
-def serve_config(spec: BuildSpec, target: Engine, context: PackageContext) -> ServeConfig:
-    return ServeConfig(**llm_arguments(spec, target, context))
+def serve_config(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> ServeConfig:
+    return ServeConfig(**llm_arguments(spec, target, context, busy_in_flight))
 
 
 def _header(spec: BuildSpec, reader: str) -> str:
@@ -116,16 +137,17 @@ def _header(spec: BuildSpec, reader: str) -> str:
             "Written from typed values; package again rather than edit.")
 
 
-def model_yaml_text(spec: BuildSpec, target: Engine, context: PackageContext) -> str:
+def model_yaml_text(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> str:
     """``tensorrt_llm/1/model.yaml`` as the release holds it."""
-    return to_yaml(model_yaml(spec, target, context),
+    return to_yaml(model_yaml(spec, target, context, busy_in_flight),
                    _header(spec, "read by TensorRT-LLM's LLM-API model (model.py beside it)"))
 
 
-def serve_config_text(spec: BuildSpec, target: Engine, context: PackageContext) -> str:
+def serve_config_text(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> str:
     """``trtllm-serve.yaml`` as the release holds it."""
-    command = f"trtllm-serve {container_checkpoint(spec, contract.TARGET_MODEL)} --config {SERVE_CONFIG}"
-    return to_yaml(serve_config(spec, target, context),
+    flag = LINES[spec.triton.tensorrt_llm].serve_flag
+    command = f"trtllm-serve {container_checkpoint(spec, contract.TARGET_MODEL)} {flag} {SERVE_CONFIG}"
+    return to_yaml(serve_config(spec, target, context, busy_in_flight),
                    _header(spec, f"the same LLM arguments for `{command}` (TensorRT-LLM's server, without Triton)"))
 
 
@@ -136,17 +158,19 @@ def _link_image_model(version_dir: Path) -> None:
 
 
 def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path, output_dir: Path,
-                      context: PackageContext) -> None:
-    """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic)."""
+                      context: PackageContext, busy_in_flight: int) -> None:
+    """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic);
+    ``busy_in_flight``: the runtime's load policy."""
     target = engines[contract.TARGET_MODEL]
     adapter = LLMAPIAdapterParameters(num_draft_tokens=spec.speculation.num_draft_tokens,
                                       end_id=tokenizer_end_id(tokenizer_dir),
-                                      streams=LINES[spec.triton.tensorrt_llm].streams)
+                                      streams=LINES[spec.triton.tensorrt_llm].streams,
+                                      max_request_seconds=spec.triton.max_request_seconds)
     models = {
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         ADAPTER_MODEL: python_model_config(ADAPTER_MODEL, spec, contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS,
                                            adapter, decoupled=True, instances=spec.triton.orchestrator_instances),
-        LLMAPI_MODEL: llmapi_model_config(model_yaml(spec, target, context)),
+        LLMAPI_MODEL: llmapi_model_config(model_yaml(spec, target, context, busy_in_flight)),
     }
     for name, config in models.items():
         write_config(output_dir / name, config)
@@ -155,9 +179,9 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
     ship_tokenizer(tokenizer_dir, output_dir / ADAPTER_MODEL)
     llmapi_version = output_dir / LLMAPI_MODEL / "1"
     llmapi_version.mkdir()
-    (llmapi_version / MODEL_YAML).write_text(model_yaml_text(spec, target, context), encoding="utf-8")
+    (llmapi_version / MODEL_YAML).write_text(model_yaml_text(spec, target, context, busy_in_flight), encoding="utf-8")
     _link_image_model(llmapi_version)
-    (output_dir / SERVE_CONFIG).write_text(serve_config_text(spec, target, context), encoding="utf-8")
+    (output_dir / SERVE_CONFIG).write_text(serve_config_text(spec, target, context, busy_in_flight), encoding="utf-8")
     problems = validate_repository(output_dir, LLMAPI_MODEL_NAMES)
     if problems:
         raise StageError("package", "the rendered repository is inconsistent:\n  " + "\n  ".join(problems),

@@ -2,10 +2,14 @@
 answers as the ensemble's outputs (the Triton model ``triton_models/llmapi_adapter.py`` only moves tensors).
 
 specbuild's public interface is the same for every runtime (:data:`specbuild.package.contract.ENSEMBLE_INPUTS`);
-what TensorRT-LLM's LLM API cannot honour per request is refused here with a message naming the input: a draft
-length other than the one fixed at load, draft-logits acceptance, adaptive K, prompt lookup, bad words, an end
-token other than the tokenizer's, beam search. Everything else maps onto ``SamplingParams`` (sampling
-normalised as the other runtimes normalise it for their engines, so every runtime samples alike).
+what TensorRT-LLM's LLM API cannot honour per request is refused here with a message naming the input and why: a
+draft length other than the one fixed at load, draft-logits acceptance, adaptive K, prompt lookup, bad words, an
+end token other than the tokenizer's, beam search, ``min_tokens``, ``repetition_penalty``, several return
+sequences, and presence/frequency penalties on a release that speculates. Everything else maps onto
+``SamplingParams`` (sampling normalised as the other runtimes normalise it for their engines, so every runtime
+samples alike), or is done here: stop words (matched in the text, the stream cancelled, the stop word kept as the
+ensemble keeps it), the chat template (the adapter ships the tokenizer) and the time limit (``max_time`` within
+the release's ``max_request_seconds``: the answer so far, the generation cancelled).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class AdapterRow:
     llm: LLMAPIRequest
     stream: bool
     include_prompt: bool  # non-streamed text starts with the prompt (exclude_input_in_output false)
+    chat: bool = False  # the prompt goes in the tokenizer's chat template (the adapter applies it)
+    stop: tuple[str, ...] = ()  # stop words: the text ends with the first one found
+    max_seconds: float | None = None  # the time limit (None: none)
 
 
 def _strings(raw: np.ndarray | None, row: int, name: str) -> tuple[str, ...]:
@@ -50,7 +57,8 @@ def sampling_values(sampling: SamplingParams) -> dict[str, float | int]:
     """``SamplingParams`` (of :mod:`specbuild.speculation.rules`) as the LLM API's ``temperature``/``top_k``/
     ``top_p``: greedy as ``top_k=1``, no nucleus limit as ``top_p=1``, as the orchestrator sends engines."""
     values = sampling.backend_values()
-    names = {"temperature": "temperature", "runtime_top_k": "top_k", "runtime_top_p": "top_p"}
+    names = {"temperature": "temperature", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
+             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
     return {names[name]: value for name, value in values.items()}
 
 
@@ -58,10 +66,11 @@ def _refuse(name: str, value: Any, why: str, fix: str) -> RequestError:
     return RequestError(f"{name}={value!r}: {why}", fix)
 
 
-# Inputs of the public interface that the LLM-API Triton model has no input for (or that its CPU stand-in does not
-# rehearse), with the value that means "not used".
-UNAVAILABLE = {"min_tokens": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-               "num_return_sequences": 1, "apply_chat_template": False, "max_time": None}
+# Inputs of the public interface that the LLM-API Triton model has no input for, with the value that means "not
+# used" (its config.pbtxt: contract.LLMAPI_INPUTS).
+UNAVAILABLE = {"min_tokens": 0, "repetition_penalty": 1.0, "num_return_sequences": 1}
+# Penalties the LLM-API model takes; exact only where nothing is drafted (see _refuse_unexact_penalties).
+PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def _refuse_unavailable(get: Callable[[str], Any]) -> None:
@@ -69,7 +78,28 @@ def _refuse_unavailable(get: Callable[[str], Any]) -> None:
         value = renamed_value(get, name) if name in RENAMED else get(name)
         if value is not None and value != unused:
             raise _refuse(name, value, "this release serves TensorRT-LLM's LLM-API model, which takes no such input",
-                          f"leave {name} out" + (f" (or send {unused})" if unused is not None else ""))
+                          f"leave {name} out (or send {unused})")
+
+
+def _refuse_unexact_penalties(get: Callable[[str], Any], settings: LLMAPIAdapterParameters) -> None:
+    """specbuild never drafts under penalties (each drafted position of a verification would need its own counts);
+    whether TensorRT-LLM's two-model Draft/Target path penalises each verified position by the tokens before it is
+    not established from its source, so a release that speculates refuses them; a K=0 release passes them on."""
+    if not settings.num_draft_tokens:
+        return
+    for name, unused in PENALTIES.items():
+        value = get(name)
+        if value is not None and float(value) != unused:
+            raise _refuse(name, value, "this release speculates inside TensorRT-LLM, whose exactness under sampling "
+                          "penalties is not established", f"leave {name} out, or serve a release packaged with "
+                          "speculation.num_draft_tokens=0 (the target alone), which applies it")
+
+
+def _max_seconds(get: Callable[[str], Any], settings: LLMAPIAdapterParameters) -> float | None:
+    """The row's time limit: the client's ``max_time`` within the release's ``max_request_seconds`` (0: none)."""
+    limits = [limit for limit in (finite("max_time", get("max_time"), positive=True),
+                                  settings.max_request_seconds or None) if limit is not None]
+    return min(limits) if limits else None
 
 
 def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[AdapterRow]:
@@ -111,21 +141,43 @@ def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[Adapte
             raise _refuse("bad_words", list(bad_words), "the LLM-API Triton model takes no bad words",
                           "leave bad_words out")
         _refuse_unavailable(get)
+        _refuse_unexact_penalties(get, settings)
         finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
         try:
-            sampling = SamplingParams.from_backend(get("temperature"), get("top_k"), get("top_p"))
+            sampling = SamplingParams.from_backend(get("temperature"), get("top_k"), get("top_p"),
+                                                   presence_penalty=get("presence_penalty"),
+                                                   frequency_penalty=get("frequency_penalty"))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         seed = renamed_value(get, "seed")
         stream = bool(get("stream", False))
         rows.append(AdapterRow(
             llm=LLMAPIRequest(prompt=prompt, max_tokens=wanted, seed=None if seed is None else int(seed),
-                              stop=_strings(arrays.get("stop_words"), row, "stop_words"),
                               streaming=stream and settings.streams, **sampling_values(sampling)),
             stream=stream,
             include_prompt=not stream and not bool(get("exclude_input_in_output", False)),
+            chat=bool(get("apply_chat_template", False)),
+            stop=_strings(arrays.get("stop_words"), row, "stop_words"),
+            max_seconds=_max_seconds(get, settings),
         ))
     return rows
+
+
+def templated(row: AdapterRow, tokenizer: Any) -> AdapterRow:
+    """``row`` with its prompt in the tokenizer's chat template when it asked for it and the tokenizer has one (as
+    the preprocessing model does). The LLM API adds the tokenizer's special tokens to a text prompt, so a template
+    that starts with the BOS token is sent without it: the model sees the ids the other runtimes' models see."""
+    if not row.chat or not getattr(tokenizer, "chat_template", None):
+        return row
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": row.llm.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - a template may raise anything (jinja, its own checks)
+        raise RequestError(f"the chat template refused the prompt: {exc}", "send apply_chat_template=false") from None
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer.encode("x")[:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]
+    return replace(row, llm=replace(row.llm, prompt=text))
 
 
 @dataclass
@@ -146,24 +198,23 @@ class RowProgress:
 
     def update(self, answer: LLMAPIAnswer, now_ns: int = 0) -> None:
         """Take the model's latest answer, received at ``now_ns``; statistics it did not send keep their last
-        values."""
+        values. Text after the first stop word is cut, and the row is finished there (the caller cancels the rest
+        of the generation; on the 1.2 line, which does not stream, the whole answer was generated first)."""
         if self.answer is not None:
             kept = {name: getattr(self.answer, name) for name in _STATISTICS if getattr(answer, name) is None}
             answer = replace(answer, **kept)
+        ends = [found + len(word) for word in self.row.stop if (found := answer.text.find(word)) >= 0]
+        if ends:
+            answer = replace(answer, text=answer.text[:min(ends)], finish_reason="stop")
+            self.finished = True
         if answer.text != (self.answer.text if self.answer is not None else ""):
             self.first_text_ns = self.first_text_ns or now_ns
             self.last_text_ns = now_ns
         self.answer = answer
 
     def generated(self) -> str:
-        """The generated text, with the stop string that ended it (the LLM API leaves it out, specbuild's
-        contract keeps it, as the other runtimes do)."""
-        answer = self.answer
-        if answer is None:
-            return ""
-        if self.finished and answer.finish_reason == "stop" and answer.stop_reason in self.row.llm.stop:
-            return answer.text + answer.stop_reason
-        return answer.text
+        """The generated text (ending with the stop word that ended it, as the other runtimes keep it)."""
+        return "" if self.answer is None else self.answer.text
 
     def take_new_text(self) -> str:
         """The text not sent yet (a trailing incomplete character held back until the end); marks it sent."""

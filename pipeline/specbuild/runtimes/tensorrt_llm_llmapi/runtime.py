@@ -4,7 +4,8 @@ TensorRT-LLM removed the TensorRT engine flow on main in July 2026 (PRs #15763, 
 ``tensorrtllm`` Triton backend and ``trtllm-build`` are gone, and what remains on Triton is the LLM-API model
 (``triton_backend/all_models/llmapi``), a Python model around ``LLM()`` of the PyTorch backend, configured by
 a ``model.yaml``. Draft-target speculation runs inside TensorRT-LLM's scheduler, with in-flight batching
-(``speculative_config: {decoding_type: Draft_Target, max_draft_len, speculative_model}``).
+(``speculative_config: {decoding_type, max_draft_len, speculative_model, max_concurrency}``, spelled as each line's
+parser wants it: :mod:`specbuild.runtimes.tensorrt_llm_llmapi.lines`); K=0 renders none, the target alone.
 
 So this runtime converts and builds nothing (its steps are check and package): the release
 is a repository whose ``ensemble`` keeps specbuild's public interface, in front of an adapter model that maps it
@@ -30,6 +31,7 @@ from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM_LLMAPI
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
 from specbuild.runtimes.tensorrt_llm_llmapi.launch import check_compiled_config, container_checkpoint, launch_plan
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, max_concurrency
 from specbuild.runtimes.trtllm_image import ImageRuntime, installed_package_dir, resolve_dtype
 from specbuild.spec import BuildSpec, Role
 
@@ -77,8 +79,10 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
                 "dtype": self.engine_dtype(model.dtype, role, checkpoint.torch_dtype),
                 "tensor_parallel_size": spec.target.tp_size, "pipeline_parallel_size": spec.target.pp_size,
                 "convert": None, "build": None}
-        what = ("LLM(model=...)" if role == "target"
-                else f"speculative_config Draft_Target, max_draft_len {spec.speculation.num_draft_tokens}")
+        k, line = spec.speculation.num_draft_tokens, LINES[spec.triton.tensorrt_llm]
+        what = ("LLM(model=...)" if role == "target" else
+                f"speculative_config {line.decoding_type}, max_draft_len {k}" if k else
+                "not loaded: K=0 renders no speculative_config, the target serves alone")
         text = (f"{role}: {checkpoint.architecture}, {data['dtype']}, tp {data['tensor_parallel_size']} x pp "
                 f"{data['pipeline_parallel_size']}: no conversion or engine build; TensorRT-LLM loads "
                 f"{model.checkpoint} (mounted at {data['mounted_at']}) when the server starts ({what})")
@@ -98,16 +102,19 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
         s, findings = spec.speculation, []
         k_fix = "or use --runtime torch (or tensorrt-llm), whose orchestrator runs it"
-        if s.num_draft_tokens < 1:
-            findings.append(SpecFinding("num-draft-tokens", "speculation.num_draft_tokens is 0, but the LLM API's "
-                                        "Draft_Target speculation needs a draft length of at least 1",
-                                        "set speculation.num_draft_tokens to 1 or more (it is fixed at load)"))
+        line, cutoff = LINES[spec.triton.tensorrt_llm], max_concurrency(self.load_policy(spec))
+        if s.num_draft_tokens and cutoff is not None and cutoff < line.min_max_concurrency:
+            findings.append(SpecFinding("load-policy", f"speculation.busy_in_flight {cutoff + 1} would render "
+                                        f"max_concurrency {cutoff}, which TensorRT-LLM {line.tensorrt_llm} refuses "
+                                        f"(at least {line.min_max_concurrency})", "set speculation.busy_in_flight to "
+                                        f"{line.min_max_concurrency + 1} or more, 0 (draft at any load), or "
+                                        "speculation.num_draft_tokens to 0 (the target alone)"))
         if s.adaptive:
             findings.append(SpecFinding("adaptive", "speculation.adaptive: the LLM API fixes the draft length at "
                                         "load (no per-request K)", f"set speculation.adaptive: false, {k_fix}"))
         if s.prompt_lookup.enabled:
             findings.append(SpecFinding("prompt-lookup", "speculation.prompt_lookup: the LLM API drafts with one "
-                                        "method (Draft_Target here); it does not combine n-gram lookup with a draft "
+                                        "method (Draft/Target here); it does not combine n-gram lookup with a draft "
                                         "model", f"set speculation.prompt_lookup.enabled: false, {k_fix}"))
         if s.acceptance not in self.acceptances:
             findings.append(SpecFinding("acceptance", f"speculation.acceptance is {s.acceptance}, but TensorRT-LLM "
@@ -134,7 +141,7 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
                           output_dir: Path, context: PackageContext) -> None:
         from specbuild.runtimes.tensorrt_llm_llmapi.repository import render_repository
 
-        render_repository(spec, engines, tokenizer_dir, output_dir, context)
+        render_repository(spec, engines, tokenizer_dir, output_dir, context, self.load_policy(spec))
 
     def packaged_engines(self, spec: BuildSpec, checkpoints: Mapping[Role, CheckpointInfo], *,
                          package_only: bool) -> dict[Role, Engine]:

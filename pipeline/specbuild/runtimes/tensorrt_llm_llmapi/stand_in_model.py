@@ -1,10 +1,11 @@
-"""Triton model ``tensorrt_llm`` of a CPU rehearsal: :class:`specbuild.runtimes.tensorrt_llm_llmapi.stand_in.LLMAPIStandIn` under
-the LLM-API model's contract, in place of TensorRT-LLM's ``model.py`` (see :mod:`specbuild.runtimes.tensorrt_llm_llmapi.rehearsal`).
+"""Triton model ``tensorrt_llm`` of a CPU rehearsal:
+:class:`specbuild.runtimes.tensorrt_llm_llmapi.stand_in.LLMAPIStandIn` under the LLM-API model's contract, in place
+of TensorRT-LLM's ``model.py`` (see :mod:`specbuild.runtimes.tensorrt_llm_llmapi.rehearsal`).
 
-It reads the release's ``model.yaml`` beside it as the real model does, and ``mounts.json`` (container path ->
-host folder, what ``docker run`` would mount). Requests are decoded and answers encoded by
-:mod:`specbuild.runtimes.tensorrt_llm_llmapi.tensors` from the contract table; an error answers ``text_output`` "N/A" with the error,
-as upstream does.
+It reads the release's ``model.yaml`` beside it as the real model does, by the rule table of the line named in
+``stand_in.json`` (with the mounts: container path -> host folder, what ``docker run`` would mount). Requests are
+decoded and answers encoded by :mod:`specbuild.runtimes.tensorrt_llm_llmapi.tensors` from the contract table; an
+error answers ``text_output`` "N/A" with the error, as upstream does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, parse  # noqa: E402
-from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_INPUTS, MODEL_YAML, STAND_IN_MOUNTS  # noqa: E402
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_INPUTS, MODEL_YAML, STAND_IN_SETTINGS  # noqa: E402
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import decode_request, encode_answer  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.stand_in import LLMAPIStandIn  # noqa: E402
 from specbuild.triton_models.common import (  # noqa: E402
@@ -40,13 +42,14 @@ from specbuild.triton_models.common import (  # noqa: E402
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         folder = model_dir(args)
-        config = parse(ModelYaml, (folder / MODEL_YAML).read_text(encoding="utf-8"), str(folder / MODEL_YAML))
+        settings = json.loads((folder / STAND_IN_SETTINGS).read_text(encoding="utf-8"))
+        config = parse(ModelYaml, (folder / MODEL_YAML).read_text(encoding="utf-8"), str(folder / MODEL_YAML),
+                       LINES[settings["tensorrt_llm"]])
         decoupled = json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled", False)
         if decoupled != config.triton_config.decoupled:
             raise ValueError(f"config.pbtxt says decoupled={decoupled}, {MODEL_YAML} triton_config.decoupled="
                              f"{config.triton_config.decoupled}")
-        mounts = json.loads((folder / STAND_IN_MOUNTS).read_text(encoding="utf-8"))
-        self.stand_in = LLMAPIStandIn(config, mounts)
+        self.stand_in = LLMAPIStandIn(config, settings["mounts"])
 
     async def execute(self, requests: list[Any]) -> None:
         await asyncio.gather(*(self._serve(request) for request in requests))

@@ -3,9 +3,9 @@
 The adapter encodes each :class:`LLMAPIRequest` with :func:`encode_request` and reads each answer with
 :func:`decode_answer`; the CPU stand-in of the LLM-API model decodes what it receives with :func:`decode_request`
 and answers with :func:`encode_answer`. Names, dtypes and shapes are those of
-:data:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPI_INPUTS`/``LLMAPI_OUTPUTS``; how each is read follows upstream
-``helpers.py`` (every scalar of size 1, ``text_input`` one string) and how each is sent follows ``model.py``
-(one string per output, statistics as strings, reasons and statistics only when asked for).
+:data:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPI_INPUTS`/``LLMAPI_OUTPUTS``; how each is read follows
+upstream ``helpers.py`` (every scalar of size 1, ``text_input`` one string) and how each is sent follows
+``model.py`` (one string per output, statistics as strings, reasons and statistics only when asked for).
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ _OUTPUTS = by_name(LLMAPI_OUTPUTS)
 # LLMAPIRequest field -> the model's input, where they differ.
 _SAMPLING = {"max_tokens": "sampling_param_max_tokens", "temperature": "sampling_param_temperature",
              "top_k": "sampling_param_top_k", "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
+             "presence_penalty": "sampling_param_presence_penalty",
+             "frequency_penalty": "sampling_param_frequency_penalty",
              "exclude_input_from_output": "sampling_param_exclude_input_from_output",
              "return_perf_metrics": "sampling_param_return_perf_metrics"}
 _FLAGS = ("streaming", "return_finish_reason", "return_stop_reason")
 # Inputs that the stand-in does not rehearse, with the value that means "not used".
-_UNUSED = {"sampling_param_best_of": 1, "sampling_param_frequency_penalty": 0.0,
-           "sampling_param_presence_penalty": 0.0, "return_cumulative_logprob": False, "stop": False}
+_UNUSED = {"sampling_param_best_of": 1, "return_cumulative_logprob": False, "stop": False}
+# Inputs upstream declares but cannot take as Triton sends them, and why.
+_BROKEN = {"sampling_param_stop": "upstream helpers.py hands the BYTES items to SamplingParams.stop, which tokenizes "
+                                  "str only, so the request fails (the adapter ends stop words itself)"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,8 @@ class LLMAPIRequest:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
-    stop: tuple[str, ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     exclude_input_from_output: bool = True
     streaming: bool = False
     return_perf_metrics: bool = True
@@ -80,8 +85,6 @@ def encode_request(request: LLMAPIRequest) -> dict[str, np.ndarray]:
         value = getattr(request, field)
         if value is not None:
             arrays[name] = _array(name, value, _INPUTS)
-    if request.stop:
-        arrays["sampling_param_stop"] = _array("sampling_param_stop", request.stop, _INPUTS)
     for name in _FLAGS:
         arrays[name] = _array(name, getattr(request, name), _INPUTS)
     return arrays
@@ -104,6 +107,9 @@ def decode_request(arrays: Arrays) -> LLMAPIRequest:
     unknown = sorted(set(arrays) - set(_INPUTS))
     if unknown:
         raise RequestError(f"unexpected input(s) {', '.join(unknown)}: not in the LLM-API model's contract")
+    for name, why in _BROKEN.items():
+        if arrays.get(name) is not None:
+            raise RequestError(f"{name}: {why}")
     for name, array in arrays.items():
         if array is not None and np.dtype(NUMPY_DTYPES[_INPUTS[name].dtype]) != array.dtype:
             raise RequestError(f"{name} must be {_INPUTS[name].dtype}, got {array.dtype}")
@@ -117,15 +123,12 @@ def decode_request(arrays: Arrays) -> LLMAPIRequest:
     max_tokens = _scalar(arrays, "sampling_param_max_tokens")
     if max_tokens is None:
         raise RequestError("sampling_param_max_tokens is required here (the LLM API's default is 32 tokens)")
-    stops = arrays.get("sampling_param_stop")
     fields = {field: _scalar(arrays, name) for field, name in _SAMPLING.items()}
     fields.update({name: bool(_scalar(arrays, name) or False) for name in _FLAGS})
     fields["exclude_input_from_output"] = bool(fields["exclude_input_from_output"] or False)
     fields["return_perf_metrics"] = bool(fields["return_perf_metrics"] or False)
     return LLMAPIRequest(
-        prompt=decode_utf8(texts[0], "text_input"),
-        stop=() if stops is None else tuple(decode_utf8(item, "sampling_param_stop") for item in stops.reshape(-1)),
-        **{**fields, "max_tokens": int(max_tokens)},
+        prompt=decode_utf8(texts[0], "text_input"), **{**fields, "max_tokens": int(max_tokens)},
     )
 
 
