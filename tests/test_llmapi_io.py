@@ -118,14 +118,14 @@ def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> 
     ({"use_draft_logits": True}, "use_draft_logits=True", "send use_draft_logits=false"),
     ({"adaptive_draft": True}, "adaptive_draft=True", "send adaptive_draft=false"),
     ({"prompt_lookup": True}, "prompt_lookup=True", "send prompt_lookup=false"),
-    ({"beam_width": 2}, "beam_width=2", "send beam_width=1"),
+    ({"beam_width": 2}, "beam_width must be 1, got 2", "send beam_width=1"),  # the public rule, as the orchestrator
     ({"end_id": 5}, "end_id=5", "send end_id=2"),
     ({"bad_words": ["foo"]}, "bad_words=['foo']", "leave bad_words out"),
     ({"min_length": 3}, "min_tokens=3", "leave min_tokens out"),
     ({"repetition_penalty": 1.5}, "repetition_penalty=1.5", "leave repetition_penalty out"),
     ({"presence_penalty": 0.5}, "presence_penalty=0.5", "speculation.num_draft_tokens=0"),
     ({"frequency_penalty": 0.5}, "frequency_penalty=0.5", "speculation.num_draft_tokens=0"),
-    ({"num_return_sequences": 2}, "num_return_sequences=2", "leave num_return_sequences out"),
+    ({"num_return_sequences": 2}, "num_return_sequences must be 1, got 2", "send the request again"),
 ])
 def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict, named: str, fix: str) -> None:
     with pytest.raises(RequestError) as refused:
@@ -151,7 +151,7 @@ def test_bad_values_are_refused(values: dict, expected: str) -> None:
 
 def test_a_streamed_row_sends_deltas_and_ends_at_the_stop_word_kept() -> None:
     [row] = parse_rows(ensemble_request(stream=True, stop_words=["END", "wö"]), SETTINGS)
-    progress = RowProgress(row)
+    progress = RowProgress(0, row=row)
     progress.update(LLMAPIAnswer("Hello"))
     assert progress.take_new_text() == "Hello" and not progress.finished
     progress.update(LLMAPIAnswer("Hello, w\ufffd"))  # an incomplete character is held back
@@ -164,14 +164,14 @@ def test_a_streamed_row_sends_deltas_and_ends_at_the_stop_word_kept() -> None:
 
 def test_on_a_line_that_does_not_stream_the_stop_word_cuts_the_whole_answer() -> None:
     [row] = parse_rows(ensemble_request(stop_words=["\n\n"]), SETTINGS)
-    progress = RowProgress(row)
+    progress = RowProgress(0, row=row)
     progress.update(LLMAPIAnswer("first\n\nsecond\n\nthird", "length"))
     assert progress.finished and progress.generated() == "first\n\n" and progress.answer.finish_reason == "stop"
 
 
 def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about_one_row() -> None:
     [row] = parse_rows(ensemble_request(), SETTINGS)
-    progress = RowProgress(row, index=1, prompt_tokens=5, scheduled_ns=10)
+    progress = RowProgress(1, row=row, prompt_tokens=5, scheduled_ns=10)
     progress.update(LLMAPIAnswer("a", acceptance_rate=0.25, total_accepted_draft_tokens=1, total_draft_tokens=4), 20)
     progress.update(LLMAPIAnswer("ab"), 30)
     assert (progress.answer.text, progress.answer.total_draft_tokens) == ("ab", 4)
@@ -189,7 +189,7 @@ def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about
 
 def test_a_stop_reason_of_the_model_adds_nothing() -> None:
     [row] = parse_rows(ensemble_request(stop_words=["END"]), SETTINGS)
-    progress = RowProgress(row)
+    progress = RowProgress(0, row=row)
     progress.update(LLMAPIAnswer("text", "stop", "2"))  # the end token's id
     progress.finished = True
     assert progress.generated() == "text"

@@ -168,7 +168,7 @@ def test_a_negative_end_id_never_stops():
 def test_each_response_is_about_one_row():
     streamed, whole = parse_rows(request(stream=np.array([[True], [False]]),
                                          exclude_input_in_output=np.array([[False]])), SETTINGS)
-    row = RowProgress(0, streamed, stats=SpeculationStats(drafted_tokens=4, accepted_tokens=3), scheduled_ns=10)
+    row = RowProgress(0, row=streamed, stats=SpeculationStats(drafted_tokens=4, accepted_tokens=3), scheduled_ns=10)
     row.add([1, 2], 20, None)
     first = row.response(5)
     row.add([3], 30, "length")
@@ -183,7 +183,7 @@ def test_each_response_is_about_one_row():
     assert {name: array.dtype.name for name, array in second.items()} == {
         t.name: NUMPY_DTYPES[t.dtype] for t in ORCHESTRATOR_OUTPUTS}
 
-    other = RowProgress(1, whole)
+    other = RowProgress(1, row=whole)
     other.add([4], 40, "end_id")
     answer = other.response(5)
     assert answer["output_ids"].tolist() == [[8, 9, 4]]  # the whole answer, with its prompt (not excluded)

@@ -25,6 +25,8 @@ from typing import Literal
 
 import torch
 
+from specbuild.errors import RequestError
+
 Rule = Literal["greedy", "token-match", "rejection"]
 
 
@@ -76,15 +78,19 @@ class SamplingParams:
         ``runtime_top_p``, ...; NVIDIA's ensemble passes ``top_k``/``top_p`` on unchanged): a ``top_p`` of 0
         or less is unset, ``top_k`` 0 or 1 with ``top_p`` unset is greedy whatever the temperature
         (TensorRT-LLM ``samplingTopKKernels.h``, ``regularizeTopKTopP``), a ``top_k`` with ``top_p`` unset
-        has no nucleus limit; absent values take the backend's defaults."""
-        k = 0 if top_k is None else int(top_k)
-        p = 0.0 if top_p is None or top_p <= 0.0 else float(top_p)
-        greedy = k in (0, 1) and p == 0.0
-        return cls(temperature=1.0 if temperature is None else float(temperature), top_k=1 if greedy else k,
-                   top_p=1.0 if p == 0.0 else p,
-                   repetition_penalty=1.0 if repetition_penalty is None else float(repetition_penalty),
-                   presence_penalty=0.0 if presence_penalty is None else float(presence_penalty),
-                   frequency_penalty=0.0 if frequency_penalty is None else float(frequency_penalty))
+        has no nucleus limit; absent values take the backend's defaults. A value it cannot take is a
+        :class:`~specbuild.errors.RequestError` naming the input."""
+        try:
+            k = 0 if top_k is None else int(top_k)
+            p = 0.0 if top_p is None or top_p <= 0.0 else float(top_p)
+            greedy = k in (0, 1) and p == 0.0
+            return cls(temperature=1.0 if temperature is None else float(temperature), top_k=1 if greedy else k,
+                       top_p=1.0 if p == 0.0 else p,
+                       repetition_penalty=1.0 if repetition_penalty is None else float(repetition_penalty),
+                       presence_penalty=0.0 if presence_penalty is None else float(presence_penalty),
+                       frequency_penalty=0.0 if frequency_penalty is None else float(frequency_penalty))
+        except (TypeError, ValueError) as exc:  # a value the backend cannot sample with: the request's error
+            raise RequestError(str(exc)) from None
 
     def backend_values(self) -> dict[str, float | int]:
         """The backend inputs (``temperature``, ``runtime_top_k``, ``runtime_top_p``, penalties) that make it

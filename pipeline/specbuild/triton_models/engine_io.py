@@ -93,12 +93,9 @@ def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[Deco
         length = get("input_lengths")
         prompt = input_ids[row].reshape(-1)[: input_ids.shape[-1] if length is None else int(length)].tolist()
         drafts = draft_ids[row].reshape(-1).tolist() if draft_ids is not None and draft_ids.size else None
-        try:
-            sampling = SamplingParams.from_backend(get("temperature"), get("runtime_top_k"), get("runtime_top_p"),
-                                                   get("repetition_penalty"), get("presence_penalty"),
-                                                   get("frequency_penalty"))
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        sampling = SamplingParams.from_backend(get("temperature"), get("runtime_top_k"), get("runtime_top_p"),
+                                               get("repetition_penalty"), get("presence_penalty"),
+                                               get("frequency_penalty"))
         exclude = get("exclude_input_in_output")
         rows.append(DecodedRequest(EngineRequest(
             input_ids=prompt,

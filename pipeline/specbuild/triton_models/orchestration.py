@@ -9,21 +9,19 @@ once; the request's last response carries the final flag.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
 from specbuild.speculation.request import GenerationRequest
-from specbuild.speculation.rules import SamplingParams
 from specbuild.speculation.stats import SpeculationStats
-from specbuild.triton_models.batch import finite, renamed_value, row_value
+from specbuild.triton_models import public_rows
+from specbuild.triton_models.batch import row_value
+from specbuild.triton_models.public_rows import Arrays, read_row, row_getters
 from specbuild.triton_models.text import decode_word_list
 
-Arrays = Mapping[str, "np.ndarray | None"]
 _OUTPUTS = by_name(ORCHESTRATOR_OUTPUTS)
 
 
@@ -37,101 +35,72 @@ class RowRequest:
     max_seconds: float | None  # stop after the round that passes this many seconds from arrival (None: never)
 
 
-def _end_id(value: Any, vocab_size: int) -> int | None:
+def _end_id(value: int | None, vocab_size: int) -> int | None:
     """A negative end id means "never stop on a token", as in TensorRT-LLM; one beyond the vocabulary is the
     client's error (refused here, before a draft or target call could fail on it)."""
-    if value is None or int(value) < 0:
+    if value is None or value < 0:
         return None
-    if int(value) >= vocab_size:
-        raise RequestError(f"end_id {int(value)} is outside the vocabulary [0, {vocab_size})",
+    if value >= vocab_size:
+        raise RequestError(f"end_id {value} is outside the vocabulary [0, {vocab_size})",
                            "send a token id of the model's tokenizer, or leave end_id out for its eos")
-    return int(value)
-
-
-def _deadline(get: Callable[[str], Any], settings: OrchestratorParameters) -> float | None:
-    """The row's time limit: the client's ``max_time`` within the server's ``max_request_seconds`` (0: none)."""
-    limits = [limit for limit in (finite("max_time", get("max_time"), positive=True),
-                                  settings.max_request_seconds or None) if limit is not None]
-    return min(limits) if limits else None
+    return value
 
 
 def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequest]:
-    """Each row of an orchestrator request, checked against the release's limits.
+    """Each row of an orchestrator request, checked against the release's limits: the public rules
+    (:func:`~specbuild.triton_models.public_rows.read_row`), then the prompt and the speculation settings.
 
     Raises :class:`RequestError` naming the input at fault; nothing of the request runs then.
     """
-    input_ids, lengths, max_tokens = (arrays.get(name) for name in ("input_ids", "input_length", "max_tokens"))
-    for name, array in (("input_ids", input_ids), ("input_length", lengths), ("max_tokens", max_tokens)):
-        if array is None:
+    for name in ("input_ids", "input_length"):
+        if arrays.get(name) is None:
             raise RequestError(f"missing input {name!r}")
+    input_ids, lengths = arrays["input_ids"], arrays["input_length"]
     stop_words, bad_words = arrays.get("stop_words_ids"), arrays.get("bad_words_ids")
     rows = []
-    for row in range(input_ids.shape[0]):
-        def get(name: str, default: Any = None, row: int = row) -> Any:
-            return row_value(arrays.get(name), row, default)
-
+    for row, get in enumerate(row_getters(arrays, "input_ids")):
+        public = read_row(get, max_request_seconds=settings.max_request_seconds)
         prompt = input_ids[row].reshape(-1)[: int(row_value(lengths, row))].tolist()
-        wanted = int(row_value(max_tokens, row))
-        if wanted < 1:
-            raise RequestError(f"max_tokens must be at least 1, got {wanted}")
-        if len(prompt) + wanted > settings.max_seq_len:
+        if len(prompt) + public.max_tokens > settings.max_seq_len:
             raise RequestError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({wanted}) exceeds max_seq_len ({settings.max_seq_len}); "
-                f"ask for at most {max(0, settings.max_seq_len - len(prompt))} tokens")
-        k = int(get("num_draft_tokens", settings.num_draft_tokens))
+                f"prompt ({len(prompt)} tokens) + max_tokens ({public.max_tokens}) exceeds max_seq_len "
+                f"({settings.max_seq_len}); ask for at most {max(0, settings.max_seq_len - len(prompt))} tokens")
+        k = settings.num_draft_tokens if public.num_draft_tokens is None else public.num_draft_tokens
         if not 0 <= k <= settings.max_draft_len:
             raise RequestError(f"num_draft_tokens must be within 0..{settings.max_draft_len} (the target engine's "
                                f"max_draft_len), got {k}")
-        if int(get("beam_width", 1)) != 1:
-            raise RequestError("beam_width must be 1: beam search does not combine with draft-target decoding")
-        if int(get("num_return_sequences", 1)) != 1:
-            raise RequestError("num_return_sequences must be 1: one sequence per request (send the request again "
-                               "for more)")
-        finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
-        min_tokens = int(renamed_value(get, "min_tokens") or 0)
-        if min_tokens < 0:
-            raise RequestError(f"min_tokens must be 0 or more, got {min_tokens}")
-        try:
-            sampling = SamplingParams.from_backend(get("temperature"), get("top_k"), get("top_p"),
-                                                   get("repetition_penalty"), get("presence_penalty"),
-                                                   get("frequency_penalty"))
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
-        seed = renamed_value(get, "seed")
-        stream = bool(get("stream", False))
+        lookup = settings.prompt_lookup if public.prompt_lookup is None else public.prompt_lookup
         rows.append(RowRequest(
             generation=GenerationRequest(
-                prompt_ids=prompt, max_tokens=wanted, sampling=sampling,
-                seed=None if seed is None else int(seed), end_id=_end_id(get("end_id"), settings.vocab_size),
-                min_tokens=min_tokens,
+                prompt_ids=prompt, max_tokens=public.max_tokens, sampling=public.sampling, seed=public.seed,
+                end_id=_end_id(public.end_id, settings.vocab_size), min_tokens=public.min_tokens,
                 stop_words=decode_word_list(None if stop_words is None else stop_words[row]),
                 bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
                 num_draft_tokens=k,
-                use_draft_logits=bool(get("use_draft_logits", settings.use_draft_logits)),
-                adaptive=bool(get("adaptive_draft", settings.adaptive_draft)),
-                prompt_lookup=settings.lookup if bool(get("prompt_lookup", settings.prompt_lookup)) else None,
-                target_only_chunk=1 if stream else None,
+                use_draft_logits=settings.use_draft_logits if public.use_draft_logits is None
+                else public.use_draft_logits,
+                adaptive=settings.adaptive_draft if public.adaptive_draft is None else public.adaptive_draft,
+                prompt_lookup=settings.lookup if lookup else None,
+                target_only_chunk=1 if public.stream else None,
             ),
-            stream=stream,
-            exclude_input=bool(get("exclude_input_in_output", False)),
-            max_seconds=_deadline(get, settings),
+            stream=public.stream,
+            exclude_input=public.exclude_input,
+            max_seconds=public.max_seconds,
         ))
     return rows
 
 
 @dataclass
-class RowProgress:
-    """One row while it runs: its tokens so far, how many were sent, and when things happened (epoch ns)."""
+class RowProgress(public_rows.RowProgress):
+    """One row while it runs: its tokens so far and how many were sent, with what every response reports."""
 
-    index: int  # batch_index
-    row: RowRequest
+    row: RowRequest = field(kw_only=True)
     stats: SpeculationStats = field(default_factory=SpeculationStats)
-    tokens: list[int] = field(default_factory=list)
-    sent: int = 0
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # the loop's (length, end_id, stop_words, ...), or "time" at the deadline
-    scheduled_ns: int = 0
-    first_token_ns: int = 0
-    last_token_ns: int = 0
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = len(self.row.generation.prompt_ids)
 
     @property
     def finished(self) -> bool:
@@ -140,34 +109,28 @@ class RowProgress:
     def add(self, tokens: list[int], now_ns: int, finish_reason: str | None) -> None:
         """A round's tokens, accepted at ``now_ns``, and why the row ends there (None: it goes on)."""
         if tokens:
-            self.first_token_ns = self.first_token_ns or now_ns
-            self.last_token_ns = now_ns
-        self.tokens.extend(tokens)
+            self.produced(now_ns)
+        self.token_ids.extend(tokens)
+        self.tokens = len(self.token_ids)
         self.finish_reason = finish_reason
 
     @property
     def has_news(self) -> bool:
         """Whether a response is due: a streamed row with unsent tokens, or a finished row."""
-        return self.finished or (self.row.stream and len(self.tokens) > self.sent)
+        return self.finished or (self.row.stream and self.tokens > self.reported_tokens)
 
     def response(self, arrival_ns: int) -> dict[str, np.ndarray]:
         """The next response's tensors (and the tokens it covers count as sent): a streamed row's tokens so far
         with how many were already sent, or a finished row's whole answer (the prompt first unless excluded)."""
         row = self.row
         if row.stream:
-            ids, skip, new = self.tokens, self.sent, len(self.tokens) - self.sent
+            ids, skip = self.token_ids, self.reported_tokens
         else:
-            ids = self.tokens if row.exclude_input else row.generation.prompt_ids + self.tokens
-            skip, new = 0, len(self.tokens)
-        self.sent = len(self.tokens)
-        values = {
-            "output_ids": (np.array([ids], dtype=np.int32) if ids else np.zeros((1, 1), dtype=np.int32)),
-            "output_length": len(ids), "skip_tokens": skip, "is_final": self.finished, "batch_index": self.index,
-            "acceptance_rate": self.stats.acceptance_rate, "total_accepted_draft_tokens": self.stats.accepted_tokens,
-            "total_draft_tokens": self.stats.drafted_tokens, "arrival_time_ns": arrival_ns,
-            "first_scheduled_time_ns": self.scheduled_ns, "first_token_time_ns": self.first_token_ns,
-            "last_token_time_ns": self.last_token_ns, "num_input_tokens": len(row.generation.prompt_ids),
-            "num_output_tokens": new, "output_token_count": len(self.tokens),
-        }
-        return {name: value if isinstance(value, np.ndarray)
-                else np.array([[value]], dtype=NUMPY_DTYPES[_OUTPUTS[name].dtype]) for name, value in values.items()}
+            ids = self.token_ids if row.exclude_input else row.generation.prompt_ids + self.token_ids
+            skip = 0
+        values = {"output_ids": np.array([ids], dtype=np.int32) if ids else np.zeros((1, 1), dtype=np.int32),
+                  "output_length": np.array([[len(ids)]], dtype=NUMPY_DTYPES[_OUTPUTS["output_length"].dtype]),
+                  "skip_tokens": np.array([[skip]], dtype=NUMPY_DTYPES[_OUTPUTS["skip_tokens"].dtype]),
+                  "is_final": np.array([[self.finished]], dtype=NUMPY_DTYPES[_OUTPUTS["is_final"].dtype])}
+        return {**values, **self.figures(arrival_ns, acceptance_rate=self.stats.acceptance_rate,
+                                         accepted=self.stats.accepted_tokens, drafted=self.stats.drafted_tokens)}

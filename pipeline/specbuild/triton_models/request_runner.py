@@ -94,7 +94,8 @@ class RequestRunner:
     async def _serve(self, exchange: Exchange) -> None:
         arrival_ns, started = time.time_ns(), self.clock()
         try:
-            rows = [RowProgress(index, row) for index, row in enumerate(parse_rows(exchange.arrays(), self.settings))]
+            rows = [RowProgress(index, row=row)
+                    for index, row in enumerate(parse_rows(exchange.arrays(), self.settings))]
             unfinished = len(rows)
 
             def report(row: RowProgress) -> None:
@@ -144,13 +145,13 @@ class RequestRunner:
                 late = limit is not None and self.clock() - started >= limit
                 row.add(step.tokens, time.time_ns(), step.finish_reason or (TIME_LIMIT if late else None))
                 if row.finished:  # counted before its last response goes
-                    self.metrics.record(row.stats, len(row.tokens))
+                    self.metrics.record(row.stats, row.tokens)
                 report(row)
                 if row.finished:
                     return
         finally:
             if not row.finished:  # cancelled or failed: its work so far still counts
-                self.metrics.record(row.stats, len(row.tokens))
+                self.metrics.record(row.stats, row.tokens)
 
     def _draft_failed(self, exc: Exception) -> None:
         self.log.log_warn(f"orchestrator: draft model failed ({exc}); continuing with the target alone")

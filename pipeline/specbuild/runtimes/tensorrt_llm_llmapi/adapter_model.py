@@ -71,7 +71,7 @@ class TritonPythonModel:
         try:
             rows = [templated(row, self.tokenizer)
                     for row in parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)]
-            progress = [RowProgress(row, index, prompt_tokens=len(self.tokenizer.encode(row.llm.prompt)))
+            progress = [RowProgress(index, row=row, prompt_tokens=len(self.tokenizer.encode(row.llm.prompt)))
                         for index, row in enumerate(rows)]
             texts = await self._answer(request, sender, progress, arrival_ns)
             if texts is None:

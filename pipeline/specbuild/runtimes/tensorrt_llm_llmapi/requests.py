@@ -14,22 +14,18 @@ the release's ``max_request_seconds``: the answer so far, the generation cancell
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from specbuild.errors import RequestError
-from specbuild.package.contract import ENSEMBLE_OUTPUTS, NUMPY_DTYPES, by_name
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPIAdapterParameters
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
 from specbuild.speculation.rules import SamplingParams
-from specbuild.triton_models.batch import RENAMED, finite, renamed_value, row_value
+from specbuild.triton_models import public_rows
+from specbuild.triton_models.public_rows import Arrays, PublicRow, read_row, row_getters
 from specbuild.triton_models.text import decode_utf8, text_after
-
-Arrays = Mapping[str, "np.ndarray | None"]
-_OUTPUTS = by_name(ENSEMBLE_OUTPUTS)
 _STATISTICS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 FIXED_K = "fixed when TensorRT-LLM loads the models (its LLM API has no per-request draft length)"
 
@@ -68,97 +64,72 @@ def _refuse(name: str, value: Any, why: str, fix: str) -> RequestError:
 
 # Inputs of the public interface that the LLM-API Triton model has no input for, with the value that means "not
 # used" (its config.pbtxt: contract.LLMAPI_INPUTS).
-UNAVAILABLE = {"min_tokens": 0, "repetition_penalty": 1.0, "num_return_sequences": 1}
-# Penalties the LLM-API model takes; exact only where nothing is drafted (see _refuse_unexact_penalties).
-PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+UNAVAILABLE = {"min_tokens": 0, "repetition_penalty": 1.0}
 
 
-def _refuse_unavailable(get: Callable[[str], Any]) -> None:
+def _refuse_unavailable(public: PublicRow) -> None:
     for name, unused in UNAVAILABLE.items():
-        value = renamed_value(get, name) if name in RENAMED else get(name)
-        if value is not None and value != unused:
+        value = public.min_tokens if name == "min_tokens" else getattr(public.sampling, name)
+        if value != unused:
             raise _refuse(name, value, "this release serves TensorRT-LLM's LLM-API model, which takes no such input",
                           f"leave {name} out (or send {unused})")
 
 
-def _refuse_unexact_penalties(get: Callable[[str], Any], settings: LLMAPIAdapterParameters) -> None:
+def _refuse_unexact_penalties(public: PublicRow, settings: LLMAPIAdapterParameters) -> None:
     """specbuild never drafts under penalties (each drafted position of a verification would need its own counts);
     whether TensorRT-LLM's two-model Draft/Target path penalises each verified position by the tokens before it is
     not established from its source, so a release that speculates refuses them; a K=0 release passes them on."""
     if not settings.num_draft_tokens:
         return
-    for name, unused in PENALTIES.items():
-        value = get(name)
-        if value is not None and float(value) != unused:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(public.sampling, name)
+        if value:
             raise _refuse(name, value, "this release speculates inside TensorRT-LLM, whose exactness under sampling "
                           "penalties is not established", f"leave {name} out, or serve a release packaged with "
                           "speculation.num_draft_tokens=0 (the target alone), which applies it")
 
 
-def _max_seconds(get: Callable[[str], Any], settings: LLMAPIAdapterParameters) -> float | None:
-    """The row's time limit: the client's ``max_time`` within the release's ``max_request_seconds`` (0: none)."""
-    limits = [limit for limit in (finite("max_time", get("max_time"), positive=True),
-                                  settings.max_request_seconds or None) if limit is not None]
-    return min(limits) if limits else None
+def _refuse_fixed_speculation(public: PublicRow, settings: LLMAPIAdapterParameters) -> None:
+    """What TensorRT-LLM fixes at load, or does not do: a request may restate it, not change it."""
+    if public.num_draft_tokens is not None and public.num_draft_tokens != settings.num_draft_tokens:
+        raise _refuse("num_draft_tokens", public.num_draft_tokens, f"this release drafts {settings.num_draft_tokens} "
+                      f"tokens per round, {FIXED_K}", f"send num_draft_tokens={settings.num_draft_tokens} or leave it out")
+    for name, why in (("use_draft_logits", "TensorRT-LLM verifies the draft's tokens by token matching here"),
+                      ("adaptive_draft", f"the draft length is {FIXED_K}"),
+                      ("prompt_lookup", "TensorRT-LLM drafts with the draft model only here")):
+        if getattr(public, name):
+            raise _refuse(name, True, why, f"send {name}=false or leave it out")
+    if public.end_id is not None and public.end_id != settings.end_id:
+        raise _refuse("end_id", public.end_id, f"the LLM API stops on the tokenizer's end token ({settings.end_id}) "
+                      "only", f"send end_id={settings.end_id} or leave it out")
 
 
 def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[AdapterRow]:
-    """Each row of an ensemble request as an LLM-API request; a row the LLM API cannot honour raises
-    :class:`RequestError` naming the input, and nothing of the request runs."""
-    texts, max_tokens = arrays.get("text_input"), arrays.get("max_tokens")
-    for name, array in (("text_input", texts), ("max_tokens", max_tokens)):
-        if array is None:
-            raise RequestError(f"missing input {name!r}")
+    """Each row of an ensemble request as an LLM-API request: the public rules
+    (:func:`~specbuild.triton_models.public_rows.read_row`), then what the LLM API cannot honour, refused with a
+    :class:`RequestError` naming the input; nothing of the request runs then."""
+    texts = arrays.get("text_input")
     rows = []
-    for row in range(texts.shape[0]):
-        def get(name: str, default: Any = None, row: int = row) -> Any:
-            return row_value(arrays.get(name), row, default)
-
+    for row, get in enumerate(row_getters(arrays, "text_input")):
+        public = read_row(get, max_request_seconds=settings.max_request_seconds)
         prompt = decode_utf8(np.asarray(texts[row]).reshape(-1)[0], "text_input")
         if not prompt.strip():
             raise RequestError("text_input is empty", "send a non-empty prompt")
-        wanted = int(row_value(max_tokens, row))
-        if wanted < 1:
-            raise RequestError(f"max_tokens must be at least 1, got {wanted}")
-        k = get("num_draft_tokens")
-        if k is not None and int(k) != settings.num_draft_tokens:
-            raise _refuse("num_draft_tokens", int(k), f"this release drafts {settings.num_draft_tokens} tokens per "
-                          f"round, {FIXED_K}", f"send num_draft_tokens={settings.num_draft_tokens} or leave it out")
-        for name, why in (("use_draft_logits", "TensorRT-LLM verifies the draft's tokens by token matching here"),
-                          ("adaptive_draft", f"the draft length is {FIXED_K}"),
-                          ("prompt_lookup", "TensorRT-LLM drafts with the draft model only here")):
-            if get(name):
-                raise _refuse(name, True, why, f"send {name}=false or leave it out")
-        if int(get("beam_width", 1)) != 1:
-            raise _refuse("beam_width", int(get("beam_width")), "beam search does not combine with draft-target "
-                          "decoding", "send beam_width=1 or leave it out")
-        end_id = get("end_id")
-        if end_id is not None and int(end_id) != settings.end_id:
-            raise _refuse("end_id", int(end_id), f"the LLM API stops on the tokenizer's end token ({settings.end_id}) "
-                          "only", f"send end_id={settings.end_id} or leave it out")
+        _refuse_fixed_speculation(public, settings)
         bad_words = _strings(arrays.get("bad_words"), row, "bad_words")
         if bad_words:
             raise _refuse("bad_words", list(bad_words), "the LLM-API Triton model takes no bad words",
                           "leave bad_words out")
-        _refuse_unavailable(get)
-        _refuse_unexact_penalties(get, settings)
-        finite("length_penalty", get("length_penalty"))  # scores finished beams: no effect at beam width 1
-        try:
-            sampling = SamplingParams.from_backend(get("temperature"), get("top_k"), get("top_p"),
-                                                   presence_penalty=get("presence_penalty"),
-                                                   frequency_penalty=get("frequency_penalty"))
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
-        seed = renamed_value(get, "seed")
-        stream = bool(get("stream", False))
+        _refuse_unavailable(public)
+        _refuse_unexact_penalties(public, settings)
         rows.append(AdapterRow(
-            llm=LLMAPIRequest(prompt=prompt, max_tokens=wanted, seed=None if seed is None else int(seed),
-                              streaming=stream and settings.streams, **sampling_values(sampling)),
-            stream=stream,
-            include_prompt=not stream and not bool(get("exclude_input_in_output", False)),
+            llm=LLMAPIRequest(prompt=prompt, max_tokens=public.max_tokens, seed=public.seed,
+                              streaming=public.stream and settings.streams, **sampling_values(public.sampling)),
+            stream=public.stream,
+            include_prompt=not public.stream and not public.exclude_input,
             chat=bool(get("apply_chat_template", False)),
             stop=_strings(arrays.get("stop_words"), row, "stop_words"),
-            max_seconds=_max_seconds(get, settings),
+            max_seconds=public.max_seconds,
         ))
     return rows
 
@@ -181,20 +152,14 @@ def templated(row: AdapterRow, tokenizer: Any) -> AdapterRow:
 
 
 @dataclass
-class RowProgress:
-    """What a row's client has been sent, the latest answer of the LLM-API model for it, and when (epoch ns)."""
+class RowProgress(public_rows.RowProgress):
+    """What a row's client has been sent and the latest answer of the LLM-API model for it, with what every
+    response reports (``tokens``: the output_token_count of the latest text)."""
 
-    row: AdapterRow
-    index: int = 0  # batch_index
+    row: AdapterRow = field(kw_only=True)
     answer: LLMAPIAnswer | None = None
     sent: str = ""
     finished: bool = False
-    tokens: int = 0  # output_token_count of the latest text
-    reported_tokens: int = 0  # of those, the ones previous responses covered
-    prompt_tokens: int = 0
-    scheduled_ns: int = 0
-    first_text_ns: int = 0
-    last_text_ns: int = 0
 
     def update(self, answer: LLMAPIAnswer, now_ns: int = 0) -> None:
         """Take the model's latest answer, received at ``now_ns``; statistics it did not send keep their last
@@ -208,8 +173,7 @@ class RowProgress:
             answer = replace(answer, text=answer.text[:min(ends)], finish_reason="stop")
             self.finished = True
         if answer.text != (self.answer.text if self.answer is not None else ""):
-            self.first_text_ns = self.first_text_ns or now_ns
-            self.last_text_ns = now_ns
+            self.produced(now_ns)
         self.answer = answer
 
     def generated(self) -> str:
@@ -223,20 +187,10 @@ class RowProgress:
         return new
 
     def response(self, text: str, arrival_ns: int) -> dict[str, np.ndarray]:
-        """A response about this row (as every response is: ``batch_index``): ``text`` 1-D as NVIDIA's
-        postprocessing sends it, and the row's figures so far (``num_output_tokens``: the tokens since the
-        previous response)."""
+        """A response about this row: ``text`` 1-D as NVIDIA's postprocessing sends it, and the row's figures so far
+        (statistics the model did not send count 0)."""
         answer = self.answer
-        values = {
-            "batch_index": self.index,
-            "acceptance_rate": (answer and answer.acceptance_rate) or 0.0,
-            "total_accepted_draft_tokens": (answer and answer.total_accepted_draft_tokens) or 0,
-            "total_draft_tokens": (answer and answer.total_draft_tokens) or 0,
-            "arrival_time_ns": arrival_ns, "first_scheduled_time_ns": self.scheduled_ns,
-            "first_token_time_ns": self.first_text_ns, "last_token_time_ns": self.last_text_ns,
-            "num_input_tokens": self.prompt_tokens, "num_output_tokens": self.tokens - self.reported_tokens,
-            "output_token_count": self.tokens,
-        }
-        self.reported_tokens = self.tokens
-        arrays = {name: np.array([[value]], dtype=NUMPY_DTYPES[_OUTPUTS[name].dtype]) for name, value in values.items()}
-        return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_), **arrays}
+        figures = self.figures(arrival_ns, acceptance_rate=(answer and answer.acceptance_rate) or 0.0,
+                               accepted=(answer and answer.total_accepted_draft_tokens) or 0,
+                               drafted=(answer and answer.total_draft_tokens) or 0)
+        return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_), **figures}

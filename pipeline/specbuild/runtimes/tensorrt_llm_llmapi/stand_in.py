@@ -75,12 +75,9 @@ class LLMAPIStandIn:
         if penalised and self.max_draft_len:
             raise RequestError("presence/frequency penalties: the stand-in applies them only without "
                                "speculative_config (specbuild's adapter sends them to such releases only)")
-        try:
-            sampling = SamplingParams.from_backend(request.temperature, request.top_k, request.top_p,
-                                                   presence_penalty=request.presence_penalty,
-                                                   frequency_penalty=request.frequency_penalty)
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        sampling = SamplingParams.from_backend(request.temperature, request.top_k, request.top_p,
+                                               presence_penalty=request.presence_penalty,
+                                               frequency_penalty=request.frequency_penalty)
         return GenerationRequest(prompt_ids=prompt_ids, max_tokens=request.max_tokens, sampling=sampling,
                                  seed=request.seed, end_id=self.end_id, num_draft_tokens=self.max_draft_len,
                                  use_draft_logits=False)
