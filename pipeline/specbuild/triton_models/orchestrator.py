@@ -4,8 +4,9 @@ Each row of a request runs :func:`specbuild.speculation.loop.speculate` with the
 models called through BLS, so many requests are in flight at once. Each response is about one row
 (``batch_index``), as NVIDIA's backend answers: a streamed row sends the tokens accepted in each round, a
 non-streamed one its whole answer when it ends; the request's last response is final. Every response carries
-the row's acceptance figures and timings so far, and the Prometheus counters of
-:mod:`specbuild.speculation.stats` are exported through the python backend's metrics API. A row stops after
+the row's acceptance figures and timings so far, and the Prometheus metrics of
+:mod:`specbuild.speculation.stats` (counters, the in-flight gauge, each finished row's latencies) are exported
+through the python backend's metrics API. A row stops after
 the round in which its client cancels (seen when the model is called directly: an ensemble does not pass
 cancellation on to a step already running) or its time limit passes (``max_time`` within the parameter
 ``max_request_seconds``, which also ends requests nobody waits for). Drafts come from
@@ -110,6 +111,10 @@ class TritonPythonModel:
                 before it goes, so a client reading the metrics next finds its request there)."""
                 nonlocal unfinished
                 unfinished -= row.finished
+                if row.finished:
+                    self.metrics.observe_latencies(arrival_ns=arrival_ns, scheduled_ns=row.scheduled_ns,
+                                                   first_token_ns=row.first_token_ns,
+                                                   last_token_ns=row.last_token_ns, output_tokens=len(row.tokens))
                 if not unfinished and any(item.finish_reason == TIME_LIMIT for item in rows):
                     self.metrics.count("timed_out")
                     self.logger.log_info("orchestrator: a request reached its time limit; stopped after its round")
