@@ -11,6 +11,7 @@ from rich.table import Table
 
 from specbuild.bench.metrics import Cell
 from specbuild.errors import UsageError
+from specbuild.speculation.stats import E2E, QUEUE, TPOT, TTFT, Metric
 
 Column = tuple[str, Callable[[Cell], str]]
 
@@ -53,6 +54,11 @@ SPEED_COLUMNS: list[Column] = [
     ("engine share", lambda c: _num(c.engine_share, 2)),
     ("=K0 text", lambda c: "-" if c.matches_baseline is None else f"{c.matches_baseline:.0%}"),
 ]
+def _server(metric: Metric) -> Column:
+    """A column of the serving model's histogram ``metric`` over the cell (``-`` without the metrics endpoint)."""
+    return (f"server {metric.key.upper()} ms p50/p95/p99", lambda c: _ms(c.server_latency.get(metric.key, {})))
+
+
 LATENCY_COLUMNS: list[Column] = [
     ("K", lambda c: c.label.removeprefix("K=")),
     ("conc.", lambda c: str(c.concurrency)),
@@ -60,18 +66,20 @@ LATENCY_COLUMNS: list[Column] = [
     ("TPOT ms p50/p95/p99", lambda c: _ms(c.tpot)),
     ("ITL ms p50/p95/p99", lambda c: _ms(c.itl)),
     ("E2E ms p50/p95/p99", lambda c: _ms(c.e2e)),
+    *(_server(metric) for metric in (TTFT, TPOT, E2E, QUEUE)),
 ]
 
 
 # Left out of the terminal table to keep it narrow (they are in the Markdown and JSON reports).
-MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share"}
+MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share", _server(TPOT)[0], _server(E2E)[0]}
 
 
 def tables(cells: Sequence[Cell]) -> list[Table]:
     """Two rich tables: speed and acceptance, then latency."""
     result = []
     speed = [column for column in SPEED_COLUMNS if column[0] not in MARKDOWN_ONLY]
-    for title, columns in (("speed and acceptance", speed), ("latency (streamed)", LATENCY_COLUMNS)):
+    latency = [column for column in LATENCY_COLUMNS if column[0] not in MARKDOWN_ONLY]
+    for title, columns in (("speed and acceptance", speed), ("latency (streamed)", latency)):
         table = Table(title=title, title_justify="left")
         for name, _ in columns:
             table.add_column(name, justify="right" if name not in ("per position",) else "left")
@@ -106,7 +114,11 @@ def markdown(report: Any) -> str:
               "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "
               "share = engine seconds / request seconds; lookup = rounds drafted by prompt lookup / all rounds, then "
               "prompt lookup's own acceptance (its accepted / drafted tokens; acceptance and MAL count both draft "
-              "sources).", ""]
+              "sources). Latency: TTFT to E2E as the client saw them; the server columns are quantiles of the "
+              "serving model's histograms over the cell's requests ("
+              + ", ".join(f"`{metric.name}`" for metric in (TTFT, TPOT, E2E, QUEUE))
+              + "), estimated as Prometheus's histogram_quantile does (linear within a bucket), so they match a "
+              "dashboard's; QUEUE is the time before a request's first round.", ""]
     return "\n".join(lines)
 
 
