@@ -128,3 +128,14 @@ def test_deploy_flags_reach_the_rules(gpu_release, tmp_path):  # noqa: F811
     refused = CliRunner().invoke(main, [
         "deploy", str(gpu_release.repository), "-o", str(out), "--pvc", "release", "--min-acceptance", "1.5"])
     assert refused.exit_code == 2 and "--min-acceptance" in refused.output
+
+
+def test_the_wheel_ships_the_dashboard(tmp_path):
+    """deploy and monitoring read dashboard.json from the installed package."""
+    import zipfile
+    from pathlib import Path
+
+    hatchling = pytest.importorskip("hatchling.builders.wheel")
+    root = Path(__file__).resolve().parents[1]
+    wheel = next(iter(hatchling.WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])))
+    assert "specbuild/monitoring/dashboard.json" in zipfile.ZipFile(wheel).namelist()

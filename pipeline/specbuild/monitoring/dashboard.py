@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from specbuild.monitoring.promql import M, Scope, Signals
+from specbuild.monitoring.promql import METRIC, Scope, Signals
 from specbuild.speculation.stats import E2E, IN_FLIGHT, QUEUE, TPOT, TTFT, Metric
 
 DASHBOARD_FILE = Path(__file__).with_name("dashboard.json")
@@ -27,7 +27,7 @@ RATE_INTERVAL = "$__rate_interval"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 PANEL_HEIGHT = 8
-Unit = Literal["short", "percentunit", "s", "reqps", "bytes"]
+Unit = Literal["short", "percentunit", "s", "reqps"]
 
 TRITON_FAILURES = "nv_inference_request_failure"  # Triton's own, per model (every release)
 # The TensorRT-LLM backend's gauges (NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/
@@ -139,16 +139,16 @@ def specbuild_dashboard() -> Dashboard:
     by_source = s.tokens_by_source()
     traffic = Row("Traffic", (
         Panel("Output tokens per second", "Tokens generated, over every replica.",
-              (Query(s.rate(M["output_tokens"]), "tokens/s"),)),
+              (Query(s.rate(METRIC["output_tokens"]), "tokens/s"),)),
         Panel("Requests per second", "Requests finished by the serving model (failed and cancelled ones included).",
-              (Query(s.rate(M["requests"]), "finished"),), unit="reqps"),
+              (Query(s.rate(METRIC["requests"]), "finished"),), unit="reqps"),
         Panel("Requests in flight", "Being served now: the autoscaler's signal (its target is set by deploy).",
               (Query(s.in_flight(), "in flight"),)),
     ))
     speculation = Row("Speculation", (
         Panel("Acceptance", "Accepted / drafted tokens: over both draft sources, and prompt lookup's own.",
               (Query(s.acceptance(), "all drafts"),
-               Query(f"{s.rate(M['lookup_accepted_tokens'])} / {s.rate(M['lookup_drafted_tokens'])}",
+               Query(f"{s.rate(METRIC['lookup_accepted_tokens'])} / {s.rate(METRIC['lookup_drafted_tokens'])}",
                      "prompt lookup")), unit="percentunit", share=True),
         Panel("Acceptance per draft position", "Accepted / drafted at each position of a draft (0: the first).",
               (Query(s.acceptance_per_position(), "position {{position}}"),), unit="percentunit", share=True),
@@ -157,13 +157,13 @@ def specbuild_dashboard() -> Dashboard:
               stacked=True),
         Panel("Speculation's share of rounds", "Rounds that verified drafts (the rest ran the target alone: "
               "K=0, load policy, penalties), and those prompt lookup drafted.",
-              (Query(s.share_of_rounds(M["drafts"]), "drafted"),
-               Query(s.share_of_rounds(M["lookup_drafts"]), "by prompt lookup")), unit="percentunit", share=True),
+              (Query(s.share_of_rounds(METRIC["drafts"]), "drafted"),
+               Query(s.share_of_rounds(METRIC["lookup_drafts"]), "by prompt lookup")), unit="percentunit", share=True),
         Panel("Tokens per round", "Tokens per target call over every round: 1 + accepted / rounds.",
               (Query(s.tokens_per_round(), "tokens per round"),)),
         Panel("Engine time per round", "Seconds in the draft and in the target per round.",
-              (Query(s.seconds_per_round(M["draft_seconds"]), "draft"),
-               Query(s.seconds_per_round(M["target_seconds"]), "target")), unit="s"),
+              (Query(s.seconds_per_round(METRIC["draft_seconds"]), "draft"),
+               Query(s.seconds_per_round(METRIC["target_seconds"]), "target")), unit="s"),
     ))
     latency = Row("Latency", (
         _quantiles(s, TTFT, "Time to first token", "From a request's arrival at the serving model."),
@@ -173,12 +173,12 @@ def specbuild_dashboard() -> Dashboard:
     ))
     failures = Row("Failures", (
         Panel("Errors, time-outs and cancellations", "Requests per second that failed, reached their time limit, "
-              "or whose client went away.", (Query(s.rate(M["errors"]), "errors"),
-                                              Query(s.rate(M["timed_out"]), "timed out"),
-                                              Query(s.rate(M["cancelled"]), "cancelled")), unit="reqps", width=6),
+              "or whose client went away.", (Query(s.rate(METRIC["errors"]), "errors"),
+                                              Query(s.rate(METRIC["timed_out"]), "timed out"),
+                                              Query(s.rate(METRIC["cancelled"]), "cancelled")), unit="reqps", width=6),
         Panel("Draft fallbacks and unspeculated requests", "Requests that went on with the target alone because "
               "the draft model failed, and those that asked for drafts but ran without (sampling penalties).",
-              (Query(s.rate(M["fallbacks"]), "fallbacks"), Query(s.rate(M["unspeculated"]), "unspeculated")),
+              (Query(s.rate(METRIC["fallbacks"]), "fallbacks"), Query(s.rate(METRIC["unspeculated"]), "unspeculated")),
               unit="reqps", width=6),
         Panel("Failures per model (Triton)", "Triton's failed inferences per model: the ensemble's steps and the "
               "engines the serving model calls.",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from specbuild.speculation.stats import IN_FLIGHT, METRICS, Metric
 
 RELEASE = ("namespace", "job")  # the labels that tell releases apart; every signal keeps them
-M = {metric.key: metric for metric in METRICS}
+METRIC = {metric.key: metric for metric in METRICS}
 
 
 @dataclass(frozen=True)
@@ -50,35 +50,35 @@ class Signals:
 
     def per_request(self, metric: Metric) -> str:
         """A request counter as a share of the requests finished (errors, time-outs, ...)."""
-        return f"{self.rate(metric)} / {self.rate(M['requests'])}"
+        return f"{self.rate(metric)} / {self.rate(METRIC['requests'])}"
 
     # --- speculation ---------------------------------------------------------------------------------------
     def acceptance(self) -> str:
         """Accepted / drafted tokens, both draft sources."""
-        return f"{self.rate(M['accepted_tokens'])} / {self.rate(M['drafted_tokens'])}"
+        return f"{self.rate(METRIC['accepted_tokens'])} / {self.rate(METRIC['drafted_tokens'])}"
 
     def acceptance_per_position(self) -> str:
-        return (f"{self.rate(M['accepted_per_position'], 'position')} / "
-                f"{self.rate(M['drafted_per_position'], 'position')}")
+        return (f"{self.rate(METRIC['accepted_per_position'], 'position')} / "
+                f"{self.rate(METRIC['drafted_per_position'], 'position')}")
 
     def tokens_per_round(self) -> str:
         """Tokens per target call over every round, drafted or not: 1 + accepted / rounds."""
-        return f"1 + {self.rate(M['accepted_tokens'])} / {self.rate(M['rounds'])}"
+        return f"1 + {self.rate(METRIC['accepted_tokens'])} / {self.rate(METRIC['rounds'])}"
 
     def share_of_rounds(self, metric: Metric) -> str:
         """Rounds that ``metric`` counts (drafted ones, prompt lookup's) over all rounds."""
-        return f"{self.rate(metric)} / {self.rate(M['rounds'])}"
+        return f"{self.rate(metric)} / {self.rate(METRIC['rounds'])}"
 
     def tokens_by_source(self) -> dict[str, str]:
         """Output tokens per second by where they came from: accepted drafts of the draft model and of prompt
         lookup, and the target's own token of each round."""
-        accepted, lookup = self.rate(M["accepted_tokens"]), self.rate(M["lookup_accepted_tokens"])
+        accepted, lookup = self.rate(METRIC["accepted_tokens"]), self.rate(METRIC["lookup_accepted_tokens"])
         return {"draft model": f"{accepted} - {lookup}", "prompt lookup": lookup,
-                "target": f"{self.rate(M['output_tokens'])} - {accepted}"}
+                "target": f"{self.rate(METRIC['output_tokens'])} - {accepted}"}
 
     def seconds_per_round(self, metric: Metric) -> str:
         """Engine seconds (draft or target) per round."""
-        return f"{self.rate(metric)} / {self.rate(M['rounds'])}"
+        return f"{self.rate(metric)} / {self.rate(METRIC['rounds'])}"
 
     # --- load and latency ----------------------------------------------------------------------------------
     def in_flight(self) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbuild.errors import UsageError
-from specbuild.monitoring.promql import M, Scope, Signals
+from specbuild.monitoring.promql import METRIC, Scope, Signals
 from specbuild.runtimes.registry import runtime_for
 from specbuild.spec import BuildSpec
 from specbuild.speculation.stats import LATENCY_METRICS, TTFT, Metric
@@ -56,7 +56,8 @@ def release_thresholds(spec: BuildSpec, *, min_acceptance: float | None = None,
                        ttft_p95_seconds: float | None = None) -> AlertThresholds:
     """The thresholds for the release ``spec`` describes: those given, else the defaults (its runtime's p95 TTFT)."""
     ttft = runtime_for(spec.runtime).ttft_p95_seconds if ttft_p95_seconds is None else ttft_p95_seconds
-    return AlertThresholds(ttft, DEFAULT_MIN_ACCEPTANCE if min_acceptance is None else min_acceptance)
+    return AlertThresholds(ttft_p95_seconds=ttft,
+                           min_acceptance=DEFAULT_MIN_ACCEPTANCE if min_acceptance is None else min_acceptance)
 
 
 @dataclass(frozen=True)
@@ -95,14 +96,14 @@ def recording_rules(scope: Scope) -> dict[str, str]:
     """The recorded series by name, each with its expression."""
     signals = Signals(scope, WINDOW)
     records = {
-        record_name("requests"): signals.rate(M["requests"]),
-        record_name("output_tokens"): signals.rate(M["output_tokens"]),
+        record_name("requests"): signals.rate(METRIC["requests"]),
+        record_name("output_tokens"): signals.rate(METRIC["output_tokens"]),
         record_name("acceptance_rate"): signals.acceptance(),
         record_name("acceptance_rate_per_position"): signals.acceptance_per_position(),
         record_name("tokens_per_round"): signals.tokens_per_round(),
-        record_name("speculation_share"): signals.share_of_rounds(M["drafts"]),
-        record_name("request_errors", f"ratio_rate{WINDOW}"): signals.per_request(M["errors"]),
-        record_name("timed_out_requests", f"ratio_rate{WINDOW}"): signals.per_request(M["timed_out"]),
+        record_name("speculation_share"): signals.share_of_rounds(METRIC["drafts"]),
+        record_name("request_errors", f"ratio_rate{WINDOW}"): signals.per_request(METRIC["errors"]),
+        record_name("timed_out_requests", f"ratio_rate{WINDOW}"): signals.per_request(METRIC["timed_out"]),
     }
     records.update({quantile_record(metric, q): signals.quantile(metric, q) for metric in LATENCY_METRICS
                     for q in QUANTILES})
@@ -116,7 +117,7 @@ def alerts(scope: Scope, thresholds: AlertThresholds) -> list[Alert]:
     errors = scope.of(record_name("request_errors", f"ratio_rate{WINDOW}"))
     timeouts = scope.of(record_name("timed_out_requests", f"ratio_rate{WINDOW}"))
     ttft = scope.of(quantile_record(TTFT, 0.95))
-    fallbacks = Signals(scope, "10m").increase(M["fallbacks"])
+    fallbacks = Signals(scope, "10m").increase(METRIC["fallbacks"])
     release = "{{ $labels.job }}"
     return [
         Alert("SpecbuildAcceptanceLow", acceptance, f"{acceptance} < {thresholds.min_acceptance:g}", "15m", "warning",

@@ -260,7 +260,7 @@ def pod_monitor(spec: BuildSpec, options: DeployOptions, pod_labels: dict[str, s
                      "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}}
 
 
-def monitored_job(spec: BuildSpec, options: DeployOptions) -> Scope:
+def release_scope(spec: BuildSpec, options: DeployOptions) -> Scope:
     """The release's series as its PodMonitor's scrape job labels them: ``<namespace>/<PodMonitor name>``, the job
     name the Prometheus Operator gives a PodMonitor's targets (prometheus-operator pkg/prometheus/promcfg.go,
     generatePodMonitorConfig, v0.93.0)."""
@@ -274,7 +274,7 @@ def prometheus_rule(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
                                     ttft_p95_seconds=options.ttft_p95_seconds)
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": _meta(spec, options, labels=options.monitor_labels),
-            "spec": {"groups": rule_groups(monitored_job(spec, options), thresholds)}}
+            "spec": {"groups": rule_groups(release_scope(spec, options), thresholds)}}
 
 
 DASHBOARD_CONFIG_MAP = "specbuild-dashboard"  # one for every release of a namespace: the dashboard picks the release
