@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from checkpoint_factory import checkpoints  # noqa: F401 - the fixture gpu_release needs
 from prometheus_tools import promtool
 from specbuild.monitoring.prometheus_config import CONFIG_FILE, RULES_FILE, rule_file
 from specbuild.monitoring.promql import Scope
 from specbuild.monitoring.rules import AlertThresholds, alerts
+from test_k8s import gpu_release  # noqa: F401 - a fixture: a tensorrt-llm release, its engines built elsewhere
 
 THRESHOLDS = AlertThresholds(ttft_p95_seconds=2.0, min_acceptance=0.2, error_share=0.05, timeout_share=0.05)
 NS, JOB, OTHER = "llm", "llm/demo", "llm/other"
@@ -136,10 +138,9 @@ def test_a_wrong_expectation_fails_promtool(rules: Path, tmp_path: Path):
 
 def test_promtool_checks_the_rule_files_deploy_and_monitoring_write(tmp_path: Path):
     """The compose rule file (every series) and a release's PrometheusRule groups (its job) both pass."""
+    from specbuild.runtimes.pod_plans import DeployOptions
     from specbuild.serve.k8s import prometheus_rule
     from test_k8s import make_spec
-
-    from specbuild.runtimes.pod_plans import DeployOptions
 
     (tmp_path / "plain.yaml").write_text(rule_file(THRESHOLDS), encoding="utf-8")
     rule = prometheus_rule(make_spec(), DeployOptions(pvc="release", namespace=NS))
@@ -149,13 +150,13 @@ def test_promtool_checks_the_rule_files_deploy_and_monitoring_write(tmp_path: Pa
     assert result.stdout.count(f"SUCCESS: {sum(len(g['rules']) for g in rule['spec']['groups'])} rules found") == 2
 
 
-def test_promtool_checks_the_compose_configuration(tiny_release, tmp_path: Path):
+def test_promtool_checks_the_compose_configuration(gpu_release, tmp_path: Path):  # noqa: F811
     from click.testing import CliRunner
 
     from specbuild.cli import main
 
     out = tmp_path / "monitoring"
-    result = CliRunner().invoke(main, ["monitoring", str(tiny_release.repository), "-o", str(out),
+    result = CliRunner().invoke(main, ["monitoring", str(gpu_release.repository), "-o", str(out),
                                        "--min-acceptance", "0.3", "--ttft-p95", "1.5"])
     assert result.exit_code == 0, result.output
     checked = promtool("check", "config", CONFIG_FILE, cwd=out)
