@@ -21,8 +21,8 @@ import yaml
 from prometheus_tools import PrometheusServer, prometheus_tools
 from specbuild.bench.histograms import Histogram
 from specbuild.monitoring.dashboard import GPU_ONLY_METRICS, JOB, RATE_INTERVAL, specbuild_dashboard
-from specbuild.monitoring.prometheus_config import CONFIG_FILE, JOB as SCRAPE_JOB, RULES_FILE, prometheus_config
-from specbuild.monitoring.prometheus_config import rule_file
+from specbuild.monitoring.prometheus_config import JOB as SCRAPE_JOB
+from specbuild.monitoring.prometheus_config import CONFIG_FILE, RULES_FILE, prometheus_config, rule_file
 from specbuild.monitoring.promql import Scope
 from specbuild.monitoring.rules import AlertThresholds, alerts, recording_rules
 from specbuild.serve.client import GenerationRequest

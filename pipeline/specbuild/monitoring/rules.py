@@ -21,10 +21,10 @@ from specbuild.speculation.stats import LATENCY_METRICS, TTFT, Metric
 
 WINDOW = "5m"  # what the recording rules average over
 QUANTILES = (0.5, 0.95, 0.99)
-# Acceptance below which speculation is assumed to cost more than it saves. A draft costing c of a target step
-# breaks even near an acceptance of c when verification costs one step (check's cost ratio); with the extra cost of
-# verifying K tokens on a GPU, releases seen break even at about 0.1 to 0.2. The release's own break-even comes
-# from its cost model once the release records one; until then, `deploy --min-acceptance`.
+# Acceptance below which speculation is assumed to cost more than it saves. By bench.metrics.expected_speedup, a
+# draft costing a tenth of a target step per token, at K=4 with verification costing 1.2 steps, breaks even at an
+# acceptance of 0.15 ((1 + 4a) / (4 * 0.1 + 1.2) = 1); 0.2 leaves a margin. The release's own break-even comes from
+# its cost model once the release records one; until then, `deploy --min-acceptance`.
 DEFAULT_MIN_ACCEPTANCE = 0.2
 DEFAULT_ERROR_SHARE = 0.05  # of finished requests
 DEFAULT_TIMEOUT_SHARE = 0.05
@@ -92,18 +92,23 @@ def quantile_record(metric: Metric, q: float) -> str:
     return record_name(_base(metric), f"p{round(q * 100)}_rate{WINDOW}")
 
 
+ACCEPTANCE = record_name("acceptance_rate")
+ERROR_SHARE = record_name("request_errors", f"ratio_rate{WINDOW}")
+TIMEOUT_SHARE = record_name("timed_out_requests", f"ratio_rate{WINDOW}")
+
+
 def recording_rules(scope: Scope) -> dict[str, str]:
     """The recorded series by name, each with its expression."""
     signals = Signals(scope, WINDOW)
     records = {
         record_name("requests"): signals.rate(METRIC["requests"]),
         record_name("output_tokens"): signals.rate(METRIC["output_tokens"]),
-        record_name("acceptance_rate"): signals.acceptance(),
+        ACCEPTANCE: signals.acceptance(),
         record_name("acceptance_rate_per_position"): signals.acceptance_per_position(),
         record_name("tokens_per_round"): signals.tokens_per_round(),
         record_name("speculation_share"): signals.share_of_rounds(METRIC["drafts"]),
-        record_name("request_errors", f"ratio_rate{WINDOW}"): signals.per_request(METRIC["errors"]),
-        record_name("timed_out_requests", f"ratio_rate{WINDOW}"): signals.per_request(METRIC["timed_out"]),
+        ERROR_SHARE: signals.per_request(METRIC["errors"]),
+        TIMEOUT_SHARE: signals.per_request(METRIC["timed_out"]),
     }
     records.update({quantile_record(metric, q): signals.quantile(metric, q) for metric in LATENCY_METRICS
                     for q in QUANTILES})
@@ -113,9 +118,7 @@ def recording_rules(scope: Scope) -> dict[str, str]:
 def alerts(scope: Scope, thresholds: AlertThresholds) -> list[Alert]:
     """The alerts of the releases in ``scope`` (they read the recorded series of :func:`recording_rules`)."""
     signals = Signals(scope, WINDOW)
-    acceptance = scope.of(record_name("acceptance_rate"))
-    errors = scope.of(record_name("request_errors", f"ratio_rate{WINDOW}"))
-    timeouts = scope.of(record_name("timed_out_requests", f"ratio_rate{WINDOW}"))
+    acceptance, errors, timeouts = scope.of(ACCEPTANCE), scope.of(ERROR_SHARE), scope.of(TIMEOUT_SHARE)
     ttft = scope.of(quantile_record(TTFT, 0.95))
     fallbacks = Signals(scope, "10m").increase(METRIC["fallbacks"])
     release = "{{ $labels.job }}"
@@ -126,8 +129,8 @@ def alerts(scope: Scope, thresholds: AlertThresholds) -> list[Alert]:
               "Speculation costs more than it saves: every request is slower than the target alone would be, while "
               "the output stays correct (verification keeps it exact), so nothing else shows it.",
               "Check first that the draft is the one the release was built with (specbuild verify on the release), "
-              "then the requests (sampled ones at a high temperature accept less); meanwhile lower K, or serve K=0, "
-              "with --set speculation.num_draft_tokens."),
+              "then the requests (sampled ones at a high temperature accept less); meanwhile lower K (re-package with "
+              "--set speculation.num_draft_tokens=N, 0 for the target alone, or have clients send num_draft_tokens)."),
         Alert("SpecbuildDraftFallbacks", fallbacks, f"{fallbacks} > 0", "2m", "warning",
               f"{release}: {{{{ $value | humanize }}}} draft fallbacks in 10 minutes",
               "The draft model failed (an error from its engine), so requests went on with the target alone: "
