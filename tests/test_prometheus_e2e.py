@@ -74,6 +74,7 @@ def scraped(tiny_server, tiny_client, tmp_path_factory):
     with PrometheusServer(folder / CONFIG_FILE, folder) as prometheus:
         answered = bounded_load(tiny_client, LOAD_SECONDS)
         assert answered > 20, answered
+        print(f"bounded load: {answered} requests answered in {LOAD_SECONDS} s, scraped every second")
         time.sleep(3)  # the last scrape and rule evaluation after the load
         yield prometheus
 

@@ -20,8 +20,16 @@ def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _milliseconds(seconds: float | None) -> str:
+    """Whole milliseconds, or two significant digits below 10 ms (a queue time is a fraction of one)."""
+    if seconds is None:
+        return "-"
+    milliseconds = seconds * 1000
+    return f"{milliseconds:.0f}" if milliseconds >= 10 else f"{milliseconds:.2g}"
+
+
 def _ms(values: dict[str, float | None]) -> str:
-    return " / ".join("-" if values.get(q) is None else f"{values[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
+    return " / ".join(_milliseconds(values.get(q)) for q in ("p50", "p95", "p99"))
 
 
 def _lookup(cell: Cell) -> str:

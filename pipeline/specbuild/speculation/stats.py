@@ -121,16 +121,20 @@ IN_FLIGHT = Metric("in_flight", "specbuild_requests_in_flight", "Generation requ
 # row is counted above, not timed): from its arrival at the serving model to its first token (TTFT), between its
 # first and last token per later token (TPOT), to its end (E2E), and before its first round starts (queue; Triton's
 # own queue in front of the model is nv_inference_queue_duration_us). One set of bounds serves both a GPU release's
-# milliseconds and a CPU release's seconds: about three per decade, denser where SLOs usually sit.
+# milliseconds and a CPU release's seconds; quantiles interpolate within a bucket, so the bounds are dense (about a
+# factor 1.5 apart) from 10 ms to a few seconds, where both kinds of release answer and SLOs sit, and include the
+# runtimes' default p95 TTFT thresholds (2 s, 5 s) so the alert compares at a bound.
 LATENCY_METRICS = (
     Metric("ttft", "specbuild_time_to_first_token_seconds", "Time from a request's arrival to its first token",
-           kind="histogram", buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)),
+           kind="histogram", buckets=(0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5,
+                                      2.0, 3.0, 5.0, 10.0, 20.0, 60.0)),
     Metric("tpot", "specbuild_time_per_output_token_seconds",
            "Time per output token after the first: (last token - first token) / (tokens - 1)", kind="histogram",
-           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)),
+           buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0,
+                    2.5)),
     Metric("e2e", "specbuild_e2e_request_latency_seconds", "Time from a request's arrival to its last response",
-           kind="histogram",
-           buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)),
+           kind="histogram", buckets=(0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0,
+                                      40.0, 80.0, 160.0, 320.0, 640.0)),
     Metric("queue", "specbuild_request_queue_time_seconds",
            "Time from a request's arrival to the start of its first round", kind="histogram",
            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)),
