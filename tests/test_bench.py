@@ -414,6 +414,11 @@ def test_bench_against_a_real_server(bench_release: Path, tmp_path: Path):
             assert cell["draft_tokens_per_round"] <= 2
             assert all(0.0 <= a <= 1.0 for a in cell["acceptance_per_position"])
             assert cell["expected_speedup"] > 0 and cell["verify_cost"] > 0 and cell["cost_ratio"] > 0
+        # the server's latency histograms over the cell, beside what the client measured
+        assert set(cell["server_latency"]) == {"ttft", "tpot", "e2e", "queue"}
+        for quantiles in cell["server_latency"].values():
+            assert 0 < quantiles["p50"] <= quantiles["p95"] <= quantiles["p99"]
+    assert "server TTFT ms p50/p95/p99" in (out / "bench.md").read_text()
     assert {p.name for p in out.iterdir()} >= {"bench.md", "speedup.png", "acceptance.png", "latency.png"}
     assert data["order"] == "interleaved"
     impossible = [c for c in data["cells"] if c["k"] and c["verify_cost"] < 1]

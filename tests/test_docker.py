@@ -173,3 +173,25 @@ def test_compose_cpu_service_serves_on_all_container_interfaces(compose):
     command = compose["services"]["triton-cpu"]["command"]
     assert command[:2] == ["serve", "/release/triton_repo"]
     assert command[command.index("--host") + 1] == "0.0.0.0"  # published on the host's loopback only
+
+
+def test_compose_validates_against_the_compose_specification():
+    result = subprocess.run([str(Path(sys.executable).with_name("check-jsonschema")), "--builtin-schema",
+                             "vendor.compose-spec", str(DOCKER / "compose.yaml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_prometheus_is_optional_and_scrapes_what_specbuild_monitoring_writes(compose):
+    from specbuild.monitoring.prometheus_config import COMPOSE_TARGET_HOST, CONFIG_FILE
+
+    service = compose["services"]["prometheus"]
+    assert service["profiles"] == ["prometheus"]  # off unless asked for
+    assert all(svc.get("profiles") for svc in compose["services"].values())  # nothing starts without a profile
+    assert service["ports"] == ["127.0.0.1:9090:9090"]
+    [mount] = [default_of(volume).split(":") for volume in service["volumes"] if volume.startswith("${")]
+    assert mount == ["../monitoring", "/etc/prometheus/specbuild", "ro"]
+    assert f"--config.file={mount[1]}/{CONFIG_FILE}" in service["command"]
+    # every Triton service answers to the one name the written configuration scrapes (its metrics port published
+    # as test_compose_ports_loopback_and_metrics checks)
+    for name in ("triton-gpu", "triton-llmapi", "triton-cpu"):
+        assert compose["services"][name]["networks"]["default"]["aliases"] == [COMPOSE_TARGET_HOST], name

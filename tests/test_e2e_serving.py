@@ -13,7 +13,6 @@ import queue
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -340,6 +339,26 @@ def test_metrics_endpoint_counts_what_the_responses_report(tiny_server, tiny_cli
     for g in results:
         assert g.acceptance_rate == pytest.approx(g.total_accepted_draft_tokens / g.total_draft_tokens
                                                   if g.total_draft_tokens else 0.0)
+
+
+def test_latency_histograms_time_each_request_once_within_what_the_client_saw(tiny_server, tiny_client):
+    """Each finished request is observed once by every histogram (TPOT from its second token on); the server's
+    TTFT and end-to-end times lie within what the client measured around them (the server's clock starts after
+    the client sent, its first token goes before the client receives it)."""
+    before = metrics(tiny_server)
+    results = [tiny_client.generate(PROMPTS[0], 16, num_draft_tokens=3, stream=True),
+               tiny_client.generate(PROMPTS[1], 1, num_draft_tokens=2, stream=True),
+               tiny_client.generate(PROMPTS[2], 12, num_draft_tokens=0, stream=True)]
+    after = metrics(tiny_server)
+    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        assert delta(before, after, f"specbuild_{name}_seconds_count") == len(results), name
+    assert delta(before, after, "specbuild_time_per_output_token_seconds_count") == \
+        sum(g.output_token_count > 1 for g in results)
+    ttft = delta(before, after, "specbuild_time_to_first_token_seconds_sum")
+    e2e = delta(before, after, "specbuild_e2e_request_latency_seconds_sum")
+    queue = delta(before, after, "specbuild_request_queue_time_seconds_sum")
+    assert 0 < queue < ttft < sum(g.time_to_first_chunk for g in results)
+    assert ttft < e2e < sum(g.total_time for g in results)
 
 
 def test_in_flight_gauge_counts_the_requests_being_served(tiny_server, tiny_client):

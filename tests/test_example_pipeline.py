@@ -146,10 +146,10 @@ def test_a_good_release_passes_the_gate_and_yields_manifests(tiny_pair, tmp_path
     assert verify(tmp_path / "model-store" / "tiny-1" / "triton_repo").ok
     deployed = json.loads((reports / "deploy.json").read_text())
     assert deployed["kinds"] == ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-                                 "PodMonitor"]
+                                 "PodMonitor", "PrometheusRule", "ConfigMap"]
     for path in map(Path, deployed["files"]):
         obj = yaml.safe_load(path.read_text())
-        if obj.get("kind") == "PodMonitor":
+        if obj.get("kind") in ("PodMonitor", "PrometheusRule"):
             crd_schemas.validate(obj)
         elif "kind" in obj:
             kubernetes_validate.validate(obj, "1.33", strict=True)

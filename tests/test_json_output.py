@@ -29,6 +29,7 @@ FAILURES: dict[str, Args] = {
     "openai": lambda tmp: ["openai", MISSING],
     "generate": lambda tmp: ["generate", ""],
     "deploy": lambda tmp: ["deploy", MISSING, "-o", "-"],
+    "monitoring": lambda tmp: ["monitoring", MISSING, "-o", str(tmp / "monitoring")],
     "bench": lambda tmp: ["bench"],
     "tune": lambda tmp: ["tune", "--spec", f"{MISSING}.yaml"],
     "demo": lambda tmp: ["demo", "--max-tokens", "0"],
@@ -82,6 +83,7 @@ SUCCESSES_WITHOUT_A_SERVER: dict[str, Callable[..., list[str]]] = {
     "serve": lambda release, spec, tmp: ["serve", str(release.repository), "--dry-run"],
     "openai": lambda release, spec, tmp: ["openai", str(release.repository), "--dry-run"],
     "deploy": lambda release, spec, tmp: ["deploy", str(release.repository), "-o", str(tmp / "k8s"), "--pvc", "r"],
+    "monitoring": lambda release, spec, tmp: ["monitoring", str(release.repository), "-o", str(tmp / "monitoring")],
     "demo-models": lambda release, spec, tmp: ["demo-models", "--tiny"],
 }
 

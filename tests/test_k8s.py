@@ -24,7 +24,8 @@ from specbuild.runtimes.trtllm_image import gpu_label_value
 from specbuild.spec import BuildSpec
 
 K8S_VERSION = "1.33"  # pinned: the schemas shipped with kubernetes-validate
-CORE_KINDS = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+CORE_KINDS = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap"}
+MONITORING_KINDS = ["PodMonitor", "PrometheusRule", "ConfigMap"]
 H100 = "NVIDIA H100 80GB HBM3"
 FOOTPRINT = ReleaseFootprint(weight_bytes=7 * 2**30 + 1, gpu=H100)  # a 7 GiB engine pair, built on an H100
 
@@ -69,14 +70,15 @@ def test_every_object_validates_strictly(spec, options, kserve):
     objects = manifests(make_spec(**spec), FOOTPRINT, options, kserve=kserve)
     expected = ["ServingRuntime", "InferenceService"] if kserve else ["Deployment", "Service"]
     assert [obj["kind"] for obj in objects] == [*expected, "HorizontalPodAutoscaler", "PodDisruptionBudget",
-                                                "PodMonitor"]
+                                                *MONITORING_KINDS]
     for obj in objects:
         validate(obj)
     # and the YAML dump reads back to the same objects
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects
 
 
-@pytest.mark.parametrize("kind", ["Deployment", "ServingRuntime", "InferenceService", "PodMonitor"])
+@pytest.mark.parametrize("kind", ["Deployment", "ServingRuntime", "InferenceService", "PodMonitor",
+                                  "PrometheusRule"])
 def test_validators_reject_a_misspelled_field(kind):
     """Control: the schema checks used above can fail, for core kinds and custom resources alike."""
     objects = by_kind(manifests(make_spec(), FOOTPRINT, DeployOptions(pvc="release"), kserve=kind != "Deployment")
@@ -85,7 +87,8 @@ def test_validators_reject_a_misspelled_field(kind):
     spec = obj["spec"]
     target = {"Deployment": lambda: spec["template"]["spec"]["containers"][0], "ServingRuntime":
               lambda: spec["containers"][0], "InferenceService": lambda: spec["predictor"],
-              "PodMonitor": lambda: spec["podMetricsEndpoints"][0]}[kind]()
+              "PodMonitor": lambda: spec["podMetricsEndpoints"][0],
+              "PrometheusRule": lambda: spec["groups"][1]["rules"][0]}[kind]()
     target["readinesProbe"] = {}
     with pytest.raises((kubernetes_validate.ValidationError, jsonschema.ValidationError)):
         validate(obj)
@@ -237,8 +240,8 @@ def test_a_torch_release_runs_specbuild_serve_on_cpus():
 
 def test_kserve_structure():
     spec = make_spec()
-    runtime, isvc, hpa, budget, monitor = manifests(spec, FOOTPRINT, DeployOptions(pvc="release", replicas=2),
-                                                    kserve=True)
+    runtime, isvc, hpa, budget, monitor, _, _ = manifests(spec, FOOTPRINT, DeployOptions(pvc="release", replicas=2),
+                                                          kserve=True)
     assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1" and runtime["kind"] == "ServingRuntime"
     assert isvc["apiVersion"] == "serving.kserve.io/v1beta1" and isvc["kind"] == "InferenceService"
     rspec = runtime["spec"]
@@ -314,8 +317,8 @@ def test_deploy_command_writes_the_release_s_manifests(gpu_release, tmp_path):
                                        "--replicas", "2", "--namespace", "llm"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == [
-        "deployment.yaml", "horizontalpodautoscaler.yaml", "poddisruptionbudget.yaml", "podmonitor.yaml",
-        ADAPTER_RULES_FILE, "service.yaml"]
+        "configmap.yaml", "deployment.yaml", "horizontalpodautoscaler.yaml", "poddisruptionbudget.yaml",
+        "podmonitor.yaml", ADAPTER_RULES_FILE, "prometheusrule.yaml", "service.yaml"]
     deployment = yaml.safe_load((out / "deployment.yaml").read_text())
     assert deployment["metadata"]["namespace"] == "llm" and deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
@@ -330,8 +333,8 @@ def test_deploy_command_writes_the_release_s_manifests(gpu_release, tmp_path):
                                        "--pvc", "release", "--kserve"])
     assert kserve.exit_code == 0, kserve.output
     assert sorted(p.name for p in (tmp_path / "ks").iterdir()) == [
-        "horizontalpodautoscaler.yaml", "inferenceservice.yaml", "poddisruptionbudget.yaml", "podmonitor.yaml",
-        ADAPTER_RULES_FILE, "servingruntime.yaml"]
+        "configmap.yaml", "horizontalpodautoscaler.yaml", "inferenceservice.yaml", "poddisruptionbudget.yaml",
+        "podmonitor.yaml", ADAPTER_RULES_FILE, "prometheusrule.yaml", "servingruntime.yaml"]
 
 
 def test_deploy_to_stdout_for_kubectl_apply(gpu_release, tmp_path):
@@ -339,7 +342,7 @@ def test_deploy_to_stdout_for_kubectl_apply(gpu_release, tmp_path):
     assert result.exit_code == 0, result.output
     objects = list(yaml.safe_load_all(result.stdout))
     assert [obj["kind"] for obj in objects] == ["Deployment", "Service", "HorizontalPodAutoscaler",
-                                                "PodDisruptionBudget", "PodMonitor"]
+                                                "PodDisruptionBudget", *MONITORING_KINDS]
     as_json = CliRunner().invoke(main, ["deploy", str(gpu_release.repository), "-o", "-", "--pvc", "release",
                                         "--json"])
     listed = json.loads(as_json.stdout)

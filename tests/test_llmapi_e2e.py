@@ -163,3 +163,8 @@ def test_the_adapter_counts_what_the_responses_report(llmapi_server, llmapi_clie
     assert grew("specbuild_spec_decode_num_draft_tokens_total") == served.total_draft_tokens
     assert grew("specbuild_spec_decode_num_accepted_tokens_total") == served.total_accepted_draft_tokens
     assert after["specbuild_requests_in_flight"] == 0
+    # the latency histograms, timed on the LLM-API model's text: once each (TPOT: the answer has several tokens)
+    for name in ("time_to_first_token", "time_per_output_token", "e2e_request_latency", "request_queue_time"):
+        assert grew(f"specbuild_{name}_seconds_count") == 1, name
+    assert 0 < grew("specbuild_time_to_first_token_seconds_sum") <= grew("specbuild_e2e_request_latency_seconds_sum") \
+        < served.total_time

@@ -38,6 +38,7 @@ class Recorder:
     """The metrics' values, as Triton's metrics endpoint would show them."""
 
     counts: dict[str, float] = field(default_factory=dict)
+    latencies: list[dict[str, int]] = field(default_factory=list)  # one per finished row
     in_flight_now: int = 0
     peak_in_flight: int = 0
 
@@ -55,6 +56,9 @@ class Recorder:
     def record(self, stats: SpeculationStats, output_tokens: int) -> None:
         self.count("requests")
         self.count("output_tokens", output_tokens)
+
+    def observe_latencies(self, **times: int) -> None:
+        self.latencies.append(times)
 
 
 class Log:
@@ -151,6 +155,14 @@ def test_each_row_answers_once_and_only_the_last_response_is_final(tiny):  # noq
     assert all(int(sent.arrays["output_token_count"][0, 0]) == 12 for sent in exchange.sent)
     assert metrics.counts["requests"] == 2 and metrics.counts["output_tokens"] == 24
     assert metrics.in_flight_now == 0 and metrics.peak_in_flight == 1
+
+
+def test_each_finished_row_observes_its_latencies_in_order(tiny):  # noqa: F811
+    _, metrics, _ = serve(Engines(tiny), request([[3, 4, 5], [6, 7]], stream=[[True]]))
+    assert len(metrics.latencies) == 2
+    for times in metrics.latencies:
+        assert times["arrival_ns"] <= times["scheduled_ns"] <= times["first_token_ns"] < times["last_token_ns"]
+        assert times["output_tokens"] == 12
 
 
 def test_streamed_rows_send_every_round_and_the_metrics_count_them_before_the_last_response(tiny):  # noqa: F811

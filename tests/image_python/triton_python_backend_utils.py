@@ -75,8 +75,8 @@ class Logger:
 
 
 class _Metric:
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels, self.value = labels, 0.0
+    def __init__(self, labels: dict[str, str], buckets: list[float] | None) -> None:
+        self.labels, self.value, self.buckets, self.observations = labels, 0.0, buckets, []
 
     def increment(self, value: float) -> None:
         self.value += value
@@ -84,12 +84,25 @@ class _Metric:
     def set(self, value: float) -> None:
         self.value = value
 
+    def observe(self, value: float) -> None:
+        if self.buckets is None:
+            raise TypeError("observe on a metric that is not a histogram")
+        self.observations.append(value)
+
 
 class MetricFamily:
-    COUNTER, GAUGE = "COUNTER", "GAUGE"
+    """As python_backend's (src/metric_family.cc, r24.08 to r26.04): a histogram's metrics need their buckets, as a
+    list; the other kinds' refuse them."""
+
+    COUNTER, GAUGE, HISTOGRAM = "COUNTER", "GAUGE", "HISTOGRAM"
 
     def __init__(self, name: str, description: str, kind: str) -> None:
         self.name, self.description, self.kind = name, description, kind
 
-    def Metric(self, labels: dict[str, str]) -> _Metric:  # noqa: N802 - the python backend's name
-        return _Metric(labels)
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> _Metric:  # noqa: N802
+        if buckets is not None and not isinstance(buckets, list):
+            raise TypeError(f"{self.name}: the buckets are not a list")
+        if (buckets is None) == (self.kind == self.HISTOGRAM):
+            raise ValueError(f"{self.name}: a {self.kind} metric " + ("needs buckets" if buckets is None
+                                                                      else "takes no buckets"))
+        return _Metric(labels or {}, buckets)

@@ -286,6 +286,9 @@ class Cell:
     source: str = "requests"  # where acceptance came from: "metrics" or "requests"
     matches_baseline: float | None = None  # share of prompts whose text equals K=0's (greedy)
     latencies: dict[str, list[float]] = field(default_factory=dict)  # per request, for distribution plots
+    # quantiles of the serving model's latency histograms over the cell (bench.histograms), by metric key
+    # (ttft, tpot, e2e, queue); empty when the metrics endpoint was not read
+    server_latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
     error_messages: list[str] = field(default_factory=list)  # what the failed requests were told, each once
     # set by compare():
     speedup: float | None = None
@@ -313,8 +316,10 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[RequestTrace], wall_seconds: float,
-              counters: Counters | None = None, *, lookup: bool = False) -> Cell:
-    """Figures of one cell from its request traces, and the server's counter deltas over it when known."""
+              counters: Counters | None = None, *, lookup: bool = False,
+              server_latency: dict[str, dict[str, float | None]] | None = None) -> Cell:
+    """Figures of one cell from its request traces, and the server's counter deltas and latency quantiles over it
+    when known."""
     done = [t for t in traces if t.error is None]
     output_tokens = sum(t.output_tokens for t in done)
     cell = Cell(
@@ -330,6 +335,7 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
                    "tpot": [t.tpot for t in done if t.tpot is not None],
                    "e2e": [t.total_time for t in done]},
         error_messages=list(dict.fromkeys(t.error for t in traces if t.error is not None)),
+        server_latency=server_latency or {},
     )
     request_seconds = sum(t.total_time for t in done)
     if counters is not None and counters.rounds > 0:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from specbuild.bench.metrics import Cell
 from specbuild.errors import UsageError
+from specbuild.speculation.stats import E2E, QUEUE, TPOT, TTFT, Metric
 
 Column = tuple[str, Callable[[Cell], str]]
 
@@ -19,8 +20,16 @@ def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _milliseconds(seconds: float | None) -> str:
+    """Whole milliseconds, or two significant digits below 10 ms (a queue time is a fraction of one)."""
+    if seconds is None:
+        return "-"
+    milliseconds = seconds * 1000
+    return f"{milliseconds:.0f}" if milliseconds >= 10 else f"{milliseconds:.2g}"
+
+
 def _ms(values: dict[str, float | None]) -> str:
-    return " / ".join("-" if values.get(q) is None else f"{values[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
+    return " / ".join(_milliseconds(values.get(q)) for q in ("p50", "p95", "p99"))
 
 
 def _sources(cell: Cell) -> str:
@@ -52,6 +61,11 @@ SPEED_COLUMNS: list[Column] = [
     ("engine share", lambda c: _num(c.engine_share, 2)),
     ("=K0 text", lambda c: "-" if c.matches_baseline is None else f"{c.matches_baseline:.0%}"),
 ]
+def _server(metric: Metric) -> Column:
+    """A column of the serving model's histogram ``metric`` over the cell (``-`` without the metrics endpoint)."""
+    return (f"server {metric.key.upper()} ms p50/p95/p99", lambda c: _ms(c.server_latency.get(metric.key, {})))
+
+
 LATENCY_COLUMNS: list[Column] = [
     ("K", lambda c: c.label.removeprefix("K=")),
     ("conc.", lambda c: str(c.concurrency)),
@@ -59,18 +73,20 @@ LATENCY_COLUMNS: list[Column] = [
     ("TPOT ms p50/p95/p99", lambda c: _ms(c.tpot)),
     ("ITL ms p50/p95/p99", lambda c: _ms(c.itl)),
     ("E2E ms p50/p95/p99", lambda c: _ms(c.e2e)),
+    *(_server(metric) for metric in (TTFT, TPOT, E2E, QUEUE)),
 ]
 
 
 # Left out of the terminal table to keep it narrow (they are in the Markdown and JSON reports).
-MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share"}
+MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share", _server(TPOT)[0], _server(E2E)[0]}
 
 
 def tables(cells: Sequence[Cell]) -> list[Table]:
     """Two rich tables: speed and acceptance, then latency."""
     result = []
     speed = [column for column in SPEED_COLUMNS if column[0] not in MARKDOWN_ONLY]
-    for title, columns in (("speed and acceptance", speed), ("latency (streamed)", LATENCY_COLUMNS)):
+    latency = [column for column in LATENCY_COLUMNS if column[0] not in MARKDOWN_ONLY]
+    for title, columns in (("speed and acceptance", speed), ("latency (streamed)", latency)):
         table = Table(title=title, title_justify="left")
         for name, _ in columns:
             table.add_column(name, justify="right" if name not in ("per position",) else "left")
@@ -105,7 +121,11 @@ def markdown(report: Any) -> str:
               "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "
               "share = engine seconds / request seconds; sources = rounds each draft source (model, lookup) drafted / "
               "all rounds, then its own acceptance (its accepted / drafted tokens; acceptance and MAL count every "
-              "source).", ""]
+              "source). Latency: TTFT to E2E as the client saw them; the server columns are quantiles of the "
+              "serving model's histograms over the cell's requests ("
+              + ", ".join(f"`{metric.name}`" for metric in (TTFT, TPOT, E2E, QUEUE))
+              + "), estimated as Prometheus's histogram_quantile does (linear within a bucket), so they match a "
+              "dashboard's; QUEUE is the time before a request's first round.", ""]
     return "\n".join(lines)
 
 

@@ -6,8 +6,9 @@ Cells are measured interleaved, never one after another: on a shared machine the
 runs, and cells run in sequence drift apart (a K=2 cell measured 1.30x in sequence and 1.07x interleaved;
 docs/benchmarks.md). At each concurrency level C the prompts go in blocks of C; every cell of the level
 runs each block in turn (C requests in flight, one per prompt), the order of the cells rotating from block
-to block so that none always goes first. A cell's wall time is the sum of its blocks' and its counters the
-sum of the orchestrator's Prometheus counter deltas over its blocks, so drift falls on every cell alike.
+to block so that none always goes first. A cell's wall time is the sum of its blocks' and its counters (and
+latency histograms) the sum of the serving model's Prometheus deltas over its blocks, so drift falls on every cell
+alike.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from specbuild.bench.histograms import Latencies
 from specbuild.bench.metrics import (Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare,
                                      drift_warnings, match_baseline, summarize)
 from specbuild.package.contract import PREPROCESSING_MODEL
@@ -143,8 +145,9 @@ def default_metrics_url(grpc_url: str) -> str:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def read_counters(metrics_url: str) -> Counters | None:
-    """The orchestrator's counters from the metrics endpoint; None if it cannot be read."""
+def read_metrics(metrics_url: str) -> tuple[Counters, Latencies] | None:
+    """The serving model's counters and latency histograms, read once from the metrics endpoint; None if it cannot
+    be read."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -152,8 +155,14 @@ def read_counters(metrics_url: str) -> Counters | None:
             text = response.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError):
         return None
-    samples = ((s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples)
-    return Counters.from_samples(samples)
+    samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+    return Counters.from_samples(samples), Latencies.from_samples(samples)
+
+
+def read_counters(metrics_url: str) -> Counters | None:
+    """The orchestrator's counters from the metrics endpoint; None if it cannot be read."""
+    reading = read_metrics(metrics_url)
+    return None if reading is None else reading[0]
 
 
 # --- prompts ---------------------------------------------------------------------------------------------
@@ -228,6 +237,7 @@ class _CellRun:
     traces: list[RequestTrace] = field(default_factory=list)
     wall: float = 0.0
     counters: Counters | None = None
+    latencies: Latencies | None = None
 
 
 def run_level(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, concurrency: int,
@@ -235,22 +245,23 @@ def run_level(client: Any, texts: Sequence[str], categories: Sequence[str], plan
     """Every cell of one concurrency level, interleaved block by block (see the module docstring). After a
     round of blocks (every cell once), no further round starts if a cell has run ``plan.max_seconds``, so
     every cell has sent the same prompts."""
-    runs = {key: _CellRun(counters=Counters() if metrics_url else None)
+    runs = {key: _CellRun(counters=Counters(), latencies=Latencies({})) if metrics_url else _CellRun()
             for key in plan.cells() if key[3] == concurrency}
     schedule = plan.schedule(concurrency)
     for position, (key, block) in enumerate(schedule):
         if position % len(runs) == 0 and any(run.wall > plan.max_seconds for run in runs.values()):
             break
-        before = read_counters(metrics_url) if metrics_url else None
+        before = read_metrics(metrics_url) if metrics_url else None
         traces, wall = run_block(client, texts, categories, plan, key, block, on_done)
-        after = read_counters(metrics_url) if metrics_url else None
+        after = read_metrics(metrics_url) if metrics_url else None
         run = runs[key]
         run.traces += traces
         run.wall += wall
-        if run.counters is not None and before is not None and after is not None:
-            run.counters += after - before
-        else:  # a missed reading leaves the cell without counters rather than with wrong ones
-            run.counters = None
+        if run.counters is not None and run.latencies is not None and before is not None and after is not None:
+            run.counters += after[0] - before[0]
+            run.latencies += after[1] - before[1]
+        else:  # a missed reading leaves the cell without server figures rather than with wrong ones
+            run.counters = run.latencies = None
     return runs
 
 
@@ -298,7 +309,8 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
                     raise ServerError(f"every request failed at {cell_label(k, adaptive, lookup)} concurrency "
                                       f"{concurrency}: {run.traces[0].error}",
                                       "check the server log; lower K below the engine's max_draft_len")
-                cells.append(summarize(k, concurrency, adaptive, run.traces, run.wall, run.counters, lookup=lookup))
+                cells.append(summarize(k, concurrency, adaptive, run.traces, run.wall, run.counters, lookup=lookup,
+                                       server_latency=run.latencies and run.latencies.percentiles()))
                 outputs[key] = {t.prompt_index: t.text for t in run.traces if t.error is None}
     cells = compare(cells)
     if not plan.temperature:

@@ -1,4 +1,5 @@
-"""``specbuild serve``, ``openai``, ``generate``, ``verify`` and ``deploy``: a compiled release, served or deployed."""
+"""``specbuild serve``, ``openai``, ``generate``, ``verify``, ``deploy`` and ``monitoring``: a compiled release, served,
+deployed or watched."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import contextlib
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
 from specbuild.cli.common import console, generation_json, json_option, main, print_json, reports_errors
+from specbuild.monitoring.rules import DEFAULT_MIN_ACCEPTANCE
 from specbuild.spec import parse_override
 
 
@@ -293,6 +295,17 @@ def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
     return labels
 
 
+def alert_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The alerts' thresholds (specbuild.monitoring.rules), for ``deploy`` and ``monitoring``."""
+    command = click.option("--ttft-p95", "ttft_p95_seconds", type=click.FloatRange(min=0, min_open=True),
+                           default=None, metavar="SECONDS",
+                           help="alert when the p95 time to first token stays above this  [default: the release's "
+                           "runtime's]")(command)
+    return click.option("--min-acceptance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+                        help="alert when the acceptance rate stays below this (the release's break-even)  "
+                        f"[default: {DEFAULT_MIN_ACCEPTANCE:g}]")(command)
+
+
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
 @click.option("-o", "--out", "--k8s", "out_dir", required=True, metavar="DIR|-",
@@ -311,7 +324,12 @@ def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 @click.option("--memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
               help="host memory per replica  [default: /dev/shm + engines + server, from the release]")
 @click.option("--monitor-label", "monitor_labels", multiple=True, callback=_label, metavar="KEY=VALUE",
-              help="label of the PodMonitor, for your Prometheus's podMonitorSelector (repeatable)")
+              help="label of the PodMonitor and PrometheusRule, for your Prometheus's podMonitorSelector and "
+              "ruleSelector (repeatable)")
+@click.option("--dashboard-label", "dashboard_labels", multiple=True, callback=_label, metavar="KEY=VALUE",
+              help="label of the dashboard's ConfigMap, for Grafana's dashboard sidecar (repeatable)  "
+              "[default: grafana_dashboard=1]")
+@alert_options
 @click.option("--openai-image", default="specbuild:cpu", show_default=True,
               help="a GPU release: the image of the OpenAI-compatible API's container beside Triton "
               "(docker/Dockerfile.cpu)")
@@ -323,13 +341,15 @@ def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 @reports_errors
 def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
            release_image: str | None, image: str | None, cpu: float | None, memory_gib: float | None,
-           monitor_labels: dict[str, str], openai_image: str, kserve: bool, assignments: tuple[str, ...],
+           monitor_labels: dict[str, str], dashboard_labels: dict[str, str], min_acceptance: float | None,
+           ttft_p95_seconds: float | None, openai_image: str, kserve: bool, assignments: tuple[str, ...],
            json_mode: bool) -> None:
     """Write Kubernetes manifests serving the compiled release in REPOSITORY (default: triton_repo): a GPU release
     as compiled (its launch layout, on the GPU its engines were built on), a torch release on CPUs.
 
     Each replica gets CPU and memory requests and limits, a PodDisruptionBudget, a Prometheus Operator PodMonitor
-    and a HorizontalPodAutoscaler on the requests in flight (prometheus-adapter rule written beside them).
+    and a HorizontalPodAutoscaler on the requests in flight (prometheus-adapter rule written beside them); the
+    release gets a PrometheusRule (recording rules and alerts) and the Grafana dashboard in a ConfigMap.
     """
     from specbuild.package.manifest import read_release
     from specbuild.serve.k8s import release_manifests, to_yaml, write_manifests
@@ -337,7 +357,9 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
 
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
                             release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,
-                            monitor_labels=monitor_labels, openai_image=openai_image)
+                            monitor_labels=monitor_labels, min_acceptance=min_acceptance,
+                            ttft_p95_seconds=ttft_p95_seconds, openai_image=openai_image,
+                            **({"dashboard_labels": dashboard_labels} if dashboard_labels else {}))
     objects = release_manifests(read_release(repository), launch_overrides(assignments), options, kserve=kserve)
     if out_dir == "-":
         if json_mode:
@@ -351,3 +373,32 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
         console.print(f"wrote {path}", highlight=False)
     if json_mode:
         print_json({"files": [str(path.resolve()) for path in paths], "kinds": [item["kind"] for item in objects]})
+
+
+@main.command()
+@click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="folder to write prometheus.yml, the rule file and the dashboard into (docker/compose.yaml's "
+              "prometheus profile reads ../monitoring)")
+@alert_options
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="launch settings (ports: triton.metrics_port is scraped); the rest is the release's")
+@json_option
+@reports_errors
+def monitoring(repository: str, out_dir: str, min_acceptance: float | None, ttft_p95_seconds: float | None,
+               assignments: tuple[str, ...], json_mode: bool) -> None:
+    """Write a Prometheus for the release in REPOSITORY served outside Kubernetes (docker/compose.yaml, profile
+    prometheus): its scrape configuration, its recording and alerting rules, and the Grafana dashboard to import."""
+    from specbuild.monitoring.prometheus_config import write_monitoring
+    from specbuild.monitoring.rules import release_thresholds
+    from specbuild.package.manifest import read_release
+    from specbuild.serve.release_launch import release_launch_spec
+
+    spec = release_launch_spec(read_release(repository).spec, launch_overrides(assignments))
+    thresholds = release_thresholds(spec, min_acceptance=min_acceptance, ttft_p95_seconds=ttft_p95_seconds)
+    paths = write_monitoring(out_dir, thresholds, spec.triton.metrics_port)
+    if json_mode:
+        print_json({"files": [str(path.resolve()) for path in paths]})
+        return
+    for path in paths:
+        console.print(f"wrote {path}", highlight=False)

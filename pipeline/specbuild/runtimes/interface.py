@@ -89,6 +89,9 @@ class Runtime(abc.ABC):
     # nothing. On a GPU, verification is nearly free until the batch fills the GPU: NVIDIA measures draft-target
     # at about 2x at batch 1 and about 1x at batch 16 (docs/benchmarks.md).
     busy_in_flight: ClassVar[int] = 16
+    # The p95 time to first token (seconds) above which the release's alert fires unless ``deploy --ttft-p95`` sets
+    # another: a GPU release answers within a few hundred milliseconds when it keeps up with its load.
+    ttft_p95_seconds: ClassVar[float] = 2.0
     # The spec keys a launch of a compiled release may set (``serve``/``deploy --set``); the rest is compiled in.
     launch_settings: ClassVar[frozenset[str]] = LAUNCH_SETTINGS
 

@@ -37,6 +37,11 @@ class DeployOptions:
     shm_gib: int = DEFAULT_SHM_GIB
     hpa_target: float | None = None  # in-flight requests per pod; None: 3/4 of limits.max_batch_size
     monitor_labels: dict[str, str] = field(default_factory=dict)  # labels a Prometheus selects PodMonitors by
+    # (and PrometheusRules); the alerts' thresholds, None: specbuild.monitoring.rules' defaults (the runtime's TTFT)
+    min_acceptance: float | None = None
+    ttft_p95_seconds: float | None = None
+    # labels Grafana's dashboard sidecar selects ConfigMaps by (kube-prometheus-stack's default)
+    dashboard_labels: dict[str, str] = field(default_factory=lambda: {"grafana_dashboard": "1"})
     startup_timeout_s: int = 1800  # engine load (a 70B target takes minutes)
     termination_grace_s: int = 120
     # specbuild's OpenAI-compatible API beside a GPU release's Triton (docker/Dockerfile.cpu builds this image)

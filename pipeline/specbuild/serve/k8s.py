@@ -15,7 +15,8 @@ release's container as a second container (``specbuild openai`` in the CPU image
 
 Everything around the container is common to both: Deployment + Service, or KServe ``ServingRuntime`` +
 ``InferenceService`` (RawDeployment mode: several ports, no Knative, autoscaling handed to the HPA here); a
-PodDisruptionBudget; a Prometheus Operator ``PodMonitor``; and a HorizontalPodAutoscaler on
+PodDisruptionBudget; a Prometheus Operator ``PodMonitor`` and ``PrometheusRule`` (the release's recording and
+alerting rules); the Grafana dashboard in a ConfigMap for Grafana's sidecar; and a HorizontalPodAutoscaler on
 ``specbuild_requests_in_flight``, the gauge of requests being served that the model answering them exports (the
 orchestrator; the LLM-API adapter for ``tensorrt-llm-llmapi``; the target engine's "active" count would
 undercount: the orchestrator sends it one request per round), which the HPA reads through prometheus-adapter
@@ -39,6 +40,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from specbuild.errors import UsageError
+from specbuild.monitoring.dashboard import DASHBOARD_FILE
+from specbuild.monitoring.promql import Scope
+from specbuild.monitoring.rules import release_thresholds, rule_groups
 from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint, check_options
 from specbuild.runtimes.registry import runtime_for
 from specbuild.serve.release_launch import release_launch_spec
@@ -256,6 +260,34 @@ def pod_monitor(spec: BuildSpec, options: DeployOptions, pod_labels: dict[str, s
                      "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}}
 
 
+def release_scope(spec: BuildSpec, options: DeployOptions) -> Scope:
+    """The release's series as its PodMonitor's scrape job labels them: ``<namespace>/<PodMonitor name>``, the job
+    name the Prometheus Operator gives a PodMonitor's targets (prometheus-operator pkg/prometheus/promcfg.go,
+    generatePodMonitorConfig, v0.93.0)."""
+    return Scope((f'namespace="{options.namespace}"', f'job="{options.namespace}/{k8s_name(spec.name)}"'))
+
+
+def prometheus_rule(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
+    """The release's recording and alerting rules (:mod:`specbuild.monitoring.rules`), for the Prometheus that selects
+    the PodMonitor (the same labels)."""
+    thresholds = release_thresholds(spec, min_acceptance=options.min_acceptance,
+                                    ttft_p95_seconds=options.ttft_p95_seconds)
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": _meta(spec, options, labels=options.monitor_labels),
+            "spec": {"groups": rule_groups(release_scope(spec, options), thresholds)}}
+
+
+DASHBOARD_CONFIG_MAP = "specbuild-dashboard"  # one for every release of a namespace: the dashboard picks the release
+
+
+def dashboard_config_map(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
+    """The Grafana dashboard (:mod:`specbuild.monitoring.dashboard`) for Grafana's dashboard sidecar, which loads
+    the ConfigMaps carrying its label."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(spec, options, DASHBOARD_CONFIG_MAP, labels=options.dashboard_labels),
+            "data": {"specbuild.json": DASHBOARD_FILE.read_text(encoding="utf-8")}}
+
+
 def adapter_rules() -> dict[str, Any]:
     """prometheus-adapter's rule that serves ``specbuild_requests_in_flight`` to the HPA as a pods metric (the
     adapter's ``rules:`` config; in its Helm chart, ``rules.custom``). Averaged over a minute so one scrape does
@@ -315,9 +347,9 @@ def kserve_predictor(spec: BuildSpec) -> str:
 
 def manifests(spec: BuildSpec, footprint: ReleaseFootprint, options: DeployOptions | None = None, *,
               kserve: bool = False) -> list[dict[str, Any]]:
-    """The objects for one release (``spec``: the release's, launch settings applied): Deployment, Service, HPA,
-    PodDisruptionBudget, PodMonitor; or KServe ServingRuntime + InferenceService, HPA, PodDisruptionBudget,
-    PodMonitor."""
+    """The objects for one release (``spec``: the release's, launch settings applied): Deployment and Service, or
+    KServe ServingRuntime + InferenceService; then HPA, PodDisruptionBudget, PodMonitor, PrometheusRule and the
+    dashboard's ConfigMap."""
     options = options or DeployOptions()
     check_options(options)
     if kserve and options.pvc is None:
@@ -333,7 +365,8 @@ def manifests(spec: BuildSpec, footprint: ReleaseFootprint, options: DeployOptio
         serving = [deployment(spec, options, pod), service(spec, options, pod)]
         scaled = k8s_name(spec.name)
     return [*serving, autoscaler(spec, options, scaled), disruption_budget(spec, options, pod_labels),
-            pod_monitor(spec, options, pod_labels)]
+            pod_monitor(spec, options, pod_labels), prometheus_rule(spec, options),
+            dashboard_config_map(spec, options)]
 
 
 def release_manifests(release: Release, overrides: dict[str, Any], options: DeployOptions, *,

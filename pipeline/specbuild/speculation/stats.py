@@ -1,7 +1,8 @@
-"""Acceptance statistics: what one request (or, summed, many) drafted and accepted, and the Prometheus counters
-the orchestrator exports them as. This module owns the names: the orchestrator writes these counters and
-``specbuild bench`` reads them back (:class:`specbuild.bench.metrics.Counters`). Names follow vLLM's
-``spec_decode`` metrics.
+"""Acceptance statistics: what one request (or, summed, many) drafted and accepted, and the Prometheus metrics
+the orchestrator exports them as (counters, the in-flight gauge, latency histograms). This module owns the names:
+the orchestrator writes these metrics, ``specbuild bench`` reads them back (:class:`specbuild.bench.metrics.Counters`,
+:mod:`specbuild.bench.histograms`), and the alerting rules and dashboard query them (:mod:`specbuild.monitoring`).
+Names follow vLLM's (``spec_decode`` counters, request latency histograms).
 """
 
 from __future__ import annotations
@@ -86,14 +87,20 @@ class SpeculationStats:
 @dataclass(frozen=True)
 class Metric:
     """One Prometheus metric: ``key`` is the :class:`SpeculationStats` field a counter counts (or a request total,
-    or what a gauge measures); with ``label`` ``position`` one series per draft position (a list field), with
-    ``source`` one per draft source, ``key`` then naming the :class:`SourceStats` field."""
+    or what a gauge measures, or the latency a histogram observes); with ``label`` ``position`` one series per draft
+    position (a list field), with ``source`` one per draft source, ``key`` then naming the :class:`SourceStats`
+    field."""
 
     key: str
     name: str
     description: str
     label: Literal["position", "source"] | None = None
-    kind: Literal["counter", "gauge"] = "counter"
+    kind: Literal["counter", "gauge", "histogram"] = "counter"
+    buckets: tuple[float, ...] = ()  # a histogram's upper bounds (seconds), increasing; +Inf is implied
+
+    def __post_init__(self) -> None:
+        if (self.kind == "histogram") != bool(self.buckets) or list(self.buckets) != sorted(set(self.buckets)):
+            raise ValueError(f"{self.name}: a histogram and only a histogram has buckets, strictly increasing")
 
     def series(self, stats: SpeculationStats) -> list[tuple[dict[str, str], float]]:
         """This metric's series in ``stats``: (labels, value) pairs; empty for a request total."""
@@ -141,4 +148,27 @@ SPECULATION_METRICS = (
 # "active" count undercounts it: the orchestrator sends the target one request per round, not one per request.
 IN_FLIGHT = Metric("in_flight", "specbuild_requests_in_flight", "Generation requests being served by the orchestrator",
                    kind="gauge")
-METRICS = REQUEST_METRICS + SPECULATION_METRICS + (IN_FLIGHT,)
+# Request latencies (seconds), observed when a request row ends (finished or at its time limit; a failed or cancelled
+# row is counted above, not timed): from its arrival at the serving model to its first token (TTFT), between its
+# first and last token per later token (TPOT), to its end (E2E), and before its first round starts (queue; Triton's
+# own queue in front of the model is nv_inference_queue_duration_us). One set of bounds serves both a GPU release's
+# milliseconds and a CPU release's seconds; quantiles interpolate within a bucket, so the bounds are dense (about a
+# factor 1.5 apart) from 10 ms to a few seconds, where both kinds of release answer and SLOs sit, and include the
+# runtimes' default p95 TTFT thresholds (2 s, 5 s) so the alert compares at a bound.
+LATENCY_METRICS = (
+    Metric("ttft", "specbuild_time_to_first_token_seconds", "Time from a request's arrival to its first token",
+           kind="histogram", buckets=(0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5,
+                                      2.0, 3.0, 5.0, 10.0, 20.0, 60.0)),
+    Metric("tpot", "specbuild_time_per_output_token_seconds",
+           "Time per output token after the first: (last token - first token) / (tokens - 1)", kind="histogram",
+           buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0,
+                    2.5)),
+    Metric("e2e", "specbuild_e2e_request_latency_seconds", "Time from a request's arrival to its last response",
+           kind="histogram", buckets=(0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0,
+                                      40.0, 80.0, 160.0, 320.0, 640.0)),
+    Metric("queue", "specbuild_request_queue_time_seconds",
+           "Time from a request's arrival to the start of its first round", kind="histogram",
+           buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)),
+)
+TTFT, TPOT, E2E, QUEUE = LATENCY_METRICS
+METRICS = REQUEST_METRICS + SPECULATION_METRICS + (IN_FLIGHT,) + LATENCY_METRICS

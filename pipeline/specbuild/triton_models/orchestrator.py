@@ -4,8 +4,9 @@ Each row of a request runs :func:`specbuild.speculation.loop.speculate` with the
 models called through BLS, so many requests are in flight at once. Each response is about one row
 (``batch_index``), as NVIDIA's backend answers: a streamed row sends the tokens accepted in each round, a
 non-streamed one its whole answer when it ends; the request's last response is final. Every response carries
-the row's acceptance figures and timings so far, and the Prometheus counters of
-:mod:`specbuild.speculation.stats` are exported through the python backend's metrics API. A row stops after
+the row's acceptance figures and timings so far, and the Prometheus metrics of
+:mod:`specbuild.speculation.stats` (counters, the in-flight gauge, each finished row's latencies) are exported
+through the python backend's metrics API. A row stops after
 the round in which its client cancels (seen when the model is called directly: an ensemble does not pass
 cancellation on to a step already running) or its time limit passes (``max_time`` within the parameter
 ``max_request_seconds``, which also ends requests nobody waits for). Drafts come from

@@ -60,6 +60,9 @@ class Recorder(Protocol):
 
     def record(self, stats: SpeculationStats, output_tokens: int) -> None: ...
 
+    def observe_latencies(self, *, arrival_ns: int, scheduled_ns: int, first_token_ns: int, last_token_ns: int,
+                          output_tokens: int) -> None: ...
+
 
 class Log(Protocol):
     def log_info(self, message: str) -> None: ...
@@ -103,6 +106,10 @@ class RequestRunner:
                 before it goes, so a client reading the metrics next finds its request there)."""
                 nonlocal unfinished
                 unfinished -= row.finished
+                if row.finished:
+                    self.metrics.observe_latencies(arrival_ns=arrival_ns, scheduled_ns=row.scheduled_ns,
+                                                   first_token_ns=row.first_token_ns, last_token_ns=row.last_token_ns,
+                                                   output_tokens=row.tokens)
                 if not unfinished and any(item.finish_reason == TIME_LIMIT for item in rows):
                     self.metrics.count("timed_out")
                     self.log.log_info("orchestrator: a request reached its time limit; stopped after its round")

@@ -6,8 +6,12 @@ inside TensorRT-LLM, and answers each row with the public outputs (one response 
 naming it, as the orchestrator answers): the text (as deltas when streamed, the LLM API sending the whole text each
 time), the acceptance figures TensorRT-LLM reports, timings, and the generated token count (the LLM-API model
 returns text only: ``max_tokens`` when the answer ran to it, else the text re-tokenized with the target's tokenizer,
-shipped under ``tokenizer/``). The request handling is in :mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests` and
-:mod:`specbuild.runtimes.tensorrt_llm_llmapi.tensors` (pure, unit-tested); this file only moves tensors. Parameters:
+shipped under ``tokenizer/``). Its metrics (``specbuild_*``, under ``model="llmapi_adapter"``) are the request
+counters, the in-flight gauge, the drafted and accepted totals TensorRT-LLM reports, and the latency histograms
+timed on the text the LLM-API model returns; rounds, positions, engine seconds, fallbacks and prompt lookup happen
+inside TensorRT-LLM, which exports none of them. The request handling is in
+:mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests` and :mod:`specbuild.runtimes.tensorrt_llm_llmapi.tensors`
+(pure, unit-tested); this file only moves tensors. Parameters:
 :class:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPIAdapterParameters`.
 """
 
@@ -77,7 +81,7 @@ class TritonPythonModel:
             if texts is None:
                 self.metrics.count("cancelled")
             else:
-                self._record(progress)
+                self._record(progress, arrival_ns)
                 last = [response(item.response(text, arrival_ns)) for item, text in zip(progress, texts)]
         except Exception as exc:  # noqa: BLE001 - a bad or failed request must end, never the model
             self.metrics.count("errors")
@@ -94,9 +98,13 @@ class TritonPythonModel:
             for index, answer in enumerate(last):
                 sender.send(answer, flags=FINAL if index == len(last) - 1 else 0)
 
-    def _record(self, progress: list[RowProgress]) -> None:
+    def _record(self, progress: list[RowProgress], arrival_ns: int) -> None:
+        """The counters, and each row's latencies (its first and last text from the LLM-API model)."""
         stats = SpeculationStats()
         for item in progress:
+            self.metrics.observe_latencies(arrival_ns=arrival_ns, scheduled_ns=item.scheduled_ns,
+                                           first_token_ns=item.first_token_ns, last_token_ns=item.last_token_ns,
+                                           output_tokens=item.tokens)
             answer = item.answer
             stats.drafted_tokens += (answer and answer.total_draft_tokens) or 0
             stats.accepted_tokens += (answer and answer.total_accepted_draft_tokens) or 0

@@ -59,6 +59,7 @@ class TorchRuntime(Runtime):
     # On CPU cores a round's draft and verification compete with the other requests' steps: from 2 in flight,
     # the default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal")
     busy_in_flight = 2
+    ttft_p95_seconds = 5.0  # a CPU's prefill is seconds for long prompts
 
     def available(self) -> bool:
         import importlib.util
