@@ -173,6 +173,12 @@ class TritonSpec(_Strict):
         return value
 
 
+TRITON_DEFAULTS = TritonSpec()
+"""The server settings a release gets unless told otherwise: the one place its default address and ports are."""
+LOCAL_GRPC_URL = f"{TRITON_DEFAULTS.host}:{TRITON_DEFAULTS.grpc_port}"
+"""Where a Triton server with the default settings answers gRPC on this machine."""
+
+
 class LaunchSpec(_Strict):
     """How the TensorRT-LLM engines are laid out over processes and GPUs (tensorrt-llm runtime). Compiled into
     the engine configs (``gpu_device_ids``, ``participant_ids``, ``speculative_decoding_fast_logits``); ``serve``

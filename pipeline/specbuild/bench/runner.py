@@ -36,6 +36,7 @@ from specbuild.bench.metrics import (Cell, CellKey, Counters, RequestTrace, cell
 from specbuild.package.contract import PREPROCESSING_MODEL
 from specbuild.errors import RequestError, ServerError, UsageError
 from specbuild.bench.prompts import Prompt
+from specbuild.spec import LOCAL_GRPC_URL, TRITON_DEFAULTS
 
 WARMUP_TOKENS = 8
 T = TypeVar("T")
@@ -139,7 +140,7 @@ def is_loopback(url: str) -> bool:
 
 def default_metrics_url(grpc_url: str) -> str:
     host = host_of(grpc_url)
-    return f"http://{f'[{host}]' if ':' in host else host}:8002/metrics"
+    return f"http://{f'[{host}]' if ':' in host else host}:{TRITON_DEFAULTS.metrics_port}/metrics"
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -326,7 +327,7 @@ def bench_server(url: str | None, repository: str | Path | None,
     the running one at ``url``."""
     if (url is None) == (repository is None):
         raise UsageError("give either --url (a running server) or --repository (one to start), not both or neither",
-                         "e.g. --repository triton_repo, or --url 127.0.0.1:8001")
+                         f"e.g. --repository triton_repo, or --url {LOCAL_GRPC_URL}")
     if url is not None:
         yield url, None
         return

@@ -9,8 +9,11 @@ from typing import Any, Callable
 import click
 
 from specbuild.cli.common import console, generation_json, json_option, main, print_json, reports_errors
+from specbuild.drafts.distill_options import ANSWERS, DEVICES, PRECISIONS, TEACHERS, DraftOptions
 from specbuild.errors import SpecbuildError
-from specbuild.spec import DEFAULT_SPEC_FILE
+from specbuild.spec import DEFAULT_SPEC_FILE, LOCAL_GRPC_URL, TRITON_DEFAULTS
+
+DRAFT = DraftOptions()  # `specbuild draft`'s defaults
 
 
 @main.command()
@@ -87,9 +90,9 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 
 
 @main.command()
-@click.option("--url", default=None, help="gRPC address of a running server, e.g. 127.0.0.1:8001 (another machine "
+@click.option("--url", default=None, help=f"gRPC address of a running server, e.g. {LOCAL_GRPC_URL} (another machine "
               "only when named here)")
-@click.option("--metrics-url", default=None, help="its metrics endpoint  [default: http://<host>:8002/metrics]")
+@click.option("--metrics-url", default=None, help=f"its metrics endpoint  [default: http://<host>:{TRITON_DEFAULTS.metrics_port}/metrics]")
 @click.option("--repository", type=click.Path(file_okay=False), default=None,
               help="start a server on this repository for the run (loopback, free ports)")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
@@ -242,31 +245,33 @@ def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
 @main.command("draft")
 @click.argument("target", type=click.Path(file_okay=False))
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True, help="decoder layers of the draft")
-@click.option("--hidden", type=click.IntRange(min=1), default=None,
+@click.option("--layers", type=click.IntRange(min=1), default=DRAFT.layers, show_default=True,
+              help="decoder layers of the draft")
+@click.option("--hidden", type=click.IntRange(min=1), default=DRAFT.hidden,
               help="hidden size (default: the target's, copying its embeddings, head and spread layers)")
-@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=DRAFT.minutes, show_default=True,
               help="hard wall-clock budget of this run (data, training and the summary)")
-@click.option("--steps", type=click.IntRange(min=1), default=1500, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1), default=DRAFT.steps, show_default=True,
               help="training steps of the schedule (the budget may stop it earlier)")
-@click.option("--prompts", type=click.IntRange(min=2), default=1200, show_default=True,
-              help="distillation prompts the target answers (within 40% of the budget)")
-@click.option("--held-out", type=click.IntRange(min=1), default=48, show_default=True,
+@click.option("--prompts", type=click.IntRange(min=2), default=DRAFT.prompts, show_default=True,
+              help=f"distillation prompts the target answers (within {DRAFT.data_share:.0%} of the budget)")
+@click.option("--held-out", type=click.IntRange(min=1), default=DRAFT.held_out, show_default=True,
               help="of those, kept out of training to measure acceptance")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=96, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--precision", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=DRAFT.max_new_tokens, show_default=True)
+@click.option("--seed", type=int, default=DRAFT.seed, show_default=True)
+@click.option("--precision", type=click.Choice(PRECISIONS), default=DRAFT.precision, show_default=True,
               help="answers, labels and training matmuls; auto: bfloat16 on CPUs with bfloat16 matrix units and "
                    "on GPUs that support it")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+@click.option("--device", type=click.Choice(DEVICES), default=DRAFT.device, show_default=True,
               help="where the target answers and the draft trains; auto: a CUDA GPU when there is one")
-@click.option("--generate-batch", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--generate-batch", type=click.IntRange(min=1), default=DRAFT.generate_batch, show_default=True,
               help="prompts the target answers at once (a GPU takes hundreds)")
-@click.option("--batch-tokens", type=click.IntRange(min=64), default=2048, show_default=True,
+@click.option("--batch-tokens", type=click.IntRange(min=64), default=DRAFT.batch_tokens, show_default=True,
               help="padded tokens per training step")
-@click.option("--answers", type=click.Choice(["greedy", "greedy+sampled"]), default="greedy", show_default=True,
-              help="greedy+sampled: the target also answers every training prompt by sampling (temperature 0.7)")
-@click.option("--teacher", type=click.Choice(["labels", "joint"]), default="labels", show_default=True,
+@click.option("--answers", type=click.Choice(ANSWERS), default=DRAFT.answers, show_default=True,
+              help="greedy+sampled: the target also answers every training prompt by sampling (temperature "
+                   f"{DRAFT.sample_temperature})")
+@click.option("--teacher", type=click.Choice(TEACHERS), default=DRAFT.teacher, show_default=True,
               help="labels: the target's top-k stored once; joint: the target runs in every training step and the "
                    "loss is the KL divergence from its full-vocabulary distribution")
 @click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
@@ -277,7 +282,6 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
                   batch_tokens: int, answers: str, teacher: str, resume: bool, json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
     from specbuild.drafts.distill import make_draft
-    from specbuild.drafts.distill_options import DraftOptions
     from specbuild.drafts.model_pairs import progress_display
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,

@@ -13,8 +13,10 @@ import click
 
 from specbuild.cli.common import console, generation_json, json_option, main, print_json, reports_errors
 from specbuild.monitoring.rules import DEFAULT_MIN_ACCEPTANCE
-from specbuild.spec import parse_override
+from specbuild.runtimes.pod_plans import CPU_IMAGE, REPLICA_CEILING, DeployOptions
+from specbuild.spec import LOCAL_GRPC_URL, TRITON_DEFAULTS, parse_override
 
+DEPLOY = DeployOptions()  # `specbuild deploy`'s defaults
 
 @main.command()
 @click.argument("directory", type=click.Path())
@@ -42,12 +44,17 @@ def verify(directory: str, json_mode: bool) -> None:
 
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
-@click.option("--host", default=None, help="bind address  [default: the release's triton.host, 127.0.0.1]")
-@click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="[default: 8000; 0 = a free port]")
-@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="[default: 8001; 0 = a free port]")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="[default: 8002; 0 = a free port]")
+@click.option("--host", default=None, help="bind address  [default: the release's triton.host, "
+              f"{TRITON_DEFAULTS.host}]")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None,
+              help=f"[default: the release's triton.http_port, {TRITON_DEFAULTS.http_port}; 0 = a free port]")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None,
+              help=f"[default: the release's triton.grpc_port, {TRITON_DEFAULTS.grpc_port}; 0 = a free port]")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help=f"[default: the release's triton.metrics_port, {TRITON_DEFAULTS.metrics_port}; 0 = a free port]")
 @click.option("--openai-port", type=click.IntRange(0, 65535), default=None,
-              help="the OpenAI-compatible API  [default: the release's triton.openai_port, 9000; 0 = a free port]")
+              help="the OpenAI-compatible API  [default: the release's triton.openai_port, "
+              f"{TRITON_DEFAULTS.openai_port}; 0 = a free port]")
 @click.option("--no-openai", is_flag=True, help="serve Triton only, without the OpenAI-compatible API")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="seconds to wait for the models to load (bundled server)")
@@ -174,10 +181,11 @@ def _serve_bundled(plan: Any, model: str, *, with_openai: bool, timeout: float, 
 
 @main.command("openai")
 @click.argument("repository", type=click.Path(file_okay=False), default="triton_repo")
-@click.option("--triton", "triton_url", default="127.0.0.1:8001", show_default=True,
+@click.option("--triton", "triton_url", default=LOCAL_GRPC_URL, show_default=True,
               help="gRPC address of the Triton server that serves the release")
-@click.option("--host", default="127.0.0.1", show_default=True, help="bind address")
-@click.option("--port", type=click.IntRange(0, 65535), default=9000, show_default=True, help="0 = a free port")
+@click.option("--host", default=TRITON_DEFAULTS.host, show_default=True, help="bind address")
+@click.option("--port", type=click.IntRange(0, 65535), default=TRITON_DEFAULTS.openai_port, show_default=True,
+              help="0 = a free port")
 @click.option("--dry-run", is_flag=True, help="say what would be served, and where, without serving it")
 @click.option("--json", "json_mode", is_flag=True, help="JSON Lines on stdout: one object when the API is ready "
               "(URL, model), one when it stops (or the error); with --dry-run, one document")
@@ -215,7 +223,7 @@ def openai_command(repository: str, triton_url: str, host: str, port: int, dry_r
 
 @main.command()
 @click.argument("prompt")
-@click.option("--url", default="127.0.0.1:8001", show_default=True, help="Triton gRPC address")
+@click.option("--url", default=LOCAL_GRPC_URL, show_default=True, help="Triton gRPC address")
 @click.option("--model", default="ensemble", show_default=True)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--stream/--no-stream", default=True, show_default=True, help="print text as it is accepted")
@@ -311,14 +319,15 @@ def alert_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("-o", "--out", "--k8s", "out_dir", required=True, metavar="DIR|-",
               help="folder to write the manifests into (one <kind>.yaml per object, and the prometheus-adapter "
                    "rule), or - for a YAML stream on stdout (kubectl apply -f -)")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--max-replicas", type=click.IntRange(min=1), default=None, help="HPA ceiling (default: 4 x replicas)")
-@click.option("--namespace", default="default", show_default=True)
+@click.option("--replicas", type=click.IntRange(min=1), default=DEPLOY.replicas, show_default=True)
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None,
+              help=f"HPA ceiling  [default: {REPLICA_CEILING} x replicas]")
+@click.option("--namespace", default=DEPLOY.namespace, show_default=True)
 @click.option("--pvc", default=None, help="PersistentVolumeClaim holding the release's engines and repository folders")
 @click.option("--release-image", default=None, help="image with /release/<engines> and /release/<repository> "
               "(docker/Dockerfile.release), copied by an init container")
 @click.option("--image", default=None, help="the serving image  [default: the release's triton.image; for a torch "
-              "release specbuild:cpu, built from docker/Dockerfile.cpu]")
+              f"release {CPU_IMAGE}, built from docker/Dockerfile.cpu]")
 @click.option("--cpu", type=click.FloatRange(min=0, min_open=True), default=None,
               help="CPU cores per replica  [default: from the release]")
 @click.option("--memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -328,9 +337,9 @@ def alert_options(command: Callable[..., Any]) -> Callable[..., Any]:
               "ruleSelector (repeatable)")
 @click.option("--dashboard-label", "dashboard_labels", multiple=True, callback=_label, metavar="KEY=VALUE",
               help="label of the dashboard's ConfigMap, for Grafana's dashboard sidecar (repeatable)  "
-              "[default: grafana_dashboard=1]")
+              f"[default: {','.join(f'{key}={value}' for key, value in DEPLOY.dashboard_labels.items())}]")
 @alert_options
-@click.option("--openai-image", default="specbuild:cpu", show_default=True,
+@click.option("--openai-image", default=DEPLOY.openai_image, show_default=True,
               help="a GPU release: the image of the OpenAI-compatible API's container beside Triton "
               "(docker/Dockerfile.cpu)")
 @click.option("--kserve", is_flag=True, help="write a KServe ServingRuntime + InferenceService instead")
@@ -353,7 +362,6 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
     """
     from specbuild.package.manifest import read_release
     from specbuild.serve.k8s import release_manifests, to_yaml, write_manifests
-    from specbuild.runtimes.pod_plans import DeployOptions
 
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
                             release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,

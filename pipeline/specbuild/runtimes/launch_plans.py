@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specbuild.errors import SpecError
-from specbuild.spec import BuildSpec, TritonSpec
+from specbuild.spec import TRITON_DEFAULTS, BuildSpec, TritonSpec
 
 Mode = Literal["single", "leader", "orchestrator"]
 DEFAULT_SHM_GIB = 2  # /dev/shm for the python backend's tensors (Docker default 64 MiB is too small)
@@ -147,7 +147,8 @@ def api_port(spec: BuildSpec) -> int:
     port = spec.triton.openai_port
     if port == 0:
         raise SpecError("triton.openai_port is 0 (pick a free port), which a deployment cannot publish",
-                        "set triton.openai_port to a fixed port, e.g. --set triton.openai_port=9000")
+                        "set triton.openai_port to a fixed port, e.g. "
+                        f"--set triton.openai_port={TRITON_DEFAULTS.openai_port}")
     clash = [kind for kind, taken in published_ports(spec).items() if taken == port]
     if clash:
         raise SpecError(f"the ports must differ: triton.openai_port is triton.{clash[0]}_port ({port})",

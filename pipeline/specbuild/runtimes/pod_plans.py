@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 SERVER_HOST_GIB = 2
 PER_GPU_HOST_GIB = 1
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# what docker/Dockerfile.cpu builds: the torch runtime's serving image, and the OpenAI-compatible API's beside a GPU
+# release's Triton (push it to your registry and pass its name)
+CPU_IMAGE = "specbuild:cpu"
+REPLICA_CEILING = 4  # the autoscaler's ceiling unless given, in replicas per requested replica
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class DeployOptions:
 
     namespace: str = "default"
     replicas: int = 1
-    max_replicas: int | None = None  # None: 4 x replicas
+    max_replicas: int | None = None  # None: REPLICA_CEILING x replicas
     pvc: str | None = None  # claim holding <engines>/ and <repository>/ side by side
     release_image: str | None = None  # image with /release/<engines> and /release/<repository>
     image: str | None = None  # the serving image; None: the release's triton.image, or CPU_IMAGE for torch
@@ -45,7 +49,11 @@ class DeployOptions:
     startup_timeout_s: int = 1800  # engine load (a 70B target takes minutes)
     termination_grace_s: int = 120
     # specbuild's OpenAI-compatible API beside a GPU release's Triton (docker/Dockerfile.cpu builds this image)
-    openai_image: str = "specbuild:cpu"
+    openai_image: str = CPU_IMAGE
+
+    @property
+    def autoscaler_ceiling(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else REPLICA_CEILING * self.replicas
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import numpy as np
 
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_MODEL, NUMPY_DTYPES, Tensor, by_name
 from specbuild.errors import RequestError, ServerError
+from specbuild.spec import LOCAL_GRPC_URL
 
 _INPUTS = by_name(ENSEMBLE_INPUTS)
 # GenerationRequest field -> ensemble input, where the names differ.
@@ -191,7 +192,7 @@ class _TextDecoder:
 class SpecbuildClient:
     """gRPC client of the ensemble (``tritonclient.grpc``, stream API)."""
 
-    def __init__(self, url: str = "127.0.0.1:8001", model: str = ENSEMBLE_MODEL, *, timeout: float = 600.0) -> None:
+    def __init__(self, url: str = LOCAL_GRPC_URL, model: str = ENSEMBLE_MODEL, *, timeout: float = 600.0) -> None:
         self.url = url.removeprefix("grpc://")
         self.model = model
         self.timeout = timeout

@@ -11,8 +11,7 @@ from types import TracebackType
 
 from specbuild.errors import ServerError, UsageError
 from specbuild.serve.processes import free_port, reachable_host
-
-DEFAULT_OPENAI_PORT = 9000  # as Triton's own OpenAI frontend
+from specbuild.spec import TRITON_DEFAULTS
 
 
 def serves_openai(repository: str | Path) -> bool:
@@ -30,8 +29,8 @@ class OpenAIFrontend:
     orchestrator on Triton's gRPC ``triton_url``; listening on ``host:port`` (loopback unless told otherwise;
     port 0: a free one). A context manager."""
 
-    def __init__(self, repository: str | Path, triton_url: str, model: str, *, host: str = "127.0.0.1",
-                 port: int = DEFAULT_OPENAI_PORT, startup_timeout: float = 60.0) -> None:
+    def __init__(self, repository: str | Path, triton_url: str, model: str, *, host: str = TRITON_DEFAULTS.host,
+                 port: int = TRITON_DEFAULTS.openai_port, startup_timeout: float = 60.0) -> None:
         self.repository = Path(repository)
         self.triton_url = triton_url
         self.model = model

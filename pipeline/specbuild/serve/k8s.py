@@ -218,10 +218,6 @@ def _hpa_target(spec: BuildSpec, options: DeployOptions) -> str:
     return f"{value:g}"
 
 
-def _max_replicas(options: DeployOptions) -> int:
-    return options.max_replicas if options.max_replicas is not None else 4 * options.replicas
-
-
 def autoscaler(spec: BuildSpec, options: DeployOptions, deployment_name: str) -> dict[str, Any]:
     """Scale ``deployment_name`` on the requests each pod is serving (needs :func:`adapter_rules`)."""
     return {
@@ -231,7 +227,7 @@ def autoscaler(spec: BuildSpec, options: DeployOptions, deployment_name: str) ->
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment_name},
             "minReplicas": options.replicas,
-            "maxReplicas": _max_replicas(options),
+            "maxReplicas": options.autoscaler_ceiling,
             "metrics": [{"type": "Pods", "pods": {"metric": {
                 "name": IN_FLIGHT.name, "selector": {"matchLabels": {"model": runtime_for(spec.runtime).serving_model}}},
                 "target": {"type": "AverageValue", "averageValue": _hpa_target(spec, options)}}}],
@@ -331,7 +327,7 @@ def inference_service(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]
         "metadata": meta,
         "spec": {"predictor": {
             "minReplicas": options.replicas,
-            "maxReplicas": _max_replicas(options),
+            "maxReplicas": options.autoscaler_ceiling,
             "securityContext": _pod_security(),
             "terminationGracePeriodSeconds": options.termination_grace_s,
             "model": {"modelFormat": {"name": "triton", "version": "2"},

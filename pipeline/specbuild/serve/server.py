@@ -40,6 +40,7 @@ from specbuild.errors import ServerError, Terminated, UsageError
 from specbuild.serve.processes import (STOP_SIGNALS, free_port, kill_group, reachable_host, stop_signals,
                                        wait_until)
 from specbuild.serve.triton_install import TritonInstall, find_triton, log_errors
+from specbuild.spec import TRITON_DEFAULTS
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -113,7 +114,7 @@ class TritonServer:
         self,
         repository: str | Path,
         *,
-        host: str = "127.0.0.1",
+        host: str = TRITON_DEFAULTS.host,
         http_port: int = 0,
         grpc_port: int = 0,
         metrics_port: int = 0,

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbuild.runtimes.launch_plans import api_port, published_ports
-from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint, memory_gib
+from specbuild.runtimes.pod_plans import CPU_IMAGE, DeployOptions, PodPlan, ReleaseFootprint, memory_gib
 from specbuild.spec import BuildSpec
 
 CPU_RELEASE_ROOT = "/release"  # where the CPU pod mounts the release folder (the repository, its engines beside)
-CPU_IMAGE = "specbuild:cpu"  # docker/Dockerfile.cpu: push it to your registry and pass --image
 TORCH_WORKING_SHARE = 0.25  # the torch runtime's KV cache and activations, as a share of its weights
 DEFAULT_CPU_CORES = 4  # a torch release whose engines use every core (threads 0) gets this many
 
