@@ -237,7 +237,7 @@ def run_soak(server: TritonServer, config: SoakConfig, console: Console | None =
         latency=percentiles(o.latency for o in outcomes if o.error is None),
         first_chunk=percentiles(o.first_chunk for o in outcomes if o.error is None and o.stream),
         windows=_windows(outcomes, config.window_s), memory=memory,
-        counters=asdict(after - before) if before is not None and after is not None else None,
+        counters=(after - before).as_dict() if before is not None and after is not None else None,
         server_alive=server.is_running(), growth=memory_growth(memory[0], memory[-1]),
     )
 

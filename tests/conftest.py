@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -14,6 +16,28 @@ from specbuild.drafts.model_pairs import cache_dir, pair_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = cache_dir(REPO_ROOT)  # shared with `specbuild demo` run from the repository root
+
+
+def _checkout_status() -> set[str] | None:
+    """``git status`` of the checkout, files one by one, ignored ones too, without the environment, the cache
+    folder and Python's bytecode; None outside a git checkout."""
+    if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
+        return None
+    command = ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--ignored=matching", "--untracked-files=all",
+               "--", ".", ":!.venv", ":!.cache", ":!**/__pycache__", ":!.pytest_cache", ":!.hypothesis"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    return set(done.stdout.splitlines()) if done.returncode == 0 else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_stays_clean():
+    """Tests write into their tmp_path or the cache folder, never into the checkout: a file that appears there
+    during the session (a build/ state record, a spec, a release) fails it, named."""
+    before = _checkout_status()
+    yield
+    after = _checkout_status()
+    appeared = sorted(after - before) if before is not None and after is not None else []
+    assert not appeared, f"tests wrote into the checkout {REPO_ROOT}: {appeared[:10]} (write into tmp_path)"
 
 
 @pytest.fixture(scope="session")

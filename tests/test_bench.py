@@ -157,6 +157,9 @@ def test_counters_parse_prometheus_text_and_subtract():
     assert delta.source("lookup") == {"drafts": 3, "accepted_tokens": 3, "drafted_tokens": 0}
     assert delta.source("model") == {"drafts": 0, "accepted_tokens": 0, "drafted_tokens": 0}
     assert delta.accepted_per_position == (3.0, 3.0)  # trailing zeros dropped
+    flat = delta.as_dict()  # the form JSON reports (the soak's) keep
+    assert flat["rounds"] == 15 and flat["accepted_per_position"] == [3.0, 3.0]
+    assert flat["by_source"]["lookup"]["drafts"] == 3 and json.loads(json.dumps(flat)) == flat
 
 
 # --- cells -----------------------------------------------------------------------------------------------

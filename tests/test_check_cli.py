@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from checkpoint_factory import Checkpoints, checkpoints, copy_checkpoint, edit_json  # noqa: F401
 from click.testing import CliRunner, Result
 
 from specbuild.check.report import check, render_check
+from specbuild.check.report import check as check_with
 from specbuild.cli import main
+from specbuild.spec import BuildSpec, ModelSpec
 
 
 def run(*args: str | Path) -> Result:
@@ -27,12 +30,44 @@ def assert_no_traceback(result: Result) -> None:
     assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
 
 
-def test_compatible_pair_exits_0_with_tables(checkpoints: Checkpoints) -> None:
-    result = run(checkpoints.target, checkpoints.draft)
+def spec_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_compatible_pair_exits_0_with_tables(checkpoints: Checkpoints, tmp_path: Path) -> None:
+    result = run(checkpoints.target, checkpoints.draft, "--spec", spec_file(tmp_path, "runtime: tensorrt-llm\n"))
     assert result.exit_code == 0, result.output
     text = flat(result.output)
-    assert "checkpoints" in text and "memory plan" in text and "kv_cache_free_gpu_mem_fraction" in text
+    assert "checkpoints" in text and "memory plan (per GPU)" in text and "kv_cache_free_gpu_mem_fraction" in text
     assert "compatible: acceptance draft-logits" in text
+
+
+def test_a_release_on_the_cpu_gets_a_cpu_memory_plan(checkpoints: Checkpoints, tmp_path: Path) -> None:
+    spec = spec_file(tmp_path, "runtime: torch\ntorch: {device: cpu}\n")
+    text = flat(run(checkpoints.target, checkpoints.draft, "--spec", spec, "--gpu-memory-gib", "0.5").output)
+    assert "memory plan (CPU memory)" in text and "of the CPU's memory" in text
+    assert "GPU" not in text.split("memory plan")[1].split("build limits")[0]  # neither in the table nor the caption
+    report = json.loads(run(checkpoints.target, checkpoints.draft, "--spec", spec, "--json").stdout)
+    assert report["memory_plan"]["device"] == "CPU" and report["memory_plan"]["fits"] is None
+
+
+def test_the_break_even_uses_the_verification_cost_measured_for_the_spec_s_k(checkpoints: Checkpoints,
+                                                                            tmp_path: Path) -> None:
+    plain = flat(run(checkpoints.target, checkpoints.draft).output)
+    assert "speculation at K=4 breaks even when more than" in plain and "as on a GPU" in plain
+    measured = spec_file(tmp_path, "speculation: {num_draft_tokens: 2, verify_cost: {1: 1.05, 2: 1.2}}\n")
+    result = run(checkpoints.target, checkpoints.draft, "--spec", measured, "--json")
+    break_even = json.loads(result.stdout)["break_even"]
+    assert break_even["k"] == 2 and break_even["verify_cost"] == 1.2
+    assert break_even["accepted_share"] == pytest.approx(json.loads(result.stdout)["cost_ratio"] + 0.1)
+    text = flat(run(checkpoints.target, checkpoints.draft, "--spec", measured).output)
+    assert f"speculation at K=2 breaks even when more than {break_even['accepted_share']:.0%} of the drafted " \
+           "tokens are accepted (verifying 2 drafted tokens measured at 1.20 target steps)" in text
+    costly = spec_file(tmp_path, "speculation: {num_draft_tokens: 1, verify_cost: {1: 2.5}}\n")
+    assert "the draft cannot pay: even with every drafted token accepted, K=1 would be slower than the target " \
+           "alone" in flat(run(checkpoints.target, checkpoints.draft, "--spec", costly).output)
 
 
 def test_json_report(checkpoints: Checkpoints) -> None:
@@ -129,8 +164,14 @@ def test_render_check_escapes_markup(checkpoints: Checkpoints) -> None:
     assert "/models/[bold]x" in console.export_text()
 
 
-def test_memory_plan_caption_reads_as_sentences(checkpoints: Checkpoints) -> None:
+def test_memory_plan_caption_reads_as_sentences(checkpoints: Checkpoints, tmp_path: Path) -> None:
     from specbuild.check.report import memory_caption
+
+    gpu = BuildSpec(runtime="tensorrt-llm", target=ModelSpec(checkpoint=str(checkpoints.target)),
+                    draft=ModelSpec(checkpoint=str(checkpoints.draft)))
+
+    def check(target: Path, draft: Path, gpu_memory_gib: float | None = None) -> Any:
+        return check_with(target, draft, gpu, gpu_memory_gib=gpu_memory_gib)
 
     unchecked = check(checkpoints.target, checkpoints.draft).memory
     caption = memory_caption(unchecked)
@@ -141,4 +182,5 @@ def test_memory_plan_caption_reads_as_sentences(checkpoints: Checkpoints) -> Non
         "fits a 80 GiB GPU")
     assert memory_caption(check(checkpoints.target, checkpoints.draft, gpu_memory_gib=0.5).memory).endswith(
         "does NOT fit a 0.5 GiB GPU")
-    assert "smallest GPU that holds it" in flat(run(checkpoints.target, checkpoints.draft).output)
+    spec = spec_file(tmp_path, "runtime: tensorrt-llm\n")
+    assert "smallest GPU that holds it" in flat(run(checkpoints.target, checkpoints.draft, "--spec", spec).output)

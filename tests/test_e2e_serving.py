@@ -318,6 +318,35 @@ def test_triton_http_generate_endpoints(tiny_server, target_alone):
     assert len(events) > 1 and "".join(e["text_output"] for e in events) == expected.text
 
 
+def http_answer(server: TritonServer, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    """The status and body of a POST, errors included."""
+    try:
+        return 200, http_post(server, path, body).decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_http_generate_refuses_a_key_that_is_no_input_naming_it(tiny_server, endpoint):
+    """Triton passes a key that names no input (also inside a ``parameters`` object) to the ensemble as a request
+    parameter; its first model refuses it, naming it, with the input it was probably meant to be."""
+    path = f"/v2/models/{ENSEMBLE_MODEL}/{endpoint}"
+    body = {"text_input": PROMPTS[0], "max_tokens": 4, "stream": endpoint == "generate_stream"}
+    for extra, named in (({"temprature": 0.9}, "unknown input 'temprature' (did you mean 'temperature'?)"),
+                         ({"no_such_input": 1}, "unknown input 'no_such_input':"),
+                         ({"parameters": {"max_token": 3}}, "unknown input 'max_token' (did you mean 'max_tokens'?)")):
+        status, text = http_answer(tiny_server, path, {**body, **extra})
+        assert status == 400 and named in text, (extra, status, text)
+    # The request's id is Triton's own key (it also arrives as a parameter), not a setting.
+    status, text = http_answer(tiny_server, path, {**body, "id": "request-7"})
+    assert status == 200 and '"id":"request-7"' in text
+    # A value of the wrong JSON type is answered by Triton itself, before any model sees the request: an HTTP 500
+    # that does not name the input (docs/reliability.md); the OpenAI-compatible API refuses it with a 400 naming it.
+    status, text = http_answer(tiny_server, path, {**body, "temperature": "abc"})
+    assert status == 500 and "attempt to access JSON non-number as double" in text
+    assert tiny_server.model_ready(ENSEMBLE_MODEL)
+
+
 # --- 6. metrics ---------------------------------------------------------------------------------------------
 def test_metrics_endpoint_counts_what_the_responses_report(tiny_server, tiny_client):
     before = metrics(tiny_server)

@@ -29,6 +29,7 @@ def test_a_good_draft_starts_from_the_k_predicted_fastest():
     speculation, note = choose_speculation(good)
     assert speculation.num_draft_tokens == good.best_k == 3 and good.speedups[3] >= MIN_PREDICTED_SPEEDUP
     assert note.startswith(f"K=3: predicted {good.speedups[3]:.2f}x the target alone (greedy acceptance 80%") and "`specbuild tune`" in note
+    assert speculation.verify_cost == {1: 1.05, 2: 1.1, 3: 1.15, 4: 1.2}  # what check's break-even reads
 
 
 def test_a_draft_that_would_slow_the_target_down_starts_from_k0():
@@ -38,6 +39,7 @@ def test_a_draft_that_would_slow_the_target_down_starts_from_k0():
     assert max(weak.speedups.values()) < 1 and speculation.num_draft_tokens == 0
     assert note.startswith("K=0 (the target alone): the draft would not make it faster")
     assert "prompt lookup" in note and "`specbuild tune`" in note
+    assert speculation.verify_cost == {1: 1.05, 2: 1.1}
     borderline = estimate_with({"1": 0.2}, cost_ratio=0.1)  # 1.04x: within timing noise
     assert choose_speculation(borderline)[0].num_draft_tokens == 0
 

@@ -17,7 +17,7 @@ from specbuild.package.manifest import read_release
 from specbuild.runtimes.tensorrt_llm_llmapi.rehearsal import rehearsal_repository
 from specbuild.serve.server import TritonServer
 from served_tiny import raw_stream
-from test_e2e_serving import infer_stream, metrics, scalars, text_array, texts_of
+from test_e2e_serving import http_answer, infer_stream, metrics, scalars, text_array, texts_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -148,6 +148,12 @@ def test_what_the_llm_api_cannot_honour_is_refused_and_the_server_keeps_serving(
     assert llmapi_client.run(GenerationRequest(PROMPTS[0], 8, num_draft_tokens=4)).text
     after = adapter_metrics(llmapi_server)
     assert after["specbuild_request_errors_total"] - before.get("specbuild_request_errors_total", 0) == 1
+
+
+def test_http_generate_refuses_a_key_that_is_no_input_naming_it(llmapi_server) -> None:
+    status, text = http_answer(llmapi_server, "/v2/models/ensemble/generate",
+                               {"text_input": PROMPTS[0], "max_tokens": 4, "temprature": 0.9})
+    assert status == 400 and "llmapi_adapter: unknown input 'temprature' (did you mean 'temperature'?)" in text
 
 
 def test_the_adapter_counts_what_the_responses_report(llmapi_server, llmapi_client) -> None:

@@ -230,6 +230,7 @@ class ChatTokenizer:
 def test_the_chat_template_is_applied_without_a_second_bos() -> None:
     [row] = parse_rows(ensemble_request(apply_chat_template=True), SETTINGS)
     assert templated(row, ChatTokenizer()).llm.prompt == "<user>def main(<assistant>"
+    assert templated(row, ChatTokenizer()).echo == "def main("  # an answer repeats the client's text, as preprocessing
     [plain] = parse_rows(ensemble_request(), SETTINGS)
     assert templated(plain, ChatTokenizer()) == plain
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,6 +124,44 @@ def tokenizer_folder(served: Served) -> Path:
     return Path(command[command.index("serve") + 1]) / "preprocessing" / "1" / "tokenizer"
 
 
+def readme_curls() -> list[list[str]]:
+    """The README's ``curl`` commands, as argv."""
+    from test_readme_commands import NEEDS_THE_SERVER, README, readme_commands
+
+    return [shlex.split(command) for kind, command in readme_commands(README.read_text(encoding="utf-8"))
+            if command.startswith(NEEDS_THE_SERVER)]
+
+
+def curl(served: Served, argv: list[str], body: dict[str, Any] | None = None) -> str:
+    """Run a README curl command on ``served``: its address in place of the README's, ``body`` in place of its own."""
+    argv = [served.endpoints["HTTP"] + arg.removeprefix("localhost:8000") if arg.startswith("localhost:8000/")
+            else arg for arg in argv]
+    if body is not None:
+        argv[argv.index("-d") + 1] = json.dumps(body)
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_readme_s_curl_examples_answer_the_user_s_message(served):
+    """The first request a user sends: through the chat template, the answer alone (as the gRPC client gets it),
+    streamed as deltas; left in, the repeated input is the user's text, not the template around it."""
+    commands = {next(arg for arg in argv if "/v2/models/" in arg).rsplit("/", 1)[-1]: argv for argv in readme_curls()}
+    assert set(commands) == {"generate", "generate_stream"}
+    client = SpecbuildClient(served.grpc_url, timeout=300)
+    for endpoint, argv in commands.items():
+        body = json.loads(argv[argv.index("-d") + 1])
+        assert body["apply_chat_template"] is True
+        answer = client.generate(body["text_input"], body["max_tokens"], chat=True).text
+        output = curl(served, argv)
+        if endpoint == "generate":
+            assert json.loads(output)["text_output"] == answer
+            echoed = json.loads(curl(served, argv, {**body, "exclude_input_in_output": False}))["text_output"]
+            assert echoed == body["text_input"] + answer and "### user" not in echoed
+        else:
+            events = [json.loads(line.removeprefix("data: ")) for line in output.splitlines() if line.strip()]
+            assert len(events) > 1 and "".join(event["text_output"] for event in events) == answer
+
+
 # --- completions ----------------------------------------------------------------------------------------------------
 def test_completions_greedy_stop_and_usage(served, client):
     greedy = ensemble(served, PROMPT)
@@ -225,13 +265,15 @@ def assert_openai_error(error: Any, status: int, param: str | None, message: str
     ({"model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist"),
     ({"n": 2}, 400, "n", "n is not supported"),
     ({"temperature": 3}, 400, "temperature", "temperature"),
+    ({"temperature": "abc"}, 400, "temperature", "temperature"),  # Triton's HTTP generate answers this with a 500
     ({"extra_body": {"beam_width": 2}}, 400, "beam_width", "Unrecognized request argument supplied: beam_width"),
     ({"logprobs": True}, 400, "logprobs", "logprobs is not supported"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "tools is not supported"),
     ({"max_tokens": 100_000}, 400, None, "exceeds max_seq_len"),
     ({"extra_body": {"num_draft_tokens": 99}}, 400, None, "num_draft_tokens must be within 0..8"),
     ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages", "more than max_input_len"),
-], ids=["unknown-model", "n", "temperature", "unknown-field", "logprobs", "tools", "too-long", "k", "prompt"])
+], ids=["unknown-model", "n", "temperature", "wrong-type", "unknown-field", "logprobs", "tools", "too-long", "k",
+        "prompt"])
 def test_errors_carry_openai_s_shape(client, request_, status, param, message):
     arguments = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **request_}
     with pytest.raises(openai.APIStatusError) as error:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401 - session fixture
+from checkpoint_factory import Checkpoints, checkpoints, copy_checkpoint  # noqa: F401 - session fixture
 from specbuild.package import manifest
 from specbuild.package.build_record import BUILD_INFO, BuildRecord
 from specbuild import compiler
@@ -67,6 +67,32 @@ def test_unchanged_inputs_skip_and_a_changed_k_only_repackages(spec: BuildSpec, 
     assert 'key: "num_draft_tokens"\n  value {\n    string_value: "2"' in \
         (tmp_path / "triton_repo" / "orchestrator" / "config.pbtxt").read_text()
     assert manifest.verify(result.repository).ok
+
+
+def test_weights_already_as_convert_writes_them_are_linked_not_copied(tmp_path: Path,
+                                                                    checkpoints: Checkpoints) -> None:  # noqa: F811
+    """float32 checkpoints saved by this transformers are what the torch runtime's convert writes: the converted
+    checkpoint and the engines hard-link them (one copy on disk); a dtype conversion writes its own. Rewritten in
+    place, a linked checkpoint makes the next compile run again, and the release still verifies."""
+    source = copy_checkpoint(checkpoints.target, tmp_path / "target")
+    spec = make_spec(tmp_path, source, checkpoints.draft)
+    compiler.run(spec, json_mode=True)
+    weights = source / "model.safetensors"
+    for folder in (tmp_path / "build" / "torch" / "target", tmp_path / "engines" / "target"):
+        assert (folder / "model.safetensors").stat().st_ino == weights.stat().st_ino
+    halved = make_spec(tmp_path / "half", source, checkpoints.draft, **{"target.dtype": "bfloat16"})
+    compiler.run(halved, json_mode=True)
+    assert (tmp_path / "half" / "engines" / "target" / "model.safetensors").stat().st_ino != weights.stat().st_ino
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    save_file({**tensors, name: tensors[name] + 1}, str(weights), metadata={"format": "pt"})  # in place
+    again = compiler.run(spec, json_mode=True)
+    assert statuses(again)["check"] == "ok" and statuses(again)["convert"] == "ok"
+    assert manifest.verify(again.repository).ok
+    assert torch.equal(load_file(tmp_path / "engines" / "target" / "model.safetensors")[name], tensors[name] + 1)
 
 
 def test_an_incompatible_pair_stops_at_check(tmp_path: Path, checkpoints: Checkpoints) -> None:  # noqa: F811

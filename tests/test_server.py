@@ -6,6 +6,7 @@ model that mimics the public tensor contract): a fixture for the server layer, n
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from click.testing import CliRunner
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from checkpoint_factory import checkpoints, package_gpu_release  # noqa: F401
+from checkpoint_factory import checkpoints, package_gpu_release, release_spec  # noqa: F401
 from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from specbuild.errors import ServerError, UsageError
@@ -109,6 +110,26 @@ def test_dry_run_prints_a_runnable_script_and_starts_nothing(tmp_path):
     assert 'mkdir "$BACKENDS/python"' in result.output
     assert "--http-port=18000" in result.output and "--grpc-port=8001" in result.output
     assert "--http-address=127.0.0.1" in result.output
+    assert "picked free" not in result.output  # no port is 0
+
+
+def test_dry_run_of_a_torch_release_names_every_process_the_openai_api_included(checkpoints, tmp_path):  # noqa: F811
+    from specbuild import compiler
+
+    repository = compiler.run(release_spec(checkpoints, tmp_path, "torch"), json_mode=True).repository
+    result = CliRunner().invoke(main, ["serve", str(repository), "--dry-run", "--openai-port", "9100"])
+    assert result.exit_code == 0, result.output
+    assert "--grpc-port=8001" in result.output and "picked free" not in result.output
+    assert "# and the OpenAI-compatible API at http://127.0.0.1:9100/v1, in the `specbuild serve` process;" in \
+        result.output
+    assert f"specbuild openai {repository} --triton 127.0.0.1:8001 --host 127.0.0.1 --port 9100" in result.output
+    free = CliRunner().invoke(main, ["serve", str(repository), "--dry-run", "--http-port", "0", "--json"])
+    document = json.loads(free.stdout)
+    assert document["script"].startswith("# http port 0: picked free by `specbuild serve` at start; set it")
+    assert document["openai"]["url"] == "http://127.0.0.1:9000/v1" and document["openai"]["command"][:2] == [
+        "specbuild", "openai"]
+    without = CliRunner().invoke(main, ["serve", str(repository), "--dry-run", "--no-openai"])
+    assert "OpenAI" not in without.output and "specbuild openai" not in without.output
 
 
 def test_kill_group_returns_once_no_member_of_the_group_runs():

@@ -174,6 +174,19 @@ def prefix_cache_entry(length: int):
     return cache
 
 
+def test_a_warmed_up_engine_forgets_the_warm_up_and_answers_as_a_cold_one(tiny, uncached):
+    """The engine model warms up before it reports ready: the made-up sequence leaves no cache entry behind, and
+    every path (generation, sampling, verification with draft logits) answers as on a cold engine."""
+    warm = TorchEngine(tiny.target, max_draft_len=4, max_seq_len=64)
+    warm.warm_up()
+    assert len(warm.cache) == 0 and warm.cache.hits == 0
+    prompt = [5, 9, 14, 3, 7]
+    drafts = greedy(uncached, prompt, 3)
+    for request in (EngineRequest(prompt, 6), EngineRequest(prompt, 6, sampling=SAMPLING, seed=11),
+                    EngineRequest(prompt, 1, draft_tokens=drafts, draft_logits=torch.zeros(3, VOCAB), seed=3)):
+        assert warm.run(request).tokens == uncached.run(request).tokens
+
+
 def test_prefix_cache_unit():
     cache = PrefixCache(max_tokens=6)
     assert cache.take([1, 2, 3]) == (None, 0)

@@ -9,7 +9,7 @@ import yaml
 
 from specbuild.bench.metrics import Cell, percentiles
 from specbuild.errors import SpecError, UsageError
-from specbuild.spec import load_spec, render_spec, starter_spec
+from specbuild.spec import SpeculationSpec, load_spec, render_spec, starter_spec
 from checkpoint_factory import checkpoints, package_gpu_release, release_spec  # noqa: F401
 from specbuild.bench.tune import candidate_ks, pick, release_max_draft_len, set_section_values, tune, write_choice
 
@@ -83,6 +83,17 @@ def test_write_choice_keeps_a_valid_spec_and_refuses_an_impossible_one(tmp_path:
         write_choice(path, 12, False)  # max_draft_len is 8
     assert path.read_text(encoding="utf-8") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["specbuild.yaml"]  # no temporary file left
+
+
+def test_write_choice_records_the_measured_verification_costs_over_earlier_ones(tmp_path: Path):
+    """init writes V(K) for K=1..8 (a flow mapping); tune's server measurements replace those it measured again,
+    in place, and check's break-even reads them."""
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(starter_spec(str(tmp_path / "t"), str(tmp_path / "d"),
+                                 speculation=SpeculationSpec(verify_cost={1: 1.05, 2: 1.1})), encoding="utf-8")
+    write_choice(path, 2, False, {2: 1.3, 3: 1.4})
+    assert load_spec(path).speculation.verify_cost == {1: 1.05, 2: 1.3, 3: 1.4}
+    assert path.read_text(encoding="utf-8").count("verify_cost:") == 1
 
 
 def test_missing_keys_are_added_when_the_section_ends_with_a_nested_block():

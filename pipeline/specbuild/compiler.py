@@ -20,9 +20,11 @@ from rich.console import Console
 from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
 from specbuild.package.build_record import RECORD_FORMAT
 from specbuild.package.vendor import source_digest
+from specbuild.check.report import SPEC_READS as CHECK_READS
 from specbuild.runtimes.interface import STEPS, PackageContext, ReleaseContents, Step
 from specbuild.runtimes.registry import resolved, runtime_for
 from specbuild.spec import ROLES, BuildSpec, LimitsSpec, OutputsSpec, Role
+from specbuild.stages.reads import expand, spec_inputs
 from specbuild.stages.runner import Stage, StageResult, StageRunner
 
 if TYPE_CHECKING:
@@ -30,6 +32,16 @@ if TYPE_CHECKING:
     from specbuild.package.build_record import Engine
 
 STATE_FILE = ".specbuild-state.json"
+
+# The spec fields this module's share of each step reads, besides the runtime's (Runtime.reads): every action asks
+# for the runtime by name; convert and package read the checkpoints (_checkpoints), package the engines folder.
+CHECKPOINT_READS = ("target.checkpoint", "draft.checkpoint", "security")
+SHARED_READS: dict[Step, tuple[str, ...]] = {
+    "check": ("runtime", *CHECK_READS),
+    "convert": ("runtime", *CHECKPOINT_READS),
+    "build": ("runtime",),
+    "package": ("runtime", *CHECKPOINT_READS, "outputs.engines_dir"),
+}
 
 
 @dataclass
@@ -71,7 +83,7 @@ def _check_action(spec: BuildSpec, output: Path) -> dict[str, Any]:
     from specbuild.check.report import check
     from specbuild.package.manifest import checkpoint_identity
 
-    report = check(spec.target.checkpoint, spec.draft.checkpoint, spec, gpu_memory_gib=spec.triton.gpu_memory_gib)
+    report = check(spec.target.checkpoint, spec.draft.checkpoint, spec)
     data = report.to_dict()
     (output / "check.json").write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     if not report.compatible:
@@ -112,20 +124,29 @@ def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, 
     runtime_for(spec.runtime).render_repository(spec, engines, Path(spec.target.checkpoint), output, context)
 
 
+def stage_reads(spec: BuildSpec, step: Step, *, package_only: bool = False) -> frozenset[str]:
+    """The spec fields ``step`` reads for ``spec``'s runtime (leaf paths): what its fingerprint hashes. Packaged
+    alone, the package step also plans the build records of engines not built here."""
+    runtime = runtime_for(spec.runtime)
+    plan = runtime.reads.get("plan", ()) if step == "package" and package_only else ()
+    return expand((*SHARED_READS[step], *runtime.reads.get(step, ()), *plan))
+
+
 def stages(spec: BuildSpec, runner: StageRunner, upto: Step = "package", *,
            package_only: bool = False) -> list[Stage]:
     """The pipeline's stages from ``check`` through ``upto``; later stages read the check's findings from
     ``runner.results`` (also when the check itself was skipped). ``package_only``: check, then package the
     engines already in ``outputs.engines_dir``, or, where none are built, the engines the runtime would build
     (a release without engines, for inspection: see :func:`run`). A runtime that builds no engines has no
-    convert and build stages: check and package are its whole pipeline."""
+    convert and build stages: check and package are its whole pipeline. Each stage's inputs are the spec fields
+    it reads (:func:`stage_reads`); the limits a check resolves reach later stages through its output
+    (check.json), which their fingerprints include."""
     build_dir, engines_dir, repository = _dirs(spec)
     runtime = runtime_for(spec.runtime)
-    build_stage = "build" in runtime.steps  # its output is what the repository serves
     converted = build_dir / spec.runtime
-    models = {role: getattr(spec, role) for role in ROLES}
-    # What engines are built for; the default K and adaptive K only change the orchestrator's config.
-    engine_speculation = spec.speculation.model_dump(include={"max_draft_len", "acceptance"})
+
+    def inputs(step: Step) -> dict[str, Any]:
+        return spec_inputs(spec, stage_reads(spec, step, package_only=package_only))
 
     def check_data() -> dict[str, Any]:
         return runner.results[0].data
@@ -136,30 +157,21 @@ def stages(spec: BuildSpec, runner: StageRunner, upto: Step = "package", *,
     def engines() -> dict[Role, Engine]:
         return runtime.packaged_engines(checked(), _checkpoints(spec), package_only=package_only)
 
-    # Stages after the check hash the limits as the user set them: the resolved ones are in the check's
-    # output (check.json), which every later stage's fingerprint includes.
-    check = Stage("check", {"models": models, "target": Path(spec.target.checkpoint),
-                            "draft": Path(spec.draft.checkpoint), "engine_speculation": engine_speculation,
-                            "limits": spec.limits, "security": spec.security,
-                            "gpu_memory_gib": spec.triton.gpu_memory_gib, "runtime": spec.runtime},
-                  build_dir / "check", lambda tmp: _check_action(spec, tmp))
-    package = Stage("package", {"spec": spec.model_dump(mode="json", exclude={"outputs"}),
-                                # the build stage's output counts upstream; built elsewhere, by its content
-                                "engines": None if not build_stage
-                                else (engines_dir.resolve() if engines_dir.is_dir() else None)
-                                if package_only else str(engines_dir.resolve()),
-                                "repository": str(repository.resolve()),
-                                "specbuild": source_digest()},  # the code a repository ships copies of
+    check = Stage("check", inputs("check"), build_dir / "check", lambda tmp: _check_action(spec, tmp))
+    # Packaged alone, engines built elsewhere count by their content (in compile, the build stage's output counts
+    # upstream); the code a repository ships copies of counts too.
+    built_elsewhere = package_only and "build" in runtime.steps and engines_dir.is_dir()
+    package = Stage("package", {**inputs("package"), "engines": engines_dir.resolve() if built_elsewhere else None,
+                                "specbuild": source_digest()},
                     repository, lambda tmp: _package_action(checked(), check_data(), engines(), tmp),
                     exclude=("manifest.json",))
     if package_only:
         return [check, package]
     by_step = {
         "check": check,
-        "convert": Stage("convert", {"runtime": spec.runtime, "models": models, "security": spec.security},
-                         converted, lambda tmp, progress: _convert_action(checked(), tmp, progress)),
-        "build": Stage("build", {"runtime": spec.runtime, "models": models, "engine_speculation": engine_speculation,
-                                 "limits": spec.limits, "record": RECORD_FORMAT},  # a new record format rebuilds
+        "convert": Stage("convert", inputs("convert"), converted,
+                         lambda tmp, progress: _convert_action(checked(), tmp, progress)),
+        "build": Stage("build", {**inputs("build"), "record": RECORD_FORMAT},  # a new record format rebuilds
                        engines_dir, lambda tmp, progress: _build_action(checked(), converted, tmp, progress)),
         "package": package,
     }

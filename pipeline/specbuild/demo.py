@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from specbuild.terminal import make_console
+
 if TYPE_CHECKING:
     from specbuild.bench.metrics import Counters
 
@@ -61,7 +63,7 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
     from specbuild.serve.server import TritonServer
     from specbuild.spec import load_spec
 
-    console = console or Console(stderr=True)
+    console = console or make_console()
     workdir = Path(workdir).resolve()
     console.rule("[bold]1/4 demo models")
     folder = pair_dir("tiny" if tiny else "demo", workdir)

@@ -10,7 +10,7 @@ import copy
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -88,6 +88,10 @@ class SpeculationSpec(_Strict):
         "measures draft-target at about 1x)")
     prompt_lookup: PromptLookupSpec = Field(PromptLookupSpec(), description="prompt lookup drafting: propose what "
                                             "followed the context's last n-gram earlier in the request (no model call)")
+    verify_cost: dict[Annotated[int, Field(ge=1, le=64)], Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        {}, description="measured: what the target's verification of K drafted tokens costs, in target steps, per K "
+        "(written by specbuild init and tune on the machine they ran on; check's break-even uses it; empty: one "
+        "target step, as on a GPU)")
 
     @model_validator(mode="after")
     def _k_within_engine(self) -> SpeculationSpec:

@@ -4,6 +4,7 @@ initialize them and run ``execute`` on requests built in the test, outside Trito
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -47,13 +48,18 @@ class InferenceResponse:
 
 
 class Request:
-    """What ``execute`` receives: named input tensors."""
+    """What ``execute`` receives: named input tensors, and the request's parameters as the backend hands them over
+    (``InferenceRequest.parameters()``: one JSON object as a string; python_backend ``src/infer_request.cc``)."""
 
-    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
+    def __init__(self, inputs: dict[str, np.ndarray], parameters: dict[str, object] | None = None) -> None:
         self._inputs = {name: Tensor(name, array) for name, array in inputs.items()}
+        self._parameters = json.dumps(parameters or {})
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs.values())
+
+    def parameters(self) -> str:
+        return self._parameters
 
 
 def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:

@@ -143,6 +143,11 @@ class Counters:
             return self.per_position.get(key, ())
         raise AttributeError(f"{type(self).__name__} has no counter {key!r}")
 
+    def as_dict(self) -> dict[str, Any]:
+        """Every counter by its key (the per-position ones as lists) and ``by_source``: a JSON report's form."""
+        return {**self.totals, **{key: list(value) for key, value in self.per_position.items()},
+                "by_source": {name: dict(counts) for name, counts in self.by_source.items()}}
+
     def source(self, name: str) -> dict[str, float]:
         """What the draft source ``name`` drafted (``drafts``, ``drafted_tokens``, ``accepted_tokens``)."""
         counts = self.by_source.get(name, {})

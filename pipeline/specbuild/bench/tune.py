@@ -63,8 +63,9 @@ def pick(cells: Sequence[Cell], goal: Goal) -> Cell:
 
 
 def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
-    """``text`` (a YAML mapping) with ``section.key`` set for each of ``values``, editing only those scalars
-    so that the user's comments and layout stay; missing keys and sections are added."""
+    """``text`` (a YAML mapping) with ``section.key`` set for each of ``values``, editing only those values
+    (scalars, or collections written in flow style) so that the user's comments and layout stay; missing keys
+    and sections are added."""
     root = yaml.compose(text) if text.strip() else None
     if root is not None and not isinstance(root, yaml.MappingNode):
         raise SpecError("the spec file does not hold a mapping at the top level", "see `specbuild init`")
@@ -81,7 +82,7 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
     missing = []
     for key, value in values.items():
         node = items.get(key)
-        if isinstance(node, yaml.ScalarNode):
+        if isinstance(node, yaml.ScalarNode) or (isinstance(node, yaml.CollectionNode) and node.flow_style):
             edits.append((node.start_mark.index, node.end_mark.index, yaml_scalar(value)))
         else:
             missing.append(f"{key}: {yaml_scalar(value)}")
@@ -94,12 +95,22 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
     return text
 
 
-def write_choice(spec_path: str | Path, num_draft_tokens: int, adaptive: bool) -> None:
-    """Set the choice in the spec file (atomically), then check that the file still validates."""
+def measured_verify_cost(cells: Sequence[Cell]) -> dict[int, float]:
+    """V(K) as the bench measured it through the server, per fixed K (adaptive cells vary K round by round)."""
+    return {cell.k: round(cell.verify_cost, 3) for cell in cells
+            if cell.k and not cell.adaptive and cell.verify_cost is not None}
+
+
+def write_choice(spec_path: str | Path, num_draft_tokens: int, adaptive: bool,
+                 verify_cost: dict[int, float] | None = None) -> None:
+    """Set the choice (and the V(K) measured, over those measured before) in the spec file (atomically), then
+    check that the file still validates."""
     path = Path(spec_path)
     original = path.read_text(encoding="utf-8")
-    updated = set_section_values(original, "speculation",
-                                 {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive})
+    values: dict[str, Any] = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive}
+    if verify_cost:
+        values["verify_cost"] = {**load_spec(path).speculation.verify_cost, **verify_cost}
+    updated = set_section_values(original, "speculation", values)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w", encoding="utf-8") as file:
         file.write(updated)
@@ -146,6 +157,6 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
     choice = pick(report.cells, goal)
     compiled = None
     if write:
-        write_choice(spec_path, choice.k, choice.adaptive)
+        write_choice(spec_path, choice.k, choice.adaptive, measured_verify_cost(report.cells))
         compiled = compiler.run(load_spec(spec_path), console=console)
     return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled)

@@ -6,6 +6,7 @@ is something the user should know (a slow pairing, a padded vocabulary) that doe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -14,7 +15,7 @@ from specbuild.checkpoint.info import CheckpointInfo
 from specbuild.errors import SpecbuildError
 from specbuild.runtimes.names import TORCH
 from specbuild.runtimes.registry import RUNTIMES, runtime_for, runtime_of
-from specbuild.spec import Acceptance, BuildSpec
+from specbuild.spec import Acceptance, BuildSpec, SpeculationSpec
 
 # A draft token's cost as a share of a target step (per-token multiply-adds, CheckpointInfo.macs_per_token).
 # Speculation with verification at one target step pays when the share of accepted draft tokens exceeds it, so
@@ -204,7 +205,7 @@ def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
     shapes = (f"draft {draft.num_layers} layers x {draft.hidden_size} wide, target {target.num_layers} x "
               f"{target.hidden_size}, both with a {target.logits_width}-wide output head")
     if cost > high:
-        advice = (f"the draft is too large to save time: {cost_meaning(cost)}; a draft costing under "
+        advice = (f"the draft is too large to save time: {BreakEven(cost).meaning()}; a draft costing under "
                   f"{high:g} of a target step leaves room to gain")
     else:
         advice = "the draft is so small that its guesses may rarely be accepted"
@@ -213,10 +214,44 @@ def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
         message=f"a draft token costs {cost:.3g} of a target step in multiply-adds ({shapes}): {advice}"))
 
 
-def cost_meaning(cost_ratio: float) -> str:
-    """What a draft's per-token cost ratio means for speculation, in words."""
-    return (f"speculation breaks even when more than {cost_ratio:.0%} of the drafted tokens are accepted "
-            "(with verification at the cost of one target step, as on a GPU)")
+@dataclass(frozen=True)
+class BreakEven:
+    """When the draft pays: the share of drafted tokens that must be accepted for ``k`` drafts a round to be as fast
+    as the target alone. A round then yields ``1 + k * share`` tokens for ``k * cost_ratio + verify_cost`` target
+    steps (the model of :func:`specbuild.bench.metrics.expected_speedup`); ``verify_cost`` is the target's
+    verification of the k drafts as ``specbuild init`` or ``tune`` measured it (None: one target step, as on a
+    GPU)."""
+
+    cost_ratio: float
+    k: int = 1
+    verify_cost: float | None = None
+
+    @classmethod
+    def of(cls, cost_ratio: float, speculation: SpeculationSpec) -> BreakEven:
+        """At the spec's default K (1 where it is 0), with the verification cost measured for it, if any."""
+        k = speculation.num_draft_tokens or 1
+        return cls(cost_ratio, k, speculation.verify_cost.get(k))
+
+    @property
+    def share(self) -> float | None:
+        """None where not even every drafted token accepted pays."""
+        share = self.cost_ratio + ((1.0 if self.verify_cost is None else self.verify_cost) - 1) / self.k
+        return share if share < 1 else None
+
+    def meaning(self) -> str:
+        """The break-even in words."""
+        k = self.k
+        basis = (f"verifying {k} drafted token{'s' * (k > 1)} measured at {self.verify_cost:.2f} target steps"
+                 if self.verify_cost is not None else "verification taken at one target step, as on a GPU "
+                 "(`specbuild init` measures it on this machine)")
+        if self.share is None:
+            return (f"the draft cannot pay: even with every drafted token accepted, K={k} would be slower than the "
+                    f"target alone ({basis})")
+        return (f"speculation at K={k} breaks even when more than {self.share:.0%} of the drafted tokens are "
+                f"accepted ({basis})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "verify_cost": self.verify_cost, "accepted_share": self.share}
 
 
 def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,

@@ -16,7 +16,7 @@ The estimate's assumptions are listed in :data:`ASSUMPTIONS` and in every plan's
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -87,7 +87,8 @@ class MemoryPlan(BaseModel):
     total_bytes: int  # over all GPUs
     target_kv_fraction: float  # kv_cache_free_gpu_mem_fraction for the target engine
     draft_kv_fraction: float
-    fits: bool | None  # None when no GPU size was given
+    fits: bool | None  # None when no GPU size was given (or the models run on the CPU)
+    device: Literal["GPU", "CPU"] = "GPU"  # where the runtime keeps the models (Runtime.memory_device)
     problem: str | None = None
     fix: str | None = None
     assumptions: list[str] = list(ASSUMPTIONS)
@@ -154,7 +155,10 @@ def plan_memory(spec: BuildSpec, target: CheckpointInfo, draft: CheckpointInfo, 
     """
     t = model_memory("target", spec.target, target, spec)
     d = model_memory("draft", spec.draft, draft, spec)
+    device = runtime_of(spec).memory_device(spec)
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else spec.triton.gpu_memory_gib
+    if device == "CPU":
+        gpu_gib = None  # no GPU to check against
     budget = spec.triton.kv_cache_free_gpu_mem_fraction or DEFAULT_KV_BUDGET
     fixed = t.fixed_bytes_per_gpu + d.fixed_bytes_per_gpu
     kv_need = t.kv_bytes_per_gpu + d.kv_bytes_per_gpu
@@ -165,7 +169,7 @@ def plan_memory(spec: BuildSpec, target: CheckpointInfo, draft: CheckpointInfo, 
         total_bytes=sum(m.tp_size * m.pp_size * (m.fixed_bytes_per_gpu + m.kv_bytes_per_gpu) for m in (t, d)),
         target_kv_fraction=_floor(budget * t.kv_bytes_per_gpu / kv_need),
         draft_kv_fraction=_floor(budget * d.kv_bytes_per_gpu / kv_need),
-        fits=None if gpu_gib is None else min_gpu <= gpu_gib * GIB,
+        fits=None if gpu_gib is None else min_gpu <= gpu_gib * GIB, device=device,
     )
     if plan.fits is False:
         plan.problem, plan.fix = _shortfall(spec, plan, fixed, kv_need)

@@ -14,12 +14,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specbuild.check.compatibility import CompatibilityReport, Finding, PairParams, check_pair, cost_meaning
+from specbuild.check.compatibility import BreakEven, CompatibilityReport, Finding, PairParams, check_pair
 from specbuild.check.memory_plan import GIB, MemoryPlan, ModelMemory, plan_memory
 from specbuild.checkpoint.info import CheckpointInfo, read_checkpoint
 from specbuild.errors import UsageError
 from specbuild.runtimes.registry import RUNTIMES, runtime_of
 from specbuild.spec import BuildSpec, LimitsSpec, ModelSpec
+
+# The spec fields :func:`check` reads (dotted, as :mod:`specbuild.stages.reads` takes them), besides those the
+# runtime's own findings read (``Runtime.reads["check"]``): the pair rules, the resolved limits, the memory plan.
+SPEC_READS = ("runtime", "target", "draft", "limits", "security", "speculation.acceptance",
+              "speculation.max_draft_len", "triton.gpu_memory_gib", "triton.kv_cache_free_gpu_mem_fraction")
 
 
 class CheckReport(BaseModel):
@@ -86,6 +91,8 @@ def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | Non
                              f"pass the {role}'s Hugging Face checkpoint folder "
                              "(config.json, tokenizer files, *.safetensors)")
     spec = spec or BuildSpec(target=ModelSpec(checkpoint=str(target_path)), draft=ModelSpec(checkpoint=str(draft_path)))
+    if gpu_memory_gib is not None:  # the GPU the memory plan is for
+        spec = spec.model_copy(update={"triton": spec.triton.model_copy(update={"gpu_memory_gib": gpu_memory_gib})})
     options = {"allow_pickle": allow_pickle or spec.security.allow_pickle,
                "trust_remote_code": trust_remote_code or spec.security.trust_remote_code}
     target = read_checkpoint(target_path, **options)
@@ -93,7 +100,7 @@ def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | Non
     resolved = spec_for_checkpoints(spec, target, draft)
     return CheckReport(
         target=target, draft=draft, limits=resolved.limits, compatibility=check_pair(target, draft, spec),
-        memory=plan_memory(resolved, target, draft, gpu_memory_gib, refuse=False),
+        memory=plan_memory(resolved, target, draft, refuse=False),
         acceptance=PairParams.from_spec(spec).acceptance, runtime=runtime_of(spec).name,
     )
 
@@ -167,7 +174,12 @@ def _memory_rows(model: ModelMemory, fraction: float) -> list[str]:
 
 
 def memory_caption(plan: MemoryPlan) -> str:
-    """The memory plan's conclusion in words: what each GPU must hold, the smallest GPU that does, the verdict."""
+    """The memory plan's conclusion in words: what each GPU must hold, the smallest GPU that does, the verdict;
+    for models on the CPU, what they take of its memory."""
+    if plan.device == "CPU":
+        return (f"target and draft need {_bytes(plan.needed_bytes_per_gpu)} of the CPU's memory (weights, "
+                "activations and the KV cache at the build limits; the runtime runs them on the CPU here, so no "
+                "GPU is checked)")
     gpus = "1 GPU" if plan.gpus == 1 else f"each of {plan.gpus} GPUs"
     lines = [f"target and draft need {_bytes(plan.needed_bytes_per_gpu)} on {gpus} "
              "(weights, activations and the KV cache at the build limits)",
@@ -182,17 +194,20 @@ def memory_caption(plan: MemoryPlan) -> str:
 
 
 def _memory_table(plan: MemoryPlan) -> Table:
-    table = Table(title="memory plan (per GPU)")
+    on_gpu = plan.device == "GPU"
+    table = Table(title="memory plan (per GPU)" if on_gpu else "memory plan (CPU memory)")
     for column in ("", "target", "draft"):
         table.add_column(column)
-    for row in zip(MEMORY_FIELDS, _memory_rows(plan.target, plan.target_kv_fraction),
-                   _memory_rows(plan.draft, plan.draft_kv_fraction)):
-        table.add_row(*row)
+    for field, *values in zip(MEMORY_FIELDS, _memory_rows(plan.target, plan.target_kv_fraction),
+                              _memory_rows(plan.draft, plan.draft_kv_fraction)):
+        if on_gpu or field != "kv_cache_free_gpu_mem_fraction":  # a share of GPU memory: none on a CPU
+            table.add_row(field, *values)
     return table
 
 
-def render_check(report: CheckReport, console: Console) -> None:
-    """The report for people: checkpoints side by side, the memory plan, reasons with fixes, warnings."""
+def render_check(report: CheckReport, console: Console, break_even: BreakEven | None = None) -> None:
+    """The report for people: checkpoints side by side, the memory plan, reasons with fixes, warnings, and when the
+    draft pays (``break_even``: at the spec's K, with the verification cost measured for it; default K=1)."""
     console.print(_checkpoint_table(report))
     console.print(_memory_table(report.memory))
     console.print(memory_caption(report.memory), highlight=False)
@@ -211,4 +226,5 @@ def render_check(report: CheckReport, console: Console) -> None:
                else f"[bold red]incompatible[/] ({len(report.reasons)} reasons)")
     console.print(f"{verdict}: acceptance {report.acceptance}, runtime {report.runtime}", highlight=False)
     if cost is not None:
-        console.print(f"a draft token costs {cost:.3g} of a target step: {cost_meaning(cost)}", highlight=False)
+        meaning = (break_even or BreakEven(cost)).meaning()
+        console.print(f"a draft token costs {cost:.3g} of a target step: {meaning}", highlight=False)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import click
-from rich.console import Console
 
 from specbuild.cli.common import console, json_option, main, print_json, reports_errors, spec_from_options, spec_options
 from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec
+from specbuild.terminal import make_console
 
 
 @main.command()
@@ -60,6 +60,7 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
 
     Exit 0: compatible; 1: incompatible (each reason with its fix) or an unreadable checkpoint; 2: usage error.
     """
+    from specbuild.check.compatibility import BreakEven
     from specbuild.check.report import check, render_check
     from specbuild.errors import IncompatibleError
 
@@ -67,13 +68,15 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
                      override_sources={"target.checkpoint": f"TARGET {target}", "draft.checkpoint": f"DRAFT {draft}"})
     report = check(target, draft, spec, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                    gpu_memory_gib=gpu_memory_gib)
+    break_even = BreakEven.of(report.compatibility.cost_ratio, spec.speculation)
     if not json_mode:
-        render_check(report, Console())
+        render_check(report, make_console(stderr=False), break_even)
+    data = {**report.to_dict(), "break_even": break_even.to_dict()}
     if not report.compatible:
         raise IncompatibleError(f"the draft cannot speculate for the target: {', '.join(r.code for r in report.reasons)}",
-                                "apply the fixes listed with each reason", details=report.to_dict())
+                                "apply the fixes listed with each reason", details=data)
     if json_mode:
-        print_json(report.to_dict())
+        print_json(data)
 
 
 def _run_pipeline(upto: str, options: dict[str, Any], force: bool, dry_run: bool, json_mode: bool) -> None:

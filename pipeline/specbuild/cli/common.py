@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
-from rich.console import Console
 from rich.markup import escape
 
 from specbuild.errors import SpecbuildError, Terminated
 from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec, parse_override
+from specbuild.terminal import make_console
 
-console = Console(stderr=True)
+console = make_console()
 JSON_HELP = "machine-readable output: one JSON document on stdout, errors included"
 
 

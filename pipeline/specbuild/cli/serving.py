@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -141,6 +142,17 @@ def _serve_in_container(plan: Any, repository: Path, model: str, *, with_openai:
     sys.exit(code)
 
 
+def _openai_beside(plan: Any, model: str) -> dict[str, Any]:
+    """The OpenAI-compatible API ``serve`` runs beside ``plan``'s server: its URL, and the command that runs it
+    alone for a server started by hand (``specbuild openai``)."""
+    from specbuild.serve.processes import reachable_host
+
+    triton = f"{reachable_host(plan.host)}:{plan.ports['grpc']}"
+    return {"model": model, "url": f"http://{reachable_host(plan.host)}:{plan.openai_port}/v1",
+            "command": ["specbuild", "openai", str(plan.repository), "--triton", triton, "--host", plan.host,
+                        "--port", str(plan.openai_port)]}
+
+
 def _serve_bundled(plan: Any, model: str, *, with_openai: bool, timeout: float, log_file: str | None,
                    dry_run: bool, json_mode: bool) -> None:
     """Serve ``plan`` (a :class:`~specbuild.runtimes.launch_plans.BundledPlan`) on the Triton server bundled with
@@ -152,13 +164,18 @@ def _serve_bundled(plan: Any, model: str, *, with_openai: bool, timeout: float, 
     repository = plan.repository
     server = TritonServer(repository, host=plan.host, startup_timeout=timeout, log_file=log_file, verify=False,
                           **{f"{kind}_port": port for kind, port in plan.ports.items()})
+    with_openai = with_openai and plan.openai_port is not None and serves_openai(repository)
     if dry_run:
+        openai = _openai_beside(plan, model) if with_openai else None
         if json_mode:
-            print_json({"script": server.describe()})
+            print_json({"script": server.describe(), "openai": openai})
         else:
             click.echo(server.describe())
+            if openai:
+                free = " (port 0: picked free at start)" if plan.openai_port == 0 else ""
+                click.echo(f"# and the OpenAI-compatible API at {openai['url']}, in the `specbuild serve` process"
+                           f"{free}; beside a server started by hand:\n{shlex.join(openai['command'])}")
         return
-    with_openai = with_openai and plan.openai_port is not None and serves_openai(repository)
     console.print(f"starting tritonserver on {repository} (up to {timeout:g} s to load the models)")
     endpoints: dict[str, str] = {}
 

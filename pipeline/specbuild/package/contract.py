@@ -104,6 +104,10 @@ PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("stop_words_ids", "TYPE_INT32", (2, -1)),
     Tensor("bad_words_ids", "TYPE_INT32", (2, -1)),
     Tensor("end_id", "TYPE_INT32", (1,)),
+    # What a non-streamed answer repeats before its tokens unless the input is excluded: the prompt's ids, or the
+    # user's text alone where the chat template wrapped it (never the template around it).
+    Tensor("echo_ids", "TYPE_INT32", (-1,)),
+    Tensor("echo_length", "TYPE_INT32", (1,)),
 )
 
 # --- orchestrator: the speculative loop (decoupled) ----------------------------------------------------
@@ -114,6 +118,8 @@ ORCHESTRATOR_INPUTS: tuple[Tensor, ...] = (
     Tensor("stop_words_ids", "TYPE_INT32", (2, -1), True),
     Tensor("bad_words_ids", "TYPE_INT32", (2, -1), True),
     Tensor("end_id", "TYPE_INT32", (1,), True),
+    Tensor("echo_ids", "TYPE_INT32", (-1,), True, "default: input_ids"),
+    Tensor("echo_length", "TYPE_INT32", (1,), True),
 ) + REQUEST_SETTINGS
 ORCHESTRATOR_OUTPUTS: tuple[Tensor, ...] = (
     # Tokens for postprocessing to decode, and how many leading ones were already sent as text.

@@ -101,6 +101,7 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     orchestrator_inputs.update({
         "input_ids": pre_out["input_ids"], "input_length": pre_out["input_length"], "end_id": pre_out["end_id"],
         "stop_words_ids": pre_out["stop_words_ids"], "bad_words_ids": pre_out["bad_words_ids"],
+        "echo_ids": pre_out["echo_ids"], "echo_length": pre_out["echo_length"],
     })
     public_outputs = {t.name for t in contract.ENSEMBLE_OUTPUTS}
     orchestrator_outputs = {t.name: (t.name if t.name in public_outputs else f"_orc_{t.name}")

@@ -35,6 +35,16 @@ if TYPE_CHECKING:
 
 Step = Literal["check", "convert", "build", "package"]
 STEPS: tuple[Step, ...] = ("check", "convert", "build", "package")
+# What a runtime's reads are declared for: its steps, and "plan", the build records it plans for engines not
+# built here (packaged alone: ``planned_record``).
+ReadsOf = Literal["check", "convert", "build", "package", "plan"]
+
+# The spec fields the default repository renderer reads (:meth:`Runtime.render_repository`: the load policy, and
+# package/repository.py's ensemble, orchestrator and preprocessing configs), besides the engine models'.
+RENDER_READS: tuple[str, ...] = (
+    "launch.fast_logits", "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
+    "speculation.num_draft_tokens", "speculation.prompt_lookup", "triton.max_request_seconds",
+    "triton.orchestrator_instances")
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,11 @@ class Runtime(abc.ABC):
     ttft_p95_seconds: ClassVar[float] = 2.0
     # The spec keys a launch of a compiled release may set (``serve``/``deploy --set``); the rest is compiled in.
     launch_settings: ClassVar[frozenset[str]] = LAUNCH_SETTINGS
+    # The spec fields (dotted; a section: all of its fields) this runtime's methods read in each step: its spec
+    # findings in check, convert, build, its engine models or own renderer in package, planned_record in plan.
+    # The compiler adds what its shared code reads (compiler.SHARED_READS) and hashes them into each step's
+    # fingerprint, so a step that reads a field it does not declare would be skipped when that field changes.
+    reads: ClassVar[Mapping[ReadsOf, tuple[str, ...]]] = {}
 
     # --- compiling ---------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -149,6 +164,10 @@ class Runtime(abc.ABC):
     def planned_record(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> BuildRecord:
         """The build record the engine of ``role`` would get: what packaging needs to render the repository for
         engines not built here (for a runtime without engines: the model's limits)."""
+
+    def memory_device(self, spec: BuildSpec) -> Literal["GPU", "CPU"]:
+        """Where the models' memory is (what the memory plan is checked against): a GPU by default."""
+        return "GPU"
 
     def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
         """Spec settings this runtime cannot honour (``check`` reports them with the pair's findings)."""

@@ -214,8 +214,11 @@ class TritonServer:
         argv = ['--backend-directory="$BACKENDS"' if arg.startswith("--backend-directory=") else shlex.quote(arg)
                 for arg in self.command(install, Path("."))]
         libs = env["LD_LIBRARY_PATH"].split(os.pathsep)[:2]
+        free = [kind for kind, port in self.ports.items() if port == 0]
+        note = [f"# {' and '.join(free)} port{'s' * (len(free) > 1)} 0: picked free by `specbuild serve` at start; set "
+                f"{'them' if len(free) > 1 else 'it'} to run this by hand"] if free else []
         return "\n".join([
-            "# ports given as 0 are picked free by `specbuild serve` at start: set them to run this by hand",
+            *note,
             'BACKENDS="$(mktemp -d)" && mkdir "$BACKENDS/python"',
             f'cp {" ".join(shlex.quote(str(path)) for path in sources)} "$BACKENDS/python/"',
             f"LD_LIBRARY_PATH={shlex.quote(os.pathsep.join(libs))} "

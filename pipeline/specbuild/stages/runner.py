@@ -29,6 +29,7 @@ from rich.table import Table
 from specbuild.errors import SpecbuildError, StageError, UsageError
 from specbuild.stages.atomic import atomic_output_dir, atomic_write_text
 from specbuild.stages.hashing import HashCache, digest_json, fingerprint, hash_tree
+from specbuild.terminal import make_console
 
 STATE_FORMAT = "specbuild.stages/v2"  # v2: records keyed by scope
 
@@ -153,7 +154,7 @@ class StageRunner:
         self.scope = scope
         self.force = force
         self.results: list[StageResult] = []
-        self._display = _Display(None if json_mode else (console or Console(stderr=True)))
+        self._display = _Display(None if json_mode else (console or make_console()))
 
     # --- state ------------------------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class RowRequest:
     generation: GenerationRequest
     stream: bool
     exclude_input: bool
+    echo_ids: list[int]  # what the whole answer repeats before its tokens unless the input is excluded
     max_seconds: float | None  # stop after the round that passes this many seconds from arrival (None: never)
 
 
@@ -61,6 +62,8 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
     for row, get in enumerate(row_getters(arrays, "input_ids")):
         public = read_row(get, max_request_seconds=settings.max_request_seconds)
         prompt = input_ids[row].reshape(-1)[: int(row_value(lengths, row))].tolist()
+        echo = arrays.get("echo_ids")
+        echo_ids = prompt if echo is None else echo[row].reshape(-1)[: int(get("echo_length", 0))].tolist()
         if len(prompt) + public.max_tokens > settings.max_seq_len:
             raise RequestError(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({public.max_tokens}) exceeds max_seq_len "
@@ -85,6 +88,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             ),
             stream=public.stream,
             exclude_input=public.exclude_input,
+            echo_ids=echo_ids,
             max_seconds=public.max_seconds,
         ))
     return rows
@@ -121,12 +125,12 @@ class RowProgress(public_rows.RowProgress):
 
     def response(self, arrival_ns: int) -> dict[str, np.ndarray]:
         """The next response's tensors (and the tokens it covers count as sent): a streamed row's tokens so far
-        with how many were already sent, or a finished row's whole answer (the prompt first unless excluded)."""
+        with how many were already sent, or a finished row's whole answer (its echo first unless excluded)."""
         row = self.row
         if row.stream:
             ids, skip = self.token_ids, self.reported_tokens
         else:
-            ids = self.token_ids if row.exclude_input else row.generation.prompt_ids + self.token_ids
+            ids = self.token_ids if row.exclude_input else row.echo_ids + self.token_ids
             skip = 0
         values = {"output_ids": np.array([ids], dtype=np.int32) if ids else np.zeros((1, 1), dtype=np.int32),
                   "output_length": np.array([[len(ids)]], dtype=NUMPY_DTYPES[_OUTPUTS["output_length"].dtype]),

@@ -26,6 +26,8 @@ class TritonPythonModel:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
+        # A tokenizer's first decode builds its caches: done before Triton reports the model ready.
+        incremental_text(self.tokenizer, self.tokenizer.encode("Hello, world"), 1, True)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []

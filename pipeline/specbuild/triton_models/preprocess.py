@@ -59,25 +59,37 @@ class Preprocessor:
                                "shorten the prompt or rebuild with a larger limits.max_input_len")
         return ids
 
+    def warm_up(self) -> None:
+        """Encode a short text once (through the chat template where there is one): a tokenizer's first call
+        builds its caches, which would otherwise cost the first request."""
+        self.tensors({"text_input": np.array([[b"Hello, world"]], dtype=np.object_),
+                      "apply_chat_template": np.array([[True]]), "stop_words": np.array([[b"stop"]], dtype=np.object_)})
+
     def word_ids(self, words: Iterable[str]) -> list[list[int]]:
         """Stop or bad words as token sequences (empty strings ignored)."""
         return [self.tokenizer.encode(word, add_special_tokens=False) for word in words if word]
 
     def tensors(self, arrays: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """The ``preprocessing`` model's outputs for a request's rows (``text_input``, ``stop_words``,
-        ``bad_words``, ``end_id``, ``apply_chat_template``)."""
+        ``bad_words``, ``end_id``, ``apply_chat_template``): the prompt's ids, and those a non-streamed answer
+        repeats when its input is not excluded (the prompt's, or the user's text where the template wrapped it)."""
         texts = arrays.get("text_input")
         if texts is None:
             raise RequestError("missing input 'text_input'")
         rows = texts.shape[0]
-        ids = [self.prompt_ids(decode_utf8(np.asarray(texts[row]).reshape(-1)[0], "text_input"),
-                               chat=bool(row_value(arrays.get("apply_chat_template"), row, False)))
-               for row in range(rows)]
+        ids, echoes = [], []
+        for row in range(rows):
+            text = decode_utf8(np.asarray(texts[row]).reshape(-1)[0], "text_input")
+            templated = bool(row_value(arrays.get("apply_chat_template"), row, False)) and self.has_chat_template
+            ids.append(self.prompt_ids(text, chat=templated))
+            echoes.append(self.tokenizer.encode(text) if templated else ids[-1])  # the user's text, not the template
         end_id = self.parameters.end_id
         outputs = {
             "input_ids": pad_rows(ids, end_id),
             "input_length": np.array([[len(row)] for row in ids], dtype=np.int32),
             "end_id": np.array([[row_value(arrays.get("end_id"), r, end_id)] for r in range(rows)], dtype=np.int32),
+            "echo_ids": pad_rows(echoes, end_id),
+            "echo_length": np.array([[len(row)] for row in echoes], dtype=np.int32),
         }
         for name, output in (("stop_words", "stop_words_ids"), ("bad_words", "bad_words_ids")):
             outputs[output] = stack_word_lists([encode_word_list(self.word_ids(_texts(arrays.get(name), row, name)))

@@ -16,8 +16,9 @@ if not __name__.startswith("specbuild."):  # inside a repository: this release's
 from typing import Any  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
-from specbuild.package.contract import PREPROCESSING_INPUTS, PreprocessingParameters  # noqa: E402
+from specbuild.package.contract import ENSEMBLE_INPUTS, PREPROCESSING_INPUTS, PreprocessingParameters  # noqa: E402
 from specbuild.triton_models.preprocess import Preprocessor  # noqa: E402
+from specbuild.triton_models.request_parameters import refuse_parameters  # noqa: E402
 from specbuild.triton_models.common import (  # noqa: E402
     error_response,
     model_dir,
@@ -33,11 +34,13 @@ class TritonPythonModel:
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
         self.preprocessor = Preprocessor(tokenizer, PreprocessingParameters.from_parameters(model_parameters(args)))
+        self.preprocessor.warm_up()  # before Triton reports the model ready
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
-            try:
+            try:  # the ensemble's first model: the only one that sees a request's parameters first
+                refuse_parameters(request.parameters(), (tensor.name for tensor in ENSEMBLE_INPUTS))
                 responses.append(response(self.preprocessor.tensors(request_arrays(request, PREPROCESSING_INPUTS))))
             except (RequestError, ValueError) as exc:
                 responses.append(error_response(f"preprocessing: {exc}"))

@@ -33,7 +33,7 @@ from pydantic import TypeAdapter
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import EngineModel, EngineParameters
 from specbuild.package.build_record import BuildLimits, BuildRecord, Engine, GpuInfo
-from specbuild.runtimes.interface import ModelPlan, PackageContext, SpecFinding
+from specbuild.runtimes.interface import RENDER_READS, ModelPlan, PackageContext, SpecFinding
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM
 from specbuild.runtimes.tensorrt_llm.launch import check_engine_configs, launch_plan, model_devices
@@ -347,11 +347,20 @@ def engine_flow_installed() -> bool:
     return package is not None and (package / "builder.py").is_file()
 
 
+# What build_plan reads: each model's ranks, the engine's draft settings, the image named when TensorRT-LLM is missing.
+BUILD_READS = ("target.tp_size", "target.pp_size", "draft.tp_size", "draft.pp_size", "speculation.acceptance",
+               "speculation.max_draft_len", "triton.image")
+
+
 class TensorRTLLMRuntime(ImageRuntime):
     """TensorRT-LLM 1.2.x engines served by Triton's ``tensorrtllm`` backend (a CUDA GPU, the NGC image)."""
 
     name = TENSORRT_LLM
     auto_priority = 20
+    reads = {"check": ("triton.tensorrt_llm",), "convert": ("target", "draft", "triton.image"),
+             "build": BUILD_READS, "plan": (*BUILD_READS, "target.dtype", "draft.dtype"),
+             "package": (*RENDER_READS, "target.tp_size", "target.pp_size", "draft.tp_size", "draft.pp_size", "launch",
+                         "triton.engine_mount", "triton.kv_cache_free_gpu_mem_fraction")}
 
     def available(self) -> bool:
         return engine_flow_installed()

@@ -44,6 +44,7 @@ from specbuild.triton_models.common import (  # noqa: E402
     send_error,
 )
 from specbuild.triton_models.metrics import Metrics  # noqa: E402
+from specbuild.triton_models.request_parameters import refuse_parameters  # noqa: E402
 from specbuild.speculation.stats import SpeculationStats  # noqa: E402
 
 
@@ -73,6 +74,7 @@ class TritonPythonModel:
         self.metrics.in_flight(+1)
         last: Any = None  # the final responses, or an error message
         try:
+            refuse_parameters(request.parameters(), (tensor.name for tensor in ENSEMBLE_INPUTS))  # its ensemble's first
             rows = [templated(row, self.tokenizer)
                     for row in parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)]
             progress = [RowProgress(index, row=row, prompt_tokens=len(self.tokenizer.encode(row.llm.prompt)))
@@ -135,7 +137,7 @@ class TritonPythonModel:
                 if request.is_cancelled():
                     return None
                 if all(item.finished for item in progress):
-                    return [(item.row.llm.prompt if item.row.include_prompt and not stream else "")
+                    return [(item.row.echo if item.row.include_prompt and not stream else "")
                             + item.take_new_text() for item in progress]
                 if stream:
                     for item in progress:

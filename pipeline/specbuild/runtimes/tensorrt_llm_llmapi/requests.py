@@ -37,6 +37,7 @@ class AdapterRow:
     llm: LLMAPIRequest
     stream: bool
     include_prompt: bool  # non-streamed text starts with the prompt (exclude_input_in_output false)
+    echo: str  # what that text repeats: the client's text_input (not its chat template), as preprocessing's echo_ids
     chat: bool = False  # the prompt goes in the tokenizer's chat template (the adapter applies it)
     stop: tuple[str, ...] = ()  # stop words: the text ends with the first one found
     max_seconds: float | None = None  # the time limit (None: none)
@@ -127,6 +128,7 @@ def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[Adapte
                               streaming=public.stream and settings.streams, **sampling_values(public.sampling)),
             stream=public.stream,
             include_prompt=not public.stream and not public.exclude_input,
+            echo=prompt,
             chat=bool(get("apply_chat_template", False)),
             stop=_strings(arrays.get("stop_words"), row, "stop_words"),
             max_seconds=public.max_seconds,

@@ -58,6 +58,12 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     acceptances = ("token-match",)  # the target verifies the draft's tokens inside TensorRT-LLM
     auto_priority = 10  # after the engine flow (what the 1.2 images run), before embedded torch
     serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
+    reads = {"check": ("launch", "speculation.adaptive", "speculation.num_draft_tokens",
+                       "speculation.prompt_lookup.enabled", "speculation.busy_in_flight", "triton.tensorrt_llm"),
+             "plan": ("target.dtype", "draft.dtype", "speculation.num_draft_tokens"),
+             "package": ("name", "target", "draft.dtype", "speculation.num_draft_tokens", "triton.checkpoint_mount",
+                         "triton.kv_cache_free_gpu_mem_fraction", "triton.orchestrator_instances",
+                         "triton.tensorrt_llm", "triton.max_request_seconds", "speculation.busy_in_flight")}
 
     def available(self) -> bool:
         package = installed_package_dir()

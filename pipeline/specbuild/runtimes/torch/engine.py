@@ -32,6 +32,13 @@ DEFAULT_CACHE_TOKENS = 16384  # KV-cache tokens kept for reuse (0: no reuse)
 PACKED_ROWS = 8
 
 
+def resolve_device(requested: str) -> str:
+    """``torch.device`` ``auto``: CUDA where this machine has a GPU, else the CPU; ``cpu`` and ``cuda`` as they are."""
+    if requested != "auto":
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def threads(requested: int) -> int:
     """Intra-op threads for an engine: ``requested``, or for 0 every core this process may run on. Draft and
     target of one request run one after the other, so each may use every core; their idle threads must then
@@ -154,6 +161,12 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def reset(self) -> None:
+        """Forget every entry and the counts."""
+        with self._lock:
+            self._entries.clear()
+            self.hits = self.reused_tokens = 0
+
 
 def mask_bad_words(logits: torch.Tensor, context: list[int], bad_words: list[list[int]]) -> torch.Tensor:
     """Forbid the last token of every bad word whose other tokens end ``context`` (TensorRT-LLM semantics)."""
@@ -209,6 +222,21 @@ class TorchEngine:
             if request.draft_tokens:
                 return self._verify(request)
             return self._generate(request)
+
+    def warm_up(self, prompt_tokens: int = 16) -> None:
+        """Take the paths of a first request once, on made-up tokens, and forget them: a prefill, decoding steps
+        with their logits (what a draft returns), a sampled step and, for a target, a verification of
+        ``max_draft_len`` drafted tokens with their logits. PyTorch and oneDNN allocate and choose their kernels
+        when a shape first runs; the engine model calls this before it reports ready, so the first request costs
+        what later ones do. The prefix cache is emptied after: no request reuses the made-up sequence."""
+        ids = [1 + index % (self.vocab_size - 1) for index in range(prompt_tokens)]
+        self.run(EngineRequest(ids, 2, return_logits=True))
+        self.run(EngineRequest(ids, 1, sampling=SamplingParams(temperature=1.0), seed=0))
+        drafts = ids[: self.max_draft_len]
+        if drafts:
+            self.run(EngineRequest(ids, 1, draft_tokens=drafts, return_logits=True,
+                                   draft_logits=torch.zeros(len(drafts), self.vocab_size, device=self.device)))
+        self.cache.reset()
 
     # -- internals --------------------------------------------------------------------------------
     def _validate(self, request: EngineRequest) -> None:

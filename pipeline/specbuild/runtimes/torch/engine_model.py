@@ -36,7 +36,7 @@ from specbuild.triton_models.common import (  # noqa: E402
     request_arrays,
     response,
 )
-from specbuild.runtimes.torch.engine import TorchEngine, threads  # noqa: E402
+from specbuild.runtimes.torch.engine import TorchEngine, resolve_device, threads  # noqa: E402
 
 def resolve_engine_dir(value: str, release_root: Path) -> Path:
     """``gpt_model_path`` as a folder; a relative one may not climb out of the release folder."""
@@ -61,9 +61,7 @@ class TritonPythonModel:
         release_root = Path(args["model_repository"]).resolve().parent.parent
         engine_dir = resolve_engine_dir(self.parameters.gpt_model_path, release_root)
         record = BuildRecord.read(engine_dir)
-        device = self.parameters.torch_device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(self.parameters.torch_device)
         torch.set_num_threads(threads(self.parameters.torch_threads))
         pb_utils.Logger.log_info(f"{args['model_name']}: torch on {device} with {torch.get_num_threads()} intra-op "
                                  f"threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
@@ -76,6 +74,7 @@ class TritonPythonModel:
             cache_tokens=(self.parameters.max_tokens_in_paged_kv_cache or 0)
             if self.parameters.enable_kv_cache_reuse else 0,
         )
+        self.engine.warm_up()  # before Triton reports the model ready: the first request costs what later ones do
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []

@@ -17,13 +17,13 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import CheckpointError
 from specbuild.package.backend_contract import EngineModel
 from specbuild.package.build_record import BuildRecord, Engine
-from specbuild.runtimes.interface import ModelPlan, PackageContext, Runtime
+from specbuild.runtimes.interface import RENDER_READS, ModelPlan, PackageContext, Runtime
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, BundledPlan
 from specbuild.runtimes.names import TORCH
 from specbuild.runtimes.torch.launch import cpu_pod_plan
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint
 
 ENGINE_MODEL = Path(__file__).parent / "engine_model.py"  # the python model of the target and the draft
+BUILD_READS = ("target.dtype", "draft.dtype", "speculation.acceptance", "speculation.max_draft_len")  # its record
 
 
 def resolve_dtype(spec: BuildSpec, role: Role) -> str:
@@ -60,11 +61,22 @@ class TorchRuntime(Runtime):
     # the default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal")
     busy_in_flight = 2
     ttft_p95_seconds = 5.0  # a CPU's prefill is seconds for long prompts
+    reads = {"check": ("torch.device",), "convert": ("target.dtype", "draft.dtype"), "build": BUILD_READS,
+             "plan": BUILD_READS,
+             "package": (*RENDER_READS, "torch", "triton.engine_instances")}
 
     def available(self) -> bool:
         import importlib.util
 
         return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+
+    def memory_device(self, spec: BuildSpec) -> Literal["GPU", "CPU"]:
+        """``torch.device`` as the engine models resolve it: ``auto`` is a GPU where the spec names one
+        (``triton.gpu_memory_gib``) or this machine has CUDA, else the CPU."""
+        from specbuild.runtimes.torch.engine import resolve_device
+
+        named = spec.torch.device == "auto" and spec.triton.gpu_memory_gib is not None
+        return "GPU" if named or resolve_device(spec.torch.device) == "cuda" else "CPU"
 
     def unsupported(self, architecture: str) -> str | None:
         try:
@@ -151,6 +163,30 @@ def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
     with torch.no_grad():
         model.save_pretrained(str(output_dir), safe_serialization=True)
     copy_tokenizer(source, output_dir)
+    link_identical_files(source, output_dir)
+
+
+def link_identical_files(source: Path, output_dir: Path) -> list[str]:
+    """Replace each file of ``output_dir`` whose namesake in ``source`` holds the same bytes by a hard link to it
+    (returns their names): a checkpoint already in the engine dtype, saved by the same transformers (the demo
+    pair), then costs no second copy on disk, in the converted checkpoint or the engines linked to it. Files on
+    another filesystem stay copies. A checkpoint rewritten in place afterwards changes the linked files too:
+    compile sees their hashes change and runs again, ``specbuild verify`` names them."""
+    import filecmp
+
+    linked = []
+    for written in sorted(output_dir.iterdir()):
+        original = source / written.name
+        if not (original.is_file() and written.is_file() and filecmp.cmp(original, written, shallow=False)):
+            continue
+        temporary = written.with_name(f".{written.name}.link")
+        try:
+            os.link(original, temporary)
+        except OSError:  # another filesystem, or links not allowed: the copy stays
+            continue
+        os.replace(temporary, written)
+        linked.append(written.name)
+    return linked
 
 
 def build(spec: BuildSpec, role: Role, checkpoint_dir: Path, output_dir: Path) -> None:
