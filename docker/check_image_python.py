@@ -1,7 +1,7 @@
 """Check the running Python against docker/ngc-26.04-python.txt: every entry installed, at a version its rule
 allows (``--rehearsal``: the entries marked ``[image only]`` are skipped), and no tritonclient. Exit 1 naming each
 disagreement. Standard library and ``packaging`` (which the NGC image has) only; docker/Dockerfile.trtllm runs it
-in the image, tests/test_release_image.py in its rehearsal venv.
+in the image, tests/product/test_release_image.py in its rehearsal venv.
 
 Usage: python check_image_python.py LIST [--rehearsal]
 """

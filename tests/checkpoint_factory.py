@@ -12,6 +12,7 @@ import shutil
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -129,6 +130,19 @@ def _cached_build(basetemp: Path) -> Checkpoints:
         root.mkdir()
         _BUILT[basetemp] = build(root)
     return _BUILT[basetemp]
+
+
+def pair_spec(root: Path, target: Path, draft: Path, **overrides: Any):
+    """A spec of ``target`` and ``draft`` (the torch runtime unless ``overrides`` say otherwise: dotted spec keys)
+    with its outputs in ``root/{build,engines,triton_repo}``."""
+    from specbuild.spec import load_spec
+
+    return load_spec(None, {
+        "runtime": "torch", "target.checkpoint": str(target), "draft.checkpoint": str(draft),
+        "limits.max_input_len": 64, "limits.max_seq_len": 128,
+        "outputs.build_dir": str(root / "build"), "outputs.engines_dir": str(root / "engines"),
+        "outputs.repository_dir": str(root / "triton_repo"), **overrides,
+    }, base_dir=root)
 
 
 def release_spec(checkpoints: Checkpoints, root: Path, runtime: str, overrides: dict | None = None):

@@ -7,14 +7,18 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from functools import cache
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
+from locations import REPO_ROOT
 from specbuild.drafts.model_pairs import cache_dir, pair_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+# The helper modules whose fixtures every test module may use: the factory pair (``checkpoints``), the random tiny
+# models (``tiny``), the served random pair with explicit model control (``tiny_repository``, ``served``) and a GPU
+# release whose engines were built elsewhere (``gpu_release``).
+pytest_plugins = ["checkpoint_factory", "random_llama", "served_tiny", "k8s_objects"]
+
 CACHE_DIR = cache_dir(REPO_ROOT)  # shared with `specbuild demo` run from the repository root
 
 
@@ -62,26 +66,21 @@ def demo_pair():
     return build_demo_pair(pair_dir("demo", REPO_ROOT))
 
 
-def compile_tiny(tiny_pair, runtime: str, folder: str, **outputs: str):
+def compile_tiny(tiny_pair, runtime: str, folder: str):
     """The tiny pair compiled for ``runtime`` into the cache folder ``folder`` (limits shared by every tiny
     release); a rerun skips every stage whose inputs are unchanged. Returns the ``CompileResult``."""
+    from checkpoint_factory import pair_spec
     from specbuild import compiler
-    from specbuild.spec import load_spec
 
-    spec = load_spec(None, {
+    return compiler.run(pair_spec(CACHE_DIR / folder, tiny_pair.target_dir, tiny_pair.draft_dir, **{
         "name": folder.removesuffix("-release"), "runtime": runtime,
-        "target.checkpoint": str(tiny_pair.target_dir), "draft.checkpoint": str(tiny_pair.draft_dir),
-        "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8,
-        "outputs.build_dir": "build", "outputs.repository_dir": "release/triton_repo",
-        **{f"outputs.{key}": value for key, value in outputs.items()},
-    }, base_dir=CACHE_DIR / folder)
-    return compiler.run(spec, json_mode=True)
+        "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8}), json_mode=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_release(tiny_pair):
     """The tiny pair compiled with the torch runtime into the cache folder (``tiny-release/``)."""
-    return compile_tiny(tiny_pair, "torch", "tiny-release", engines_dir="release/engines")
+    return compile_tiny(tiny_pair, "torch", "tiny-release")
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +108,7 @@ def tiny_chat_release(tiny_pair):
         template = folder / "chat_template.jinja"
         if not template.is_file() or template.read_text(encoding="utf-8") != TINY_CHAT_TEMPLATE:
             template.write_text(TINY_CHAT_TEMPLATE, encoding="utf-8")
-    return compile_tiny(chat_pair, "torch", "tiny-chat-release", engines_dir="release/engines")
+    return compile_tiny(chat_pair, "torch", "tiny-chat-release")
 
 
 @pytest.fixture(scope="session")

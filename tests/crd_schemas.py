@@ -6,12 +6,12 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
+from locations import DATA
 
-SCHEMAS = Path(__file__).resolve().parent / "data" / "k8s_schemas"
+SCHEMAS = DATA / "k8s_schemas"
 
 
 def strict(schema: Any) -> Any:

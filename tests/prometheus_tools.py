@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -131,3 +132,18 @@ class PrometheusServer:
         data = self.api("query", query=expr, **params)
         assert data["resultType"] == "vector", (expr, data["resultType"])
         return data["result"]
+
+
+# --- PromQL read back: which series an expression selects ------------------------------------------------
+SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})")
+KEYWORDS = {"and", "or", "unless", "group_left", "group_right", "bool"}  # operators and their modifiers
+
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, matchers) of every selector in ``expr``: those with matchers, then any bare metric name left
+    once grouping clauses, ranges and function calls are taken out (its matchers "")."""
+    rest = SELECTOR.sub(" ", expr)
+    rest = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", " ", rest)
+    rest = re.sub(r"\[[^\]]*\]|[a-zA-Z_]+\s*\(", " ", rest)
+    bare = [name for name in re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*", rest) if name not in KEYWORDS]
+    return SELECTOR.findall(expr) + [(name, "") for name in bare]

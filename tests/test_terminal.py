@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_factory import Checkpoints, checkpoints  # noqa: F401
+from checkpoint_factory import Checkpoints
 from specbuild.terminal import LOG_WIDTH, make_console
 
 LONG = "the draft cannot pay: " + "every drafted token accepted, " * 12 + "end"
@@ -43,7 +43,7 @@ def test_at_a_terminal_rich_wraps_at_its_width(monkeypatch: pytest.MonkeyPatch) 
     os.close(leader)
 
 
-def test_the_cli_writes_whole_lines_to_a_pipe_and_json_unchanged(checkpoints: Checkpoints,  # noqa: F811
+def test_the_cli_writes_whole_lines_to_a_pipe_and_json_unchanged(checkpoints: Checkpoints,
                                                                   tmp_path: Path) -> None:
     """``specbuild check`` into a pipe, no COLUMNS: its longest sentences (the break-even, over 80 columns) are
     one line each, and --json is one document."""

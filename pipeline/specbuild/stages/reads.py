@@ -2,7 +2,7 @@
 
 A step declares the dotted spec paths it reads (a section stands for all of its fields); its fingerprint hashes
 the values at those paths, and the files of each checkpoint whose path it reads, so a changed field runs
-exactly the steps that read it again (``tests/test_stage_reads.py`` watches every step of every runtime read
+exactly the steps that read it again (``tests/stages/test_stage_reads.py`` watches every step of every runtime read
 the spec and holds the declarations to what it sees).
 """
 

@@ -1,0 +1,104 @@
+"""specbuild tune: choosing a setting and writing it into the spec file without losing the user's comments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specbuild.bench.metrics import Cell, percentiles
+from specbuild.errors import SpecError, UsageError
+from specbuild.spec import SpeculationSpec, load_spec, render_spec, starter_spec
+from checkpoint_factory import package_gpu_release, release_spec
+from specbuild.bench.tune import candidate_ks, pick, release_max_draft_len, set_section_values, tune, write_choice
+
+
+def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,
+         matches: float | None = 1.0) -> Cell:
+    return Cell(k=k, concurrency=1, adaptive=adaptive, requests=4, errors=errors, output_tokens=100,
+                wall_seconds=100 / tokens_per_second, tokens_per_second=tokens_per_second, ttft=percentiles([]),
+                tpot=percentiles([]), itl=percentiles([]), e2e=percentiles([e2e]), acceptance_rate=None,
+                mean_acceptance_length=None, matches_baseline=matches)
+
+
+def test_pick_by_goal_skipping_failed_and_wrong_settings():
+    cells = [cell(0, 20, 3.0), cell(2, 30, 2.5), cell(4, 35, 2.7), cell(4, 40, 2.0, adaptive=True, errors=1),
+             cell(6, 50, 1.0, matches=0.9)]
+    assert pick(cells, "throughput").k == 4
+    assert pick(cells, "latency").k == 2
+    assert pick([cell(0, 20, 3.0), cell(3, 20, 3.0)], "throughput").k == 0  # a tie: the smaller K
+    with pytest.raises(UsageError, match="no setting"):
+        pick([cell(2, 30, 2.0, errors=4)], "latency")
+
+
+def test_candidate_ks_stay_within_the_engine_limit():
+    assert candidate_ks(8) == (0, 1, 2, 3, 4, 6, 8)
+    assert candidate_ks(3) == (0, 1, 2, 3)
+
+
+def test_the_k_values_tried_are_bounded_by_the_release_engine_not_the_spec_file(checkpoints, tmp_path: Path):
+    """The server enforces the target engine's max_draft_len; a spec file edited since the build must not widen
+    (or narrow) what tune tries."""
+    release = package_gpu_release(checkpoints, tmp_path, {"speculation.max_draft_len": 4})
+    assert release_max_draft_len(release.repository) == 4
+    edited = release_spec(checkpoints, tmp_path, "tensorrt-llm", {"speculation.max_draft_len": 8})
+    spec_file = tmp_path / "specbuild.yaml"
+    spec_file.write_text(render_spec(edited), encoding="utf-8")
+    assert load_spec(spec_file).speculation.max_draft_len == 8
+    with pytest.raises(UsageError, match=r"K=6 is above the engine's max_draft_len \(4\)"):
+        tune(spec_file, "latency", [], ks=(2, 6), write=False)  # refused before any server starts
+
+
+def test_set_section_values_edits_only_the_scalars_and_keeps_comments():
+    text = starter_spec("t", "d")
+    updated = set_section_values(text, "speculation", {"num_draft_tokens": 2, "adaptive": True})
+    assert "  # default K: draft tokens per round (0 = the target alone); requests may ask for 0..max_draft_len\n" \
+        "  num_draft_tokens: 2\n" in updated
+    assert "  adaptive: true\n" in updated
+    assert updated.count("\n") == text.count("\n")
+    data = yaml.safe_load(updated)
+    assert data["speculation"] == {**yaml.safe_load(text)["speculation"], "num_draft_tokens": 2, "adaptive": True}
+
+
+def test_set_section_values_adds_missing_keys_and_sections():
+    text = "name: x  # mine\nspeculation:\n    max_draft_len: 6   # engine\ntarget:\n  checkpoint: t\n"
+    updated = set_section_values(text, "speculation", {"num_draft_tokens": 3, "adaptive": False})
+    assert yaml.safe_load(updated)["speculation"] == {"max_draft_len": 6, "num_draft_tokens": 3, "adaptive": False}
+    assert "    num_draft_tokens: 3\n" in updated and "# engine" in updated
+    plain = set_section_values("name: x", "speculation", {"num_draft_tokens": 1})
+    assert yaml.safe_load(plain) == {"name": "x", "speculation": {"num_draft_tokens": 1}}
+    with pytest.raises(SpecError, match="block mapping"):
+        set_section_values("speculation: {adaptive: true}\n", "speculation", {"adaptive": False})
+
+
+def test_write_choice_keeps_a_valid_spec_and_refuses_an_impossible_one(tmp_path: Path):
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(starter_spec(str(tmp_path / "t"), str(tmp_path / "d")), encoding="utf-8")
+    write_choice(path, 6, True)
+    spec = load_spec(path)
+    assert (spec.speculation.num_draft_tokens, spec.speculation.adaptive) == (6, True)
+    before = path.read_text(encoding="utf-8")
+    with pytest.raises(SpecError, match="larger than max_draft_len"):
+        write_choice(path, 12, False)  # max_draft_len is 8
+    assert path.read_text(encoding="utf-8") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["specbuild.yaml"]  # no temporary file left
+
+
+def test_write_choice_records_the_measured_verification_costs_over_earlier_ones(tmp_path: Path):
+    """init writes V(K) for K=1..8 (a flow mapping); tune's server measurements replace those it measured again,
+    in place, and check's break-even reads them."""
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(starter_spec(str(tmp_path / "t"), str(tmp_path / "d"),
+                                 speculation=SpeculationSpec(verify_cost={1: 1.05, 2: 1.1})), encoding="utf-8")
+    write_choice(path, 2, False, {2: 1.3, 3: 1.4})
+    assert load_spec(path).speculation.verify_cost == {1: 1.05, 2: 1.3, 3: 1.4}
+    assert path.read_text(encoding="utf-8").count("verify_cost:") == 1
+
+
+def test_missing_keys_are_added_when_the_section_ends_with_a_nested_block():
+    text = starter_spec("t", "d").replace("  adaptive: false\n", "")
+    updated = set_section_values(text, "speculation", {"adaptive": True})
+    data = yaml.safe_load(updated)
+    assert data["speculation"] == {**yaml.safe_load(text)["speculation"], "adaptive": True}
+    assert data["limits"] == yaml.safe_load(text)["limits"]
