@@ -185,17 +185,21 @@ class Guide:
     def masks(self, tokens: Sequence[int] = ()) -> torch.Tensor:
         """The allowed tokens here and after each of ``tokens`` (which the grammar must accept in order):
         ``[len(tokens) + 1, ceil(vocab / 32)]`` int32 bitmask rows, the matcher left where it was."""
-        bitmask = self._xgrammar.allocate_token_bitmask(len(tokens) + 1, self.vocab_size)
-        for index, token in enumerate(tokens):
-            self._matcher.fill_next_token_bitmask(bitmask, index)
-            if not self._matcher.accept_token(int(token)):
-                if index:
-                    self._matcher.rollback(index)
-                raise RuntimeError(f"token {token} is not admissible: cut proposals with admissible() first")
-        self._matcher.fill_next_token_bitmask(bitmask, len(tokens))
-        if tokens:
-            self._matcher.rollback(len(tokens))
-        return bitmask
+        bitmask = self._xgrammar.allocate_token_bitmask(len(tokens) + 1, self.vocab_size)  # all allowed
+        advanced = 0
+        try:
+            for index, token in enumerate(tokens):
+                self._matcher.fill_next_token_bitmask(bitmask, index)
+                if not self._matcher.accept_token(int(token)):
+                    raise RuntimeError(f"token {token} is not admissible: cut proposals with admissible() first")
+                advanced += 1
+                if self._matcher.is_terminated():
+                    return bitmask  # the end token: what follows it is cut from the answer, the rows stay all-allowed
+            self._matcher.fill_next_token_bitmask(bitmask, len(tokens))
+            return bitmask
+        finally:
+            if advanced:
+                self._matcher.rollback(advanced)
 
     def constrained(self, call: EngineCall) -> EngineCall:
         """``call`` under this guide: a verification with the masks along its drafted tokens, a generation of n
