@@ -24,6 +24,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -145,6 +146,25 @@ class GuideCompiler:
         else:
             matcher = self._xgrammar.GrammarMatcher(grammar, override_stop_tokens=[end_id])
         return Guide(matcher, self._xgrammar, self.vocab_size)
+
+
+class ReleaseGuides:
+    """A release's guides: its tokenizer (a folder) loaded and the compiler made at the first guided request, so a
+    server that serves none never imports xgrammar; call it as ``GuideCompiler.guide``. Thread-safe."""
+
+    def __init__(self, tokenizer_dir: Path, vocab_size: int) -> None:
+        self.tokenizer_dir, self.vocab_size = tokenizer_dir, vocab_size
+        self._compiler: GuideCompiler | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, spec: GuideSpec, end_id: int | None) -> Guide:
+        with self._lock:
+            if self._compiler is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(str(self.tokenizer_dir), trust_remote_code=False)
+                self._compiler = GuideCompiler(tokenizer, self.vocab_size)
+        return self._compiler.guide(spec, end_id)
 
 
 class Guide:
