@@ -89,7 +89,9 @@ def _compile(compiler: Any, spec: GuideSpec) -> Any:
     if spec.type == "json":
         return compiler.compile_builtin_json_grammar()
     if spec.type == "json_schema":
-        return compiler.compile_json_schema(spec.text)
+        # compact JSON (no whitespace beyond one space after ':' and ','): with any whitespace allowed a model can
+        # spend its tokens on blanks between values and never finish (vLLM's guided-JSON reports)
+        return compiler.compile_json_schema(spec.text, any_whitespace=False)
     if spec.type == "regex":
         return compiler.compile_regex(spec.text)
     return compiler.compile_grammar(spec.text)
