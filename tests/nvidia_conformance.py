@@ -9,7 +9,8 @@ the output ``text_output`` only (and ``batch_index`` when the prompts go as one 
 bidirectional gRPC stream (``start_stream``, ``async_stream_infer`` with ``request_id=""`` and no
 ``enable_empty_final_response``, ``stop_stream`` to wait), and reads each response as
 ``result.as_numpy("text_output")[0].decode("utf-8")``: appended when streaming, the last one otherwise.
-``--check-outputs`` compares each text with the expected one, preceded by the prompt when the request neither
+``--guided-decoding-guide-type`` and ``--guided-decoding-guide`` add those inputs, after the others
+(:func:`guided_inputs`). ``--check-outputs`` compares each text with the expected one, preceded by the prompt when the request neither
 streamed nor excluded the input.
 """
 
@@ -51,6 +52,15 @@ def request_arrays(prompt: str, *, streaming: bool = False, output_len: int = DE
     arrays.update({name: array for name, array in optional.items() if name not in AFTER_EXCLUDE})
     arrays["exclude_input_in_output"] = np.array([[exclude_input_in_output]], dtype=bool)
     arrays.update({name: array for name, array in optional.items() if name in AFTER_EXCLUDE})
+    return arrays
+
+
+def guided_inputs(guide_type: str, guide: str | None = None) -> dict[str, np.ndarray]:
+    """What ``--guided-decoding-guide-type TYPE`` (and ``--guided-decoding-guide GUIDE``, when given) add: BYTES
+    ``[1, 1]`` each, the guide only when the flag is there (the client sends none for ``json``)."""
+    arrays = {"guided_decoding_guide_type": np.array([[guide_type]]).astype(object)}
+    if guide is not None:
+        arrays["guided_decoding_guide"] = np.array([[guide]]).astype(object)
     return arrays
 
 

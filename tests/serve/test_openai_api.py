@@ -330,3 +330,29 @@ def test_specbuild_openai_serves_the_api_for_a_triton_running_elsewhere(tiny_ser
     finally:
         if process.poll() is None:
             process.kill()
+
+
+GUIDED_SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+                                                  "count": {"type": "integer", "minimum": 0, "maximum": 99}},
+                 "required": ["answer", "count"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_holds_the_answer_to_it_streamed_and_not(client):
+    import jsonschema
+
+    format_ = {"type": "json_schema", "json_schema": {"name": "reply", "schema": GUIDED_SCHEMA, "strict": True}}
+    messages = [{"role": "user", "content": QUESTION}]
+    whole = client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=48, temperature=0,
+                                           response_format=format_, extra_body={"num_draft_tokens": 4})
+    text = whole.choices[0].message.content
+    jsonschema.validate(json.loads(text), GUIDED_SCHEMA)
+    assert whole.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=48, temperature=0,
+                                                 response_format=format_, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    anything = client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=48, temperature=0,
+                                              response_format={"type": "json_object"})
+    content = anything.choices[0].message.content
+    assert content.startswith("{")  # an object, complete unless the tiny model's 48 tokens ran out first
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)

@@ -20,6 +20,7 @@ from specbuild.triton_models.engine_io import decode_output, decode_requests, en
 from specbuild.triton_models.orchestration import RowProgress, parse_rows
 from specbuild.spec import load_spec
 from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.guide import GuideSpec
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.stats import SpeculationStats
@@ -154,10 +155,25 @@ def test_penalties_reach_the_sampling_settings_and_a_time_limit_stays_within_the
     ({"min_length": np.array([[-2]], dtype=np.int32)}, "min_tokens must be 0 or more"),
     ({"max_time": np.array([[0.0]], dtype=np.float32)}, "max_time must be a finite number above 0"),
     ({"end_id": np.array([[320]], dtype=np.int32)}, r"end_id 320 is outside the vocabulary \[0, 320\)"),
+    ({"guided_decoding_guide": np.array([[b"[ab]+"]], dtype=object)},
+     "guided_decoding_guide was sent without guided_decoding_guide_type"),
+    ({"guided_decoding_guide_type": np.array([[b"yaml"]], dtype=object)}, "guided_decoding_guide_type 'yaml' is not"),
+    ({"guided_decoding_guide_type": np.array([[b"json_schema"]], dtype=object),
+      "guided_decoding_guide": np.array([[b"{oops"]], dtype=object)}, "guided_decoding_guide is not a JSON schema"),
 ])
 def test_bad_requests_name_the_input(arrays, message):
     with pytest.raises(RequestError, match=message):
-        parse_rows(request(**arrays), SETTINGS)
+        parse_rows(request(**arrays), replace(SETTINGS, guided_decoding=True))
+
+
+def test_a_guide_is_read_per_row_and_refused_where_the_engines_take_no_masks():
+    guided = request(guided_decoding_guide_type=np.array([[b"regex"], [b""]], dtype=object),
+                     guided_decoding_guide=np.array([[b"[ab]+"], [b""]], dtype=object))
+    rows = parse_rows(guided, replace(SETTINGS, guided_decoding=True))
+    assert [row.guide for row in rows] == [GuideSpec("regex", "[ab]+"), None]
+    with pytest.raises(RequestError) as refused:  # a TensorRT-LLM release: its engines take no guide masks
+        parse_rows(guided, SETTINGS)
+    assert refused.value.message.startswith("guided_decoding_guide_type='regex': this release's engine models")
 
 
 def test_a_negative_end_id_never_stops():
@@ -200,11 +216,12 @@ ROUND_TRIPS = [
                   draft_logits=torch.randn(2, 11)),
     EngineRequest([1, 2], 5, sampling=SamplingParams(temperature=0.5, top_k=1, repetition_penalty=1.25,
                                                      presence_penalty=0.375, frequency_penalty=-0.5)),
+    EngineRequest([9], 1, draft_tokens=[4, 5], token_masks=torch.tensor([[5, -1], [7, 0], [-1, 3]], dtype=torch.int32)),
 ]
 
 
 @pytest.mark.parametrize("engine_request", ROUND_TRIPS, ids=["greedy", "sampled-draft-call", "verification",
-                                                                   "penalised-greedy"])
+                                                                   "penalised-greedy", "guided-verification"])
 def test_an_engine_request_survives_the_backend_tensors(engine_request):
     arrays = encode_request(engine_request)
     assert {"random_seed", "min_length"}.isdisjoint(arrays)  # the backend's current names only
@@ -215,6 +232,10 @@ def test_an_engine_request_survives_the_backend_tensors(engine_request):
             got.draft_tokens, got.return_logits, got.bad_words) == (
         expected.input_ids, expected.max_new_tokens, expected.sampling, expected.seed, expected.end_id,
         expected.min_new_tokens, expected.draft_tokens, expected.return_logits, expected.bad_words)
+    if expected.token_masks is None:
+        assert got.token_masks is None and "guide_token_masks" not in arrays  # never sent to a tensorrtllm engine
+    else:
+        assert torch.equal(got.token_masks, expected.token_masks)
     if expected.draft_logits is None:
         assert got.draft_logits is None
     else:

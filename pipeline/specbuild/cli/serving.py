@@ -255,13 +255,19 @@ def openai_command(repository: str, triton_url: str, host: str, port: int, dry_r
 @click.option("--prompt-lookup/--no-prompt-lookup", default=None,
               help="draft from the request's own tokens first  [default: the server's]")
 @click.option("--stop", "stop_words", multiple=True, help="stop after this text (repeatable)")
+@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="hold the answer to the JSON schema in this file (guided decoding)")
+@click.option("--regex", default=None, help="hold the answer to this regular expression")
+@click.option("--grammar", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="hold the answer to the EBNF grammar in this file (xgrammar's dialect, as TensorRT-LLM's)")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True)
 @click.option("--json", "json_mode", is_flag=True, help="one JSON document with the text and figures; with --stream, "
               "JSON Lines: one object per chunk, then the summary")
 @reports_errors
 def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, raw: bool, temperature: float | None,
              top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
-             prompt_lookup: bool | None, stop_words: tuple[str, ...], timeout: float, json_mode: bool) -> None:
+             prompt_lookup: bool | None, stop_words: tuple[str, ...], json_schema: Path | None, regex: str | None,
+             grammar: Path | None, timeout: float, json_mode: bool) -> None:
     """Send PROMPT (or - for stdin, kept exactly as read) to a served ensemble; text on stdout, figures on
     stderr."""
     from specbuild.errors import UsageError
@@ -271,9 +277,16 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, r
     text = sys.stdin.read() if prompt == "-" else prompt
     if not text.strip():
         raise UsageError("the prompt is empty", "pass the prompt as an argument, or pipe it in with -")
+    guides = {"json_schema": json_schema and json_schema.read_text(encoding="utf-8"), "regex": regex,
+              "ebnf_grammar": grammar and grammar.read_text(encoding="utf-8")}
+    chosen = {kind: guide for kind, guide in guides.items() if guide is not None}
+    if len(chosen) > 1:
+        raise UsageError("--json-schema, --regex and --grammar each guide the whole answer", "pass one of them")
+    guide_type, guide = next(iter(chosen.items()), (None, None))
     request = GenerationRequest(text, max_tokens, stream=stream, chat=None if raw else True, seed=seed,
                                 num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
-                                stop_words=list(stop_words) or None, **explicit_sampling(temperature, top_k, top_p))
+                                stop_words=list(stop_words) or None, guided_decoding_guide_type=guide_type,
+                                guided_decoding_guide=guide, **explicit_sampling(temperature, top_k, top_p))
     client = SpecbuildClient(url, model, timeout=timeout)
     if not json_mode:
         generation = client.run(request, on_chunk=lambda chunk: click.echo(chunk.text, nl=False))

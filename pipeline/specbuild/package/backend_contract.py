@@ -83,12 +83,13 @@ class EngineParameters(ModelParameters):
 @dataclass(frozen=True)
 class EngineModel:
     """How a release serves one engine: the Triton backend of its model, the config's parameters, how many
-    instances, and the python model it runs (None: the backend's own)."""
+    instances, the python model it runs (None: the backend's own), and whether it takes :data:`GUIDE_MASKS`."""
 
     backend: str
     parameters: EngineParameters
     instances: int = 1
     source: Path | None = None
+    guide_masks: bool = False
 
 
 # --- request and response tensors (names as the backend reads them) --------------------------------------
@@ -121,6 +122,9 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("streaming", "TYPE_BOOL", (1,), True),
     Tensor("beam_width", "TYPE_INT32", (1,), True),
 )
+# specbuild's own, not the tensorrtllm backend's: the tokens a request's guide allows at each new position
+# (speculation/guide.py), int32 bitmask rows [positions, ceil(vocab / 32)]; declared by engine models that apply it
+GUIDE_MASKS = Tensor("guide_token_masks", "TYPE_INT32", (-1, -1), True)
 ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("output_ids", "TYPE_INT32", (-1, -1)),  # [beam, tokens]
     Tensor("sequence_length", "TYPE_INT32", (-1,)),  # [beam]

@@ -63,6 +63,10 @@ REQUEST_SETTINGS: tuple[Tensor, ...] = (
     Tensor("prompt_lookup", "TYPE_BOOL", (1,), True, "draft from the request's own tokens first (n-gram lookup)"),
     Tensor("max_time", "TYPE_FP32", (1,), True, "seconds: stop after the round that passes them (within the "
            "server's max_request_seconds)"),
+    # NVIDIA's guided decoding inputs (tensorrtllm_backend's ensemble and GuidedDecodingParams' guide types)
+    Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), True, "json, json_schema, regex or ebnf_grammar"),
+    Tensor("guided_decoding_guide", "TYPE_STRING", (1,), True, "the JSON schema, regular expression or grammar "
+           "(none for json)"),
 )
 # What every response says about its row besides the text: NVIDIA's names (batch_index, the perf metrics it can
 # fill honestly, num_input/output_tokens), and specbuild's count of tokens so far.
@@ -193,6 +197,7 @@ class OrchestratorParameters(ModelParameters):
     max_seq_len: int
     vocab_size: int  # the engines' vocabulary: a request's end_id must be inside it
     max_request_seconds: float  # a request stops after the round that passes this (0: never); abandons end too
+    guided_decoding: bool = False  # the engines take guide masks (guide_token_masks): guided requests run
     target_model: str = TARGET_MODEL
     draft_model: str = DRAFT_MODEL
 

@@ -21,7 +21,8 @@ from specbuild.package import model_config as mc
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import StageError
 from specbuild.package import contract
-from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineModel, EngineParameters
+from specbuild.package.backend_contract import (ENGINE_INPUTS, ENGINE_OUTPUTS, GUIDE_MASKS, EngineModel,
+                                                EngineParameters)
 from specbuild.package.build_record import Engine
 from specbuild.package.contract import OrchestratorParameters, PreprocessingParameters, Tensor
 from specbuild.package.parameters import ModelParameters
@@ -59,7 +60,7 @@ def python_model_config(name: str, spec: BuildSpec, inputs: tuple[Tensor, ...], 
 
 
 def engine_model_config(name: str, spec: BuildSpec, backend: str, parameters: EngineParameters,
-                        instances: int) -> mc.ModelConfig:
+                        instances: int, guide_masks: bool = False) -> mc.ModelConfig:
     """An engine model's ``config.pbtxt``, the same for every runtime but its backend and parameter values.
 
     Non-decoupled (the orchestrator calls it with BLS and waits for the whole answer); CPU instances (the
@@ -70,7 +71,7 @@ def engine_model_config(name: str, spec: BuildSpec, backend: str, parameters: En
     config.model_transaction_policy.decoupled = False
     config.dynamic_batching.SetInParent()
     config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
-    for tensor in ENGINE_INPUTS:
+    for tensor in ENGINE_INPUTS + ((GUIDE_MASKS,) if guide_masks else ()):
         entry = config.input.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype), dims=tensor.dims,
                                  optional=tensor.optional)
         if tensor.dims == (1,):
@@ -116,9 +117,11 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     return config
 
 
-def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int) -> OrchestratorParameters:
+def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int,
+                            guided_decoding: bool = False) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the target engine's build record (what it can do);
-    ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default)."""
+    ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default); ``guided_decoding``
+    whether the engine models take guide masks."""
     s, record = spec.speculation, target.record
     return OrchestratorParameters(
         max_draft_len=record.limits.max_draft_len,
@@ -135,12 +138,15 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int
         max_seq_len=record.limits.max_seq_len,
         vocab_size=record.vocab_size,
         max_request_seconds=spec.triton.max_request_seconds,
+        guided_decoding=guided_decoding,
     )
 
 
-def orchestrator_config(spec: BuildSpec, target: Engine, busy_in_flight: int) -> mc.ModelConfig:
+def orchestrator_config(spec: BuildSpec, target: Engine, busy_in_flight: int,
+                        guided_decoding: bool = False) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
-                               contract.ORCHESTRATOR_OUTPUTS, orchestrator_parameters(spec, target, busy_in_flight),
+                               contract.ORCHESTRATOR_OUTPUTS,
+                               orchestrator_parameters(spec, target, busy_in_flight, guided_decoding),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
 
@@ -202,10 +208,11 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
             contract.PREPROCESSING_MODEL, spec, contract.PREPROCESSING_INPUTS, contract.PREPROCESSING_OUTPUTS,
             PreprocessingParameters(max_input_len=target.record.limits.max_input_len,
                                     end_id=tokenizer_end_id(tokenizer_dir))),
-        contract.ORCHESTRATOR_MODEL: orchestrator_config(spec, target, busy_in_flight),
+        contract.ORCHESTRATOR_MODEL: orchestrator_config(
+            spec, target, busy_in_flight, all(model.guide_masks for model in engine_models.values())),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
-        **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances)
+        **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks)
            for role, model in engine_models.items()},
     }
     for name, config in models.items():
@@ -213,8 +220,8 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
     (output_dir / contract.ENSEMBLE_MODEL / "1").mkdir(exist_ok=True)
     for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL):
         ship_model_source(ENSEMBLE_MODELS_DIR / f"{name}.py", output_dir / name)
-    for name in (contract.PREPROCESSING_MODEL, contract.POSTPROCESSING_MODEL):
-        ship_tokenizer(tokenizer_dir, output_dir / name)
+    for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL):
+        ship_tokenizer(tokenizer_dir, output_dir / name)  # the orchestrator's compiles guides
     for role, model in engine_models.items():
         if model.source is not None:
             ship_model_source(model.source, output_dir / role)

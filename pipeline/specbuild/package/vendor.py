@@ -23,8 +23,10 @@ PACKAGE = "specbuild"
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # .../specbuild
 # What the python models may import besides the standard library and specbuild itself: what the NGC
 # TensorRT-LLM image ships (TensorRT-LLM 1.2.x's requirements.txt pins numpy < 2, torch, transformers 4.57 and
-# pydantic >= 2.9.1, on which its LLM API is built).
-ALLOWED_THIRD_PARTY = frozenset({"numpy", "pydantic", "torch", "transformers", "triton_python_backend_utils"})
+# pydantic >= 2.9.1, on which its LLM API is built, and xgrammar 0.1.25, its guided decoding backend; the CPU image
+# installs the same xgrammar: docker/Dockerfile.cpu).
+ALLOWED_THIRD_PARTY = frozenset({"numpy", "pydantic", "torch", "transformers", "triton_python_backend_utils",
+                                 "xgrammar"})
 PACKAGE_MARKER = '"""specbuild modules shipped with this release (see specbuild.package.vendor)."""\n'
 
 
@@ -66,7 +68,7 @@ def closure(entry: Path, allowed: frozenset[str] = ALLOWED_THIRD_PARTY) -> dict[
                     pending.append((module_file, imported))
             elif top not in sys.stdlib_module_names and top not in allowed:
                 raise StageError("package", f"{name} imports {imported!r}, which the Triton image does not have",
-                                 "keep the serving modules to numpy, pydantic, torch and transformers "
+                                 "keep the serving modules to numpy, pydantic, torch, transformers and xgrammar "
                                  "(a specbuild bug)")
     return found
 

@@ -60,6 +60,8 @@ class GenerationRequest:
     bad_words: Sequence[str] | None = None
     end_id: int | None = None
     exclude_input_in_output: bool | None = True
+    guided_decoding_guide_type: str | None = None  # json, json_schema, regex or ebnf_grammar (NVIDIA's)
+    guided_decoding_guide: str | None = None  # the schema, regular expression or grammar (none for json)
 
     def values(self) -> dict[str, Any]:
         """The ensemble inputs this request sets, by tensor name (unset and empty ones left out)."""

@@ -14,8 +14,10 @@ generation within one round. Semantics:
   chunk;
 * extra fields: ``top_k``, ``min_tokens``, ``repetition_penalty`` and the speculation settings
   ``num_draft_tokens``, ``prompt_lookup``, ``use_draft_logits``, ``adaptive_draft``;
+* chat's ``response_format``: ``json_object`` (any JSON object) and ``json_schema`` (its schema, strict or not)
+  are guided decoding (the orchestrator's ``guided_decoding_guide_type`` json_schema and ``guided_decoding_guide``);
 * refused (400, OpenAI's error shape, ``param`` naming the field): ``n`` or ``best_of`` above 1, ``logprobs``,
-  ``echo``, ``suffix``, ``logit_bias``, tools and functions, a ``response_format`` other than text, unknown fields;
+  ``echo``, ``suffix``, ``logit_bias``, tools and functions, unknown fields;
   an unknown model is 404 (``model_not_found``).
 """
 
@@ -158,8 +160,32 @@ class ChatMessage(BaseModel):
         return {"role": self.role, "content": content or ""}
 
 
+class JSONSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: strict or not, the schema is enforced (guided decoding)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(BaseModel):
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    def guide(self) -> dict[str, str | None]:
+        """The orchestrator's guided decoding inputs for this format (none for text)."""
+        if self.type == "json_object":  # any JSON object: the schema of one, as OpenAI's JSON mode promises
+            return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object"}'}
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise APIError(400, "response_format json_schema needs its json_schema (name and schema)",
+                               param="response_format")
+            return {"guided_decoding_guide_type": "json_schema",
+                    "guided_decoding_guide": json.dumps(self.json_schema.schema_)}
+        return {}
 
 
 class ChatRequest(_GenerationRequest):
@@ -178,8 +204,6 @@ class ChatRequest(_GenerationRequest):
         super().check()
         if self.logprobs or self.top_logprobs:
             raise _refused("logprobs", "specbuild returns the generated text only")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise _refused("response_format", "guided decoding is not available; only {'type': 'text'}")
         for name in ("tools", "functions"):
             if getattr(self, name):
                 raise _refused(name, "tool and function calling are not available")
@@ -190,6 +214,11 @@ class ChatRequest(_GenerationRequest):
     @property
     def token_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def settings(self) -> dict[str, Any]:
+        """The common settings, and the response format's guide."""
+        guide = self.response_format.guide() if self.response_format is not None else {}
+        return {**super().settings(), **guide}
 
 
 # --- generation -------------------------------------------------------------------------------------------------

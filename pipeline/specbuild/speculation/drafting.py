@@ -45,6 +45,14 @@ class Draft:
     logits: torch.Tensor | None
     source: str  # the name of the source that proposed it
 
+    def cut(self, length: int) -> Draft | None:
+        """Its first ``length`` tokens (with their logits), or None for none."""
+        if length >= len(self.tokens):
+            return self
+        if length <= 0:
+            return None
+        return Draft(self.tokens[:length], None if self.logits is None else self.logits[:length], self.source)
+
 
 class DraftSource(Protocol):
     name: ClassVar[str]  # what its statistics are kept under (Prometheus label ``source``)
@@ -207,4 +215,8 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
         sources.append(ModelDrafts(draft, request, stats, health, on_failure))
     if not sources:
         return None
+    if request.guide is not None and draft is not None:  # the draft proposes under the guide's masks
+        for source in sources:
+            if isinstance(source, ModelDrafts):
+                source.call = request.guide.constrained(source.call)
     return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive)

@@ -34,6 +34,9 @@ class EngineRequest:
     draft_logits: torch.Tensor | None = None
     return_logits: bool = False  # return_generation_logits
     bad_words: list[list[int]] = field(default_factory=list)
+    # the tokens a guide allows at each new position (speculation/guide.py): int32 bitmask rows
+    # [positions, ceil(vocab / 32)], bit j of word i allowing token 32 i + j; None: no guide
+    token_masks: torch.Tensor | None = None
 
 
 @dataclass

@@ -58,6 +58,10 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
     if busy is not None and not request.sampling.is_greedy and request.seed is not None:
         busy = None  # K=0 rounds would change a seeded request's random draws: it keeps its K to stay reproducible
     stats = stats if stats is not None else SpeculationStats()
+    guide = request.guide  # its masks go with every call (speculation/guide.py); the draft's: draft_sources
+    if guide is not None:
+        guide.reset()  # at the prompt's end: a request may be run again
+        target = guide.constrained(target)
     generated: list[int] = []
     round_index = 0
     while True:
@@ -68,6 +72,8 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         sources = drafts if busy is None or not busy() else None
         k = min(sources.length, remaining - 1) if sources is not None and not unfinished else 0
         draft = await sources.propose(context, k, round_index) if k > 0 else None
+        if draft is not None and guide is not None:
+            draft = draft.cut(guide.admissible(draft.tokens))  # a proposal the grammar forbids from here: cut
         started = time.perf_counter()
         verdict = await target(_target_request(request, context, draft, remaining, unfinished, round_index, sources))
         stats.target_seconds += time.perf_counter() - started
@@ -90,6 +96,10 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
             del generated[stop_at:]
             new_tokens = generated[start:]
             finish_reason = "stop_words"
+        if guide is not None:
+            guide.accept(new_tokens)
+            if finish_reason is None and guide.finished:
+                finish_reason = "end_id"  # a complete grammar ends the answer as the end token does
         if finish_reason is None and len(generated) >= request.max_tokens:
             finish_reason = "length"
         if finish_reason is None and not new_tokens:

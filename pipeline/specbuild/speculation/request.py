@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specbuild.speculation.guide import Guide
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 
@@ -26,3 +27,4 @@ class GenerationRequest:
     prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
     # Tokens the target makes per call when it runs alone: 1 streams token by token.
     target_only_chunk: int | None = None
+    guide: Guide | None = None  # the request's grammar matcher (GuideCompiler.guide); None: unconstrained

@@ -136,6 +136,20 @@ def penalize(logits: torch.Tensor, context: list[int], params: SamplingParams) -
     return logits - seen.to(torch.float32) * params.presence_penalty - counts * params.frequency_penalty
 
 
+def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Bitmask rows ``[n, ceil(vocab / 32)]`` (int32, bit j of word i allowing token 32 i + j: xgrammar's layout)
+    as booleans ``[n, vocab]``."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.to(torch.int32)[..., None] >> shifts) & 1
+    return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab].bool()
+
+
+def restrict(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``logits`` with every token ``allowed`` does not have at ``-inf``: sampled after this, a distribution is
+    the model's restricted to the allowed tokens and renormalised (a guide's masked distribution)."""
+    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Turn logits ``[..., V]`` into the distribution a sampler with ``params`` draws from (float64).
 

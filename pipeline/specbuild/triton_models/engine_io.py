@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from specbuild.errors import RequestError
-from specbuild.package.backend_contract import ENGINE_INPUTS
+from specbuild.package.backend_contract import ENGINE_INPUTS, GUIDE_MASKS
 from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.rules import SamplingParams
@@ -57,6 +57,8 @@ def encode_request(request: EngineRequest) -> dict[str, np.ndarray]:
         arrays["draft_logits"] = request.draft_logits.numpy().astype(np.float32)[None]
     if request.return_logits:
         arrays["return_generation_logits"] = _scalar(True, bool)
+    if request.token_masks is not None:  # specbuild's own input (backend_contract.GUIDE_MASKS): torch engines only
+        arrays[GUIDE_MASKS.name] = request.token_masks.numpy().astype(np.int32)[None]
     return arrays
 
 
@@ -79,8 +81,8 @@ def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[Deco
         raise RequestError("input_ids is not present in the request")
     if output_len is None:
         raise RequestError("request_output_len is not present in the request")
-    draft_ids, draft_logits, bad_words = (arrays.get(name) for name in ("draft_input_ids", "draft_logits",
-                                                                        "bad_words_list"))
+    draft_ids, draft_logits, bad_words, masks = (arrays.get(name) for name in (
+        "draft_input_ids", "draft_logits", "bad_words_list", GUIDE_MASKS.name))
     rows = []
     for row in range(input_ids.shape[0]):
         def get(name: str, row: int = row) -> Any:
@@ -109,6 +111,8 @@ def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[Deco
             else torch.from_numpy(np.asarray(draft_logits[row], dtype=np.float32).reshape(-1, draft_logits.shape[-1])),
             return_logits=bool(get("return_generation_logits")),
             bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
+            token_masks=None if masks is None or not masks.size
+            else torch.from_numpy(np.asarray(masks[row], dtype=np.int32).reshape(-1, masks.shape[-1])),
         ), exclude_input_default if exclude is None else bool(exclude)))
     return rows
 

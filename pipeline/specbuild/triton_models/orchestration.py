@@ -15,6 +15,7 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
+from specbuild.speculation.guide import TYPE_INPUT, GuideSpec
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models import public_rows
@@ -34,6 +35,7 @@ class RowRequest:
     exclude_input: bool
     echo_ids: list[int]  # what the whole answer repeats before its tokens unless the input is excluded
     max_seconds: float | None  # stop after the round that passes this many seconds from arrival (None: never)
+    guide: GuideSpec | None = None  # checked; the orchestrator compiles it into generation.guide before it runs
 
 
 def _end_id(value: int | None, vocab_size: int) -> int | None:
@@ -73,6 +75,10 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             raise RequestError(f"num_draft_tokens must be within 0..{settings.max_draft_len} (the target engine's "
                                f"max_draft_len), got {k}")
         lookup = settings.prompt_lookup if public.prompt_lookup is None else public.prompt_lookup
+        if public.guide is not None and not settings.guided_decoding:
+            raise RequestError(f"{TYPE_INPUT}={public.guide.type!r}: this release's engine models (TensorRT-LLM's "
+                               "tensorrtllm backend) take no guide masks, and its own guided decoding is not wired "
+                               "to the orchestrator", f"leave {TYPE_INPUT} out, or serve a torch release")
         rows.append(RowRequest(
             generation=GenerationRequest(
                 prompt_ids=prompt, max_tokens=public.max_tokens, sampling=public.sampling, seed=public.seed,
@@ -90,6 +96,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             exclude_input=public.exclude_input,
             echo_ids=echo_ids,
             max_seconds=public.max_seconds,
+            guide=public.guide,
         ))
     return rows
 

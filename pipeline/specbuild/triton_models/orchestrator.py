@@ -35,8 +35,10 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.package.contract import ORCHESTRATOR_INPUTS, OrchestratorParameters  # noqa: E402
 from specbuild.speculation.engine import EngineOutput, EngineRequest  # noqa: E402
+from specbuild.speculation.guide import ReleaseGuides  # noqa: E402
 from specbuild.triton_models.common import (  # noqa: E402
     FINAL,
+    model_dir,
     model_parameters,
     request_arrays,
     response,
@@ -78,8 +80,9 @@ class TritonExchange:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.settings = OrchestratorParameters.from_parameters(model_parameters(args))
+        guides = ReleaseGuides(model_dir(args) / "tokenizer", self.settings.vocab_size)  # the release's tokenizer
         self.runner = RequestRunner(self.settings, self._target, self._draft, Metrics(args["model_name"]),
-                                    pb_utils.Logger)
+                                    pb_utils.Logger, guides=guides if self.settings.guided_decoding else None)
 
     # -- engine calls through BLS -----------------------------------------------------------------
     async def _call(self, model: str, request: EngineRequest) -> EngineOutput:

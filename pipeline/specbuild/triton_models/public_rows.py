@@ -20,8 +20,10 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import ENSEMBLE_OUTPUTS, NUMPY_DTYPES, by_name
+from specbuild.speculation.guide import GUIDE_INPUT, TYPE_INPUT, GuideSpec
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models.batch import finite, renamed_value, row_value
+from specbuild.triton_models.text import decode_utf8
 
 Arrays = Mapping[str, "np.ndarray | None"]
 Get = Callable[..., Any]  # get(name, default=None): one row's value of an input
@@ -44,6 +46,7 @@ class PublicRow:
     use_draft_logits: bool | None
     adaptive_draft: bool | None
     prompt_lookup: bool | None
+    guide: GuideSpec | None  # guided_decoding_guide_type and guided_decoding_guide, checked (not compiled)
 
 
 def row_getters(arrays: Arrays, batch_input: str) -> list[Get]:
@@ -61,6 +64,11 @@ def row_getters(arrays: Arrays, batch_input: str) -> list[Get]:
 def _optional(get: Get, name: str, kind: Callable[[Any], Any]) -> Any:
     value = get(name)
     return None if value is None else kind(value)
+
+
+def _text(get: Get, name: str) -> str | None:
+    value = get(name)
+    return None if value is None else decode_utf8(value, name)
 
 
 def read_row(get: Get, *, max_request_seconds: float) -> PublicRow:
@@ -90,7 +98,8 @@ def read_row(get: Get, *, max_request_seconds: float) -> PublicRow:
         stream=bool(get("stream", False)), exclude_input=bool(get("exclude_input_in_output", False)),
         max_seconds=min(limits) if limits else None, end_id=_optional(get, "end_id", int),
         num_draft_tokens=_optional(get, "num_draft_tokens", int), use_draft_logits=_optional(get, "use_draft_logits", bool),
-        adaptive_draft=_optional(get, "adaptive_draft", bool), prompt_lookup=_optional(get, "prompt_lookup", bool))
+        adaptive_draft=_optional(get, "adaptive_draft", bool), prompt_lookup=_optional(get, "prompt_lookup", bool),
+        guide=GuideSpec.parse(_text(get, TYPE_INPUT), _text(get, GUIDE_INPUT)))
 
 
 @dataclass

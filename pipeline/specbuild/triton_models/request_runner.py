@@ -21,6 +21,7 @@ from specbuild.errors import RequestError
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.speculation.drafting import DraftHealth, draft_sources
 from specbuild.speculation.engine import EngineCall
+from specbuild.speculation.guide import Guide, GuideSpec
 from specbuild.speculation.loop import speculate
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.orchestration import RowProgress, parse_rows
@@ -77,8 +78,11 @@ class RequestRunner:
     draft's health is shared by every request, so a failing draft model is left alone for a while by all."""
 
     def __init__(self, settings: OrchestratorParameters, target: EngineCall, draft: EngineCall, metrics: Recorder,
-                 log: Log, health: DraftHealth | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 log: Log, health: DraftHealth | None = None, clock: Callable[[], float] = time.monotonic,
+                 guides: Callable[[GuideSpec, int | None], Guide] | None = None) -> None:
+        """``guides`` makes a guided row's matcher (GuideCompiler.guide: blocking, so run in a worker thread)."""
         self.settings = settings
+        self.guides = guides
         self.target = target
         self.draft = draft
         self.metrics = metrics
@@ -99,6 +103,13 @@ class RequestRunner:
         try:
             rows = [RowProgress(index, row=row)
                     for index, row in enumerate(parse_rows(exchange.arrays(), self.settings))]
+            for row in rows:  # compiled before any engine call: an invalid guide is the request's error
+                spec, generation = row.row.guide, row.row.generation
+                if spec is not None:
+                    if self.guides is None:
+                        raise RequestError("guided_decoding_guide_type: this orchestrator compiles no guides",
+                                           "serve a release whose orchestrator ships its tokenizer")
+                    generation.guide = await asyncio.to_thread(self.guides, spec, generation.end_id)
             unfinished = len(rows)
 
             def report(row: RowProgress) -> None:

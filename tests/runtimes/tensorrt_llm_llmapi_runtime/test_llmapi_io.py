@@ -32,6 +32,8 @@ def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
     for name, value in values.items():
         if name in ("stop_words", "bad_words"):
             arrays[name] = np.array([[word.encode() for word in value]] * rows, dtype=object)
+        elif isinstance(value, str):
+            arrays[name] = np.array([[value.encode()]] * rows, dtype=object)
         else:
             arrays[name] = np.array([[value]] * rows, dtype=dtypes[name])
     return arrays
@@ -126,6 +128,8 @@ def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> 
     ({"presence_penalty": 0.5}, "presence_penalty=0.5", "speculation.num_draft_tokens=0"),
     ({"frequency_penalty": 0.5}, "frequency_penalty=0.5", "speculation.num_draft_tokens=0"),
     ({"num_return_sequences": 2}, "num_return_sequences must be 1, got 2", "send the request again"),
+    ({"guided_decoding_guide_type": "json"}, "guided_decoding_guide_type='json'",
+     "leave guided_decoding_guide_type out, or serve a torch release"),
 ])
 def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict, named: str, fix: str) -> None:
     with pytest.raises(RequestError) as refused:

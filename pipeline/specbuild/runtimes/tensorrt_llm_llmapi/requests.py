@@ -123,6 +123,10 @@ def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[Adapte
                           "leave bad_words out")
         _refuse_unavailable(public)
         _refuse_unexact_penalties(public, settings)
+        if public.guide is not None:
+            raise _refuse("guided_decoding_guide_type", public.guide.type, "this release serves TensorRT-LLM 1.2.1's "
+                          "LLM-API Triton model, whose config.pbtxt (contract.LLMAPI_INPUTS) has no guided decoding "
+                          "input", "leave guided_decoding_guide_type out, or serve a torch release for guided output")
         rows.append(AdapterRow(
             llm=LLMAPIRequest(prompt=prompt, max_tokens=public.max_tokens, seed=public.seed,
                               streaming=public.stream and settings.streams, **sampling_values(public.sampling)),

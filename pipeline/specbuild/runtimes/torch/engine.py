@@ -24,7 +24,8 @@ import torch
 
 from specbuild.errors import RequestError
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.rules import SamplingParams, make_generator, penalize, probabilities, sample, verify
+from specbuild.speculation.rules import (SamplingParams, allowed_tokens, make_generator, penalize, probabilities,
+                                        restrict, sample, verify)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_CACHE_TOKENS = 16384  # KV-cache tokens kept for reuse (0: no reuse)
@@ -264,6 +265,12 @@ class TorchEngine:
         for token in request.input_ids + (request.draft_tokens or []) + bad_word_tokens:
             if not 0 <= token < self.vocab_size:
                 raise RequestError(f"token id {token} is outside the vocabulary [0, {self.vocab_size})")
+        positions = draft_count + 1 if draft_count else request.max_new_tokens
+        words = -(-self.vocab_size // 32)
+        masks = request.token_masks
+        if masks is not None and (masks.dim() != 2 or masks.shape[0] < positions or masks.shape[1] != words):
+            raise RequestError(f"token_masks must be [{positions}, {words}] int32 bitmask rows, got "
+                               f"{tuple(masks.shape)}", "send one guide mask row per new position")
         if request.draft_logits is not None and tuple(request.draft_logits.shape) != (draft_count, self.vocab_size):
             raise RequestError(
                 f"draft_logits must be [{draft_count}, {self.vocab_size}], got {tuple(request.draft_logits.shape)}",
@@ -295,14 +302,19 @@ class TorchEngine:
             return int(logits.argmax())
         return sample(probabilities(logits, params), generator)
 
-    @staticmethod
-    def _masked(logits: torch.Tensor, context: list[int], request: EngineRequest, step: int) -> torch.Tensor:
-        """The logits of new token number ``step`` after ``context``, with the tokens it may not be removed: bad
-        words, and the end token before ``min_new_tokens`` (TensorRT-LLM ``penaltyKernels.cu``, min length)."""
+    def _masked(self, logits: torch.Tensor, context: list[int], request: EngineRequest, step: int) -> torch.Tensor:
+        """The logits of new token number ``step`` after ``context``, with the tokens it may not be removed: those
+        its guide's mask forbids, bad words, and the end token before ``min_new_tokens`` (TensorRT-LLM
+        ``penaltyKernels.cu``, min length) unless a guide allows nothing else there (a complete grammar ends the
+        answer, min_tokens or not)."""
+        if request.token_masks is not None:
+            logits = restrict(logits, allowed_tokens(request.token_masks[step], self.vocab_size))
         logits = mask_bad_words(logits, context, request.bad_words)
         if request.end_id is not None and step < request.min_new_tokens:
-            logits = logits.clone()
-            logits[request.end_id] = float("-inf")
+            others = int(torch.isfinite(logits).sum()) - int(torch.isfinite(logits[request.end_id]))
+            if request.token_masks is None or others > 0:
+                logits = logits.clone()
+                logits[request.end_id] = float("-inf")
         return logits
 
     @staticmethod
@@ -350,6 +362,8 @@ class TorchEngine:
         target, params = self._sampled(logits, contexts, request.sampling)
         draft = request.draft_logits
         if draft is not None and len(drafts):
+            if request.token_masks is not None:  # the draft sampled under the same masks: q renormalised as p is
+                draft = restrict(draft, allowed_tokens(request.token_masks[: len(drafts)], self.vocab_size))
             draft, _ = self._sampled(draft, contexts, request.sampling)
         outcome = verify(drafts, target, params, make_generator(request.seed), draft)
         rejected = len(drafts) - outcome.accepted

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
-from specbuild.package.backend_contract import ENGINE_INPUTS  # noqa: E402
+from specbuild.package.backend_contract import ENGINE_INPUTS, GUIDE_MASKS  # noqa: E402
 from specbuild.runtimes.torch.parameters import TorchEngineParameters  # noqa: E402
 from specbuild.package.build_record import BUILD_INFO, BuildRecord  # noqa: E402
 from specbuild.triton_models.engine_io import decode_requests, encode_outputs  # noqa: E402
@@ -80,7 +80,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                rows = decode_requests(request_arrays(request, ENGINE_INPUTS),
+                rows = decode_requests(request_arrays(request, ENGINE_INPUTS + (GUIDE_MASKS,)),
                                        exclude_input_default=self.parameters.exclude_input_in_output)
                 outputs = [self.engine.run(row.request) for row in rows]
                 responses.append(response(encode_outputs(rows, outputs, self.engine.vocab_size)))

@@ -121,7 +121,7 @@ class TorchRuntime(Runtime):
             torch_device=spec.torch.device,
             torch_threads=getattr(spec.torch, f"{engine.role}_threads"),
         )
-        return EngineModel("python", parameters, spec.triton.engine_instances, ENGINE_MODEL)
+        return EngineModel("python", parameters, spec.triton.engine_instances, ENGINE_MODEL, guide_masks=True)
 
 
     def launch_plan(self, spec: BuildSpec, repository: Path, engines: Path, checkpoints: Mapping[str, Path], *,
