@@ -6,7 +6,7 @@ Definitions follow the field (see docs/benchmarks.md):
 * acceptance rate = accepted draft tokens / drafted tokens;
 * mean acceptance length (MAL) = tokens per target step = 1 + accepted / drafts (counts the bonus token);
 * speedup = output tokens/s at K against K=0 at the same concurrency;
-* expected speedup = MAL / (K*c + V(K)), with c = draft cost per token and V(K) = cost of one verification
+* expected speedup (:func:`specbuild.speculation.cost.expected_speedup`, the one formula) = MAL / (K*c + V(K)), with c = draft cost per token and V(K) = cost of one verification
   call, both in target steps measured at K=0 (Leviathan et al. 2023 assume V = 1; a CPU does not give
   that). Measured, it is computed over every round, drafted or not: (1 + accepted / rounds) / ((draft +
   target seconds) / rounds / K=0 step), which is the same when every round drafts K tokens and stays
@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from specbuild.speculation.cost import expected_speedup, per_token_acceptance
 from specbuild.speculation.stats import METRICS
 
 QUANTILES = (50, 95, 99)
@@ -207,49 +208,6 @@ def acceptance_per_position(counters: Counters) -> list[float]:
     if counters.drafted_per_position:
         return [_ratio(a, d) for a, d in zip(counters.accepted_per_position, counters.drafted_per_position)]
     return [a / counters.drafts for a in counters.accepted_per_position] if counters.drafts else []
-
-
-# --- the analytic model ----------------------------------------------------------------------------------
-def leviathan_tokens_per_step(a: float, k: float) -> float:
-    """Expected tokens per target step with per-token acceptance ``a`` and ``k`` draft tokens.
-
-    >>> leviathan_tokens_per_step(0.5, 2)
-    1.75
-    """
-    if a >= 1.0:
-        return k + 1.0
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
-def per_token_acceptance(mean_acceptance_length: float, k: float, tolerance: float = 1e-9) -> float:
-    """The per-token acceptance ``a`` for which Leviathan's formula gives the measured MAL at ``k``.
-
-    The formula rises monotonically from 1 (a=0) to k+1 (a=1), so bisection finds the one solution.
-
-    >>> round(per_token_acceptance(1.75, 2), 6)
-    0.5
-    """
-    if k <= 0 or mean_acceptance_length <= 1.0:
-        return 0.0
-    if mean_acceptance_length >= k + 1:
-        return 1.0
-    low, high = 0.0, 1.0
-    while high - low > tolerance:
-        middle = (low + high) / 2
-        if leviathan_tokens_per_step(middle, k) < mean_acceptance_length:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
-def expected_speedup(mean_acceptance_length: float, k: float, cost_ratio: float, verify_cost: float = 1.0) -> float:
-    """Tokens per target step over the cost of one round, in target steps: MAL / (k*c + V(k)).
-
-    >>> expected_speedup(1.75, 2, 0.1)  # the textbook case, V = 1
-    1.4583333333333335
-    """
-    return mean_acceptance_length / (k * cost_ratio + verify_cost)
 
 
 # --- one cell of the sweep (one K, one concurrency) -------------------------------------------------------

@@ -13,7 +13,7 @@ generation within one round. Semantics:
 * ``stream: true``: server-sent events, ``data: [DONE]`` last; ``stream_options.include_usage`` adds the usage
   chunk;
 * extra fields: ``top_k``, ``min_tokens``, ``repetition_penalty`` and the speculation settings
-  ``num_draft_tokens``, ``prompt_lookup``, ``use_draft_logits``, ``adaptive_draft``;
+  ``num_draft_tokens``, ``prompt_lookup``, ``use_draft_logits``, ``adaptive_draft``, ``break_even``;
 * refused (400, OpenAI's error shape, ``param`` naming the field): ``n`` or ``best_of`` above 1, ``logprobs``,
   ``echo``, ``suffix``, ``logit_bias``, tools and functions, a ``response_format`` other than text, unknown fields;
   an unknown model is 404 (``model_not_found``).
@@ -94,6 +94,7 @@ class _GenerationRequest(BaseModel):
     prompt_lookup: bool | None = None
     use_draft_logits: bool | None = None
     adaptive_draft: bool | None = None
+    break_even: bool | None = None
 
     def check(self) -> None:
         if (self.n or 1) > 1:
@@ -116,7 +117,8 @@ class _GenerationRequest(BaseModel):
                 "min_tokens": self.min_tokens, "repetition_penalty": self.repetition_penalty,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "num_draft_tokens": self.num_draft_tokens, "prompt_lookup": self.prompt_lookup,
-                "use_draft_logits": self.use_draft_logits, "adaptive_draft": self.adaptive_draft}
+                "use_draft_logits": self.use_draft_logits, "adaptive_draft": self.adaptive_draft,
+                "break_even": self.break_even}
 
 
 class CompletionRequest(_GenerationRequest):

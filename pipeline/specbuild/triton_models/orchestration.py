@@ -73,6 +73,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             raise RequestError(f"num_draft_tokens must be within 0..{settings.max_draft_len} (the target engine's "
                                f"max_draft_len), got {k}")
         lookup = settings.prompt_lookup if public.prompt_lookup is None else public.prompt_lookup
+        break_even = settings.break_even if public.break_even is None else public.break_even
         rows.append(RowRequest(
             generation=GenerationRequest(
                 prompt_ids=prompt, max_tokens=public.max_tokens, sampling=public.sampling, seed=public.seed,
@@ -84,6 +85,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
                 else public.use_draft_logits,
                 adaptive=settings.adaptive_draft if public.adaptive_draft is None else public.adaptive_draft,
                 prompt_lookup=settings.lookup if lookup else None,
+                break_even=settings.cost_model if break_even else None,
                 target_only_chunk=1 if public.stream else None,
             ),
             stream=public.stream,

@@ -44,6 +44,7 @@ class PublicRow:
     use_draft_logits: bool | None
     adaptive_draft: bool | None
     prompt_lookup: bool | None
+    break_even: bool | None
 
 
 def row_getters(arrays: Arrays, batch_input: str) -> list[Get]:
@@ -90,7 +91,8 @@ def read_row(get: Get, *, max_request_seconds: float) -> PublicRow:
         stream=bool(get("stream", False)), exclude_input=bool(get("exclude_input_in_output", False)),
         max_seconds=min(limits) if limits else None, end_id=_optional(get, "end_id", int),
         num_draft_tokens=_optional(get, "num_draft_tokens", int), use_draft_logits=_optional(get, "use_draft_logits", bool),
-        adaptive_draft=_optional(get, "adaptive_draft", bool), prompt_lookup=_optional(get, "prompt_lookup", bool))
+        adaptive_draft=_optional(get, "adaptive_draft", bool), prompt_lookup=_optional(get, "prompt_lookup", bool),
+        break_even=_optional(get, "break_even", bool))
 
 
 @dataclass
