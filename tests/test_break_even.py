@@ -111,3 +111,39 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
         assert plain.stats.break_even_rounds == 0
         if not stream:  # a stretch is one target call of its tokens
             assert gated.stats.rounds < plain.stats.rounds
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_served_requests_are_counted_where_the_break_even_switched_drafting_off_and_not_where_they_turned_it_off(
+        tiny_pair, tmp_path):
+    """A release whose measured cost model says its draft cannot pay (c = 0.9, acceptance 0.1): through the server,
+    a request leaves drafting to the break-even and is counted by both counters; one that sends break_even=false
+    drafts every round and is counted by neither; the text is the same."""
+    from specbuild import compiler
+    from specbuild.bench.runner import read_counters
+    from specbuild.serve.client import SpecbuildClient
+    from specbuild.serve.server import TritonServer
+    from specbuild.spec import load_spec
+
+    spec = load_spec(None, {
+        "name": "break-even", "runtime": "torch", "target.checkpoint": str(tiny_pair.target_dir),
+        "draft.checkpoint": str(tiny_pair.draft_dir), "limits.max_input_len": 64, "limits.max_seq_len": 128,
+        "speculation.num_draft_tokens": 2, "speculation.max_draft_len": 4, "speculation.draft_cost": 0.9,
+        "speculation.verify_cost": {1: 1.1, 2: 1.2}, "speculation.measured_acceptance": 0.1,
+        **{f"outputs.{folder}": str(tmp_path / folder) for folder in ("build_dir", "engines_dir", "repository_dir")},
+    }, base_dir=tmp_path)
+    release = compiler.run(spec, json_mode=True)
+    with TritonServer(release.repository, startup_timeout=300) as server:
+        client = SpecbuildClient(server.grpc_url, timeout=300)
+        texts, deltas = [], []
+        for break_even in (None, False):
+            before = read_counters(server.metrics_url)
+            generation = client.generate("def add(a, b):", 24, num_draft_tokens=2, stream=True, break_even=break_even)
+            deltas.append(read_counters(server.metrics_url) - before)
+            texts.append(generation.text)
+    gated, ungated = deltas
+    assert texts[0] == texts[1]
+    assert gated.break_even_requests == 1 and gated.break_even_rounds > 0
+    assert ungated.break_even_requests == 0 and ungated.break_even_rounds == 0
+    assert gated.drafted_tokens < ungated.drafted_tokens

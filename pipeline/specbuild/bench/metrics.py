@@ -243,6 +243,10 @@ class Cell:
     drafted_per_round: float | None = None  # draft tokens over all rounds, drafted or not
     tokens_per_round: float | None = None  # 1 + accepted / rounds, over all rounds
     engine_share: float | None = None  # engine seconds / request seconds
+    # share of rounds run without drafts because a request's break-even said drafting did not pay, and the
+    # requests it switched off (of those the cell sent)
+    break_even_share: float | None = None
+    break_even_requests: int | None = None
     lookup: bool = False  # prompt lookup on for this cell's requests
     # by draft source (model, lookup): "share" of all rounds it drafted, "acceptance" of its own tokens
     sources: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -312,6 +316,8 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.drafted_per_round = counters.drafted_tokens / counters.rounds
         cell.tokens_per_round = 1.0 + counters.accepted_tokens / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
+        cell.break_even_share = counters.break_even_rounds / counters.rounds
+        cell.break_even_requests = int(counters.break_even_requests)
         cell.sources = {name: {"share": counts["drafts"] / counters.rounds,
                                "acceptance": _ratio(counts["accepted_tokens"], counts["drafted_tokens"])}
                         for name, counts in ((name, counters.source(name)) for name in sorted(counters.by_source))

@@ -130,7 +130,7 @@ class BreakEvenGate:
     """One request's break-even: its running per-token acceptance (accepted over accepted plus rejections, each
     round's first rejection ending its trials, with a prior of :data:`PRIOR_TRIALS` trials at the release's
     measured acceptance, or at the break-even acceptance where none was measured, so only the request's own rounds
-    decide), and whether drafting pays at its best K. When the expected speedup there falls below 1 the request
+    decide, from its first drafted round on), and whether drafting pays at its best K. When the expected speedup there falls below 1 the request
     drafts nothing for a stretch of target-alone tokens (:data:`FIRST_PAUSE_TOKENS`, doubling at each switch-off),
     then probes with one drafted round. Only K changes (0 during a stretch), so the output is exactly the target's
     whatever it decides. TensorRT-LLM's ``SpeculationGate`` (``tensorrt_llm/_torch/speculative/speculation_gate.py``)
@@ -144,7 +144,8 @@ class BreakEvenGate:
         self.accepted, self.trials = prior * PRIOR_TRIALS, PRIOR_TRIALS
         self.paused_tokens = 0  # target-alone tokens left in the current stretch
         self.switch_offs = 0
-        self._decide()
+        if cost.acceptance is not None:  # a measured prior may say at once that this release's draft does not pay
+            self._decide()
 
     @property
     def acceptance(self) -> float:

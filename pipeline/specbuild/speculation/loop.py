@@ -76,7 +76,7 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         stats.record_round(drafted, accepted, source=draft.source if draft else None)
         if draft is not None:
             sources.update(draft, accepted)
-        elif sources is not None:
+        elif sources is not None and not unfinished:
             sources.idle(len(verdict.tokens))
         round_index += 1
 
