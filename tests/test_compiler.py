@@ -200,3 +200,18 @@ def test_a_changed_specbuild_re_packages_a_release(spec, monkeypatch):
     monkeypatch.setattr(compiler, "source_digest", lambda: vendor.source_digest() + "-updated")
     assert statuses(compiler.run(spec, json_mode=True)) == {"check": "skipped", "convert": "skipped",
                                                             "build": "skipped", "package": "ok"}
+
+
+def test_verify_and_serve_dry_run_show_the_release_cost_model_measured_or_not(spec: BuildSpec) -> None:
+    """Nothing measured: c from the parameter ratio and V(K) = 1, said so; measured figures (as init and tune write
+    them) are compiled in and shown as measured."""
+    for speculation, shown in (({}, "not measured (c from the parameter ratio, V(K) = 1)"),
+                               ({"draft_cost": 0.18, "verify_cost": {1: 1.15}, "measured_acceptance": 0.49},
+                                "measured on the build host: c=0.180, V(1)=1.15")):
+        measured = spec.model_copy(update={"speculation": spec.speculation.model_copy(update=speculation)})
+        result = compiler.run(measured, json_mode=True)
+        for command in (["verify", str(result.repository)], ["serve", str(result.repository), "--dry-run"]):
+            output = CliRunner().invoke(main, command)
+            assert output.exit_code == 0 and f"cost model {shown}" in output.output, (command, output.output)
+        document = json.loads(CliRunner().invoke(main, ["verify", str(result.repository), "--json"]).stdout)
+        assert document["cost_model"]["measured"] is bool(speculation) and document["cost_model"]["break_even"]

@@ -120,7 +120,8 @@ def _build_action(spec: BuildSpec, converted: Path, output: Path, progress: Any)
 
 
 def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, Engine], output: Path) -> None:
-    context = PackageContext(kv_fractions=check["kv_fractions"], kv_tokens=check["kv_tokens"])
+    context = PackageContext(kv_fractions=check["kv_fractions"], kv_tokens=check["kv_tokens"],
+                             cost_ratio=check["compatibility"].get("cost_ratio"))
     runtime_for(spec.runtime).render_repository(spec, engines, Path(spec.target.checkpoint), output, context)
 
 

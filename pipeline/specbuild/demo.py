@@ -1,12 +1,15 @@
-"""``specbuild demo``: the whole product on the embedded default, end to end.
+"""``specbuild demo``: the whole product on the embedded default, end to end, and what speculation gives on it.
 
-Make the demo pair (SmolLM2-135M-Instruct and the draft specbuild ships for it, offline), compile it with
-the ``torch`` runtime, start the bundled Triton server, stream one answer through the ensemble with
-speculation on, ask the same question with speculation off for comparison, print both with their
-acceptance figures and where the accepted draft tokens came from, stop the server.
+Make the demo pair (SmolLM2-135M-Instruct and the draft specbuild ships for it, offline), measure its cost model
+in process as ``specbuild init`` does (the draft's greedy agreement, both models' step costs and V(K) on this
+machine), compile it with the ``torch`` runtime with those figures in the release, start the bundled Triton server,
+and run a short interleaved comparison through the ensemble (``specbuild bench``'s runner: K=0 against the release
+default, prompt by prompt in turn) over a handful of prompts of different kinds: one table per kind and overall
+(tokens/s of each, the ratio, acceptance, where the accepted tokens came from, how much the per-request break-even
+switched off), then a line saying where speculation pays on this pair and where the break-even switched it off.
 
-The SmolLM2 release drafts by prompt lookup first and by its distilled draft model when lookup finds
-nothing (:data:`DEMO_SPECULATION`). The tiny pair's draft drafts alone.
+The SmolLM2 release drafts by prompt lookup first and by its distilled draft model when lookup finds nothing
+(:data:`DEMO_SPECULATION`). The tiny pair's draft drafts alone.
 """
 
 from __future__ import annotations
@@ -14,52 +17,125 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rich.console import Console
+from rich.table import Table
 
+from specbuild.bench.prompts import Prompt
+from specbuild.errors import UsageError
 from specbuild.terminal import make_console
 
 if TYPE_CHECKING:
-    from specbuild.bench.metrics import Counters
+    from specbuild.bench.metrics import Cell
 
-DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 # K measured on this release (docs/benchmarks.md, "Cheap verification"): with the torch engine's packed linears,
 # verifying one drafted token costs 1.05-1.23 target steps on 2 cores, and K=1 with lookup is the fastest setting
 # (1.27x in process, 1.05x through the server on a loaded machine, interleaved against K=0); K=2-4 gain nothing more.
 DEMO_SPECULATION = {"speculation.num_draft_tokens": 1, "speculation.prompt_lookup.enabled": True}
+# The demo's prompts, two of each kind (none from the bundled or held-out benchmark sets).
+DEMO_PROMPTS = (
+    Prompt(category="chat", prompt="Explain in three sentences why the sky is blue."),
+    Prompt(category="chat", prompt="What are three simple ways to sleep better?"),
+    Prompt(category="grounded", prompt="List every date in this note with what happens on it, one per line: "
+           "\"The kickoff meeting is on 3 March. Designs are due on 17 March, the first release ships on 2 April "
+           "and the review follows on 9 April.\""),
+    Prompt(category="grounded", prompt="Summarise this in two sentences: \"The library will close for renovation "
+           "from 1 June to 31 August. During that time, books can be borrowed and returned at the town hall, which "
+           "opens from 9 am to 5 pm on weekdays. The reading room and the computers will not be available.\""),
+    Prompt(category="code", prompt="Write a Python function that returns the n-th Fibonacci number."),
+    Prompt(category="code", prompt="Write a Python function that checks whether a string is a palindrome."),
+    Prompt(category="rewrite", prompt="Rewrite this more politely: \"Send me the report now, you are late "
+           "again and I am tired of waiting.\""),
+    Prompt(category="rewrite", prompt="Rewrite in plain English: \"Pursuant to our prior correspondence, kindly "
+           "remit the outstanding payment forthwith.\""),
+)
+KINDS = tuple(dict.fromkeys(prompt.category for prompt in DEMO_PROMPTS))
+MEASURE = {"prompts": 2, "new_tokens": 24, "repeats": 6}  # the in-process cost measurement, kept short
 
 
-def token_sources(counters: Counters) -> str:
-    """Where one request's tokens came from, from the orchestrator's counter deltas over it: accepted draft
-    tokens by source (the draft model, prompt lookup), and the tokens the target made itself."""
-    model, lookup = counters.source("model"), counters.source("lookup")
-    own = counters.output_tokens - counters.accepted_tokens
-    return (f"{model['accepted_tokens']:.0f} accepted from the draft model (of {model['drafted_tokens']:.0f} "
-            f"drafted), {lookup['accepted_tokens']:.0f} from prompt lookup (of {lookup['drafted_tokens']:.0f} "
-            f"drafted), {own:.0f} made by the target itself, in {counters.rounds:.0f} target steps")
+@dataclass(frozen=True)
+class KindResult:
+    """One kind of prompt: its K=0 cell and its cell at the release default, measured interleaved."""
+
+    kind: str
+    baseline: Cell
+    speculative: Cell
+
+    @property
+    def ratio(self) -> float | None:
+        return self.speculative.speedup
 
 
 @dataclass
 class DemoResult:
-    text: str
-    speculative: Any  # client.Generation with speculation on
-    baseline: Any  # the same request with num_draft_tokens=0
     repository: Path
+    k: int
+    kinds: list[KindResult]
 
     @property
     def identical(self) -> bool:
-        return self.text == self.baseline.text
+        """Greedy text with speculation equals the target alone's on every prompt."""
+        return all(kind.speculative.matches_baseline == 1.0 for kind in self.kinds)
+
+    @property
+    def overall(self) -> float | None:
+        """Output tokens/s over every prompt, speculative against the target alone."""
+        def rate(cells: Sequence[Cell]) -> float:
+            wall = sum(cell.wall_seconds for cell in cells)
+            return sum(cell.output_tokens for cell in cells) / wall if wall else 0.0
+
+        base = rate([kind.baseline for kind in self.kinds])
+        return rate([kind.speculative for kind in self.kinds]) / base if base else None
+
+    def verdict(self) -> str:
+        """Where speculation pays on this pair, and where the break-even switched it off."""
+        pays = [f"{k.kind} {k.ratio:.2f}x" for k in self.kinds if k.ratio is not None and k.ratio >= 1.0]
+        not_paying = [f"{k.kind} {k.ratio:.2f}x" for k in self.kinds if k.ratio is not None and k.ratio < 1.0]
+        switched = [f"{k.kind} ({k.speculative.break_even_requests} of {k.speculative.requests} requests, "
+                    f"{k.speculative.break_even_share:.0%} of rounds)" for k in self.kinds
+                    if k.speculative.break_even_requests]
+        return (f"speculation pays on: {', '.join(pays) or 'none of these kinds'}; does not on: "
+                f"{', '.join(not_paying) or 'none'}; the break-even switched drafting off for: "
+                f"{', '.join(switched) or 'no request'}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repository": str(self.repository), "k": self.k, "identical": self.identical, "overall": self.overall,
+                "kinds": {kind.kind: {"baseline": kind.baseline.to_dict(), "speculative": kind.speculative.to_dict()}
+                          for kind in self.kinds}}
 
 
-def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_tokens: int = 64,
-             num_draft_tokens: int | None = None, tiny: bool = False, console: Console | None = None) -> DemoResult:
+def _sources(cell: Cell) -> str:
+    return " ".join(f"{name} {figures['share']:.0%}/{figures['acceptance'] or 0:.2f}"
+                    for name, figures in cell.sources.items()) or "-"
+
+
+def result_table(result: DemoResult) -> Table:
+    """One row per kind and one overall: tokens/s of each, the ratio, acceptance, sources, the break-even."""
+    table = Table(title=f"K=0 against the release default (K={result.k}), interleaved, greedy", title_justify="left")
+    for name in ("kind", "K=0 tok/s", f"K={result.k} tok/s", "ratio", "acceptance", "sources share/acc.",
+                 "break-even off", "= K=0 text"):
+        table.add_column(name, justify="left" if name in ("kind", "sources share/acc.") else "right")
+    for kind in result.kinds:
+        spec = kind.speculative
+        table.add_row(kind.kind, f"{kind.baseline.tokens_per_second:.1f}", f"{spec.tokens_per_second:.1f}",
+                      "-" if kind.ratio is None else f"{kind.ratio:.2f}x",
+                      "-" if spec.acceptance_rate is None else f"{spec.acceptance_rate:.2f}", _sources(spec),
+                      "-" if spec.break_even_share is None else f"{spec.break_even_share:.0%} of rounds",
+                      "-" if spec.matches_baseline is None else f"{spec.matches_baseline:.0%}")
+    overall = result.overall
+    table.add_row("[bold]overall[/]", "", "", "-" if overall is None else f"[bold]{overall:.2f}x[/]", "", "", "",
+                  "100%" if result.identical else "[red]differs[/]")
+    return table
+
+
+def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_tokens: int | None = None,
+             tiny: bool = False, console: Console | None = None) -> DemoResult:
     from specbuild import compiler
-    from specbuild.bench.prompts import Prompt
-    from specbuild.bench.runner import chat_prompts, read_counters
+    from specbuild.bench.estimate import estimate_pair
+    from specbuild.bench.runner import BenchPlan, repository_tokenizer, run_bench
     from specbuild.drafts.model_pairs import pair_dir, progress_display
     from specbuild.runtimes.names import TORCH
-    from specbuild.serve.client import GenerationRequest, SpecbuildClient
     from specbuild.serve.server import TritonServer
     from specbuild.spec import load_spec
 
@@ -78,45 +154,48 @@ def run_demo(workdir: str | Path = ".", *, question: str = DEFAULT_PROMPT, max_t
             from specbuild.drafts.demo_models import build_demo_pair
 
             pair = build_demo_pair(folder, progress=progress)
-    console.rule("[bold]2/4 compile (torch runtime)")
+        estimate = estimate_pair(pair.target_dir, pair.draft_dir, progress=progress, **MEASURE)
+    costs = estimate.costs
+    console.print(f"measured in process on this machine: a draft step costs c = {costs.cost_ratio:.2f} target steps, "
+                  f"verifying 1 drafted token V(1) = {costs.verify_cost[1]:.2f}, per-token acceptance "
+                  f"a = {estimate.per_token_acceptance:.2f} ({estimate.seconds:.0f} s)", highlight=False)
+    console.rule("[bold]2/4 compile (torch runtime, the measured cost model in the release)")
+    speculation = {**({} if tiny else DEMO_SPECULATION),
+                   **({} if num_draft_tokens is None else {"speculation.num_draft_tokens": num_draft_tokens})}
     spec = load_spec(None, {
         "name": "tiny" if tiny else "demo", "runtime": TORCH,
         "target.checkpoint": str(pair.target_dir), "draft.checkpoint": str(pair.draft_dir),
         "outputs.build_dir": str(workdir / "build"), "outputs.engines_dir": str(workdir / "engines"),
         "outputs.repository_dir": str(workdir / "triton_repo"),
-        **({} if tiny else DEMO_SPECULATION),
+        "speculation.draft_cost": round(costs.cost_ratio, 4),
+        "speculation.verify_cost": {k: round(v, 3) for k, v in costs.verify_cost.items()},
+        "speculation.measured_acceptance": round(estimate.per_token_acceptance, 3),
+        **speculation,
     }, base_dir=workdir)
+    k, lookup = spec.speculation.num_draft_tokens, spec.speculation.prompt_lookup.enabled
+    if k < 1:
+        raise UsageError("the demo compares the release's speculation with K=0, so its K must be 1 or more",
+                         "pass --num-draft-tokens 1 or more, or leave it out")
     result = compiler.run(spec, console=console)
     console.rule("[bold]3/4 serve (Triton, loopback)")
+    kinds = []
     with contextlib.ExitStack() as running:
         with console.status("starting Triton and loading the models"):
             server = running.enter_context(TritonServer(result.repository))
         console.print(f"server ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
-        client = SpecbuildClient(server.grpc_url)
-        [prompt] = chat_prompts(result.repository / "preprocessing" / "1" / "tokenizer",
-                                [Prompt(category="chat", prompt=question)])
-        console.rule("[bold]4/4 generate (streamed, speculation on)")
-        console.print(f"[bold]question:[/] {question}")
-        source = "the draft model" if tiny else "prompt lookup, and the distilled draft model when lookup finds nothing"
-        console.print(f"[bold]drafts from:[/] {source}")
-        client.generate(prompt, 1, num_draft_tokens=0, stream=True)  # warm-up, so neither timed run pays it
-        request = GenerationRequest(prompt, max_tokens, stream=True, num_draft_tokens=num_draft_tokens)
-        before = read_counters(server.metrics_url)
-        speculative = client.run(request, on_chunk=lambda chunk: console.print(
-            chunk.text, end="", highlight=False, markup=False, soft_wrap=True))
-        after = read_counters(server.metrics_url)
-        console.print()
-        console.print(f"[bold]speculative:[/] {speculative.summary()}")
-        if before is not None and after is not None:
-            console.print(f"[bold]where the tokens came from:[/] {token_sources(after - before)}")
-        # Streamed too, so both runs pay the same per-response cost and their tokens/s compare.
-        baseline = client.generate(prompt, max_tokens, num_draft_tokens=0, stream=True)
-        console.print(f"[bold]target alone:[/] {baseline.summary()}")
-        if speculative.tokens_per_second and baseline.tokens_per_second:
-            ratio = speculative.tokens_per_second / baseline.tokens_per_second
-            console.print(f"speculative / target alone: [bold]{ratio:.2f}x[/] tokens/s "
-                          "(one request; `specbuild bench` measures properly)")
-    demo = DemoResult(speculative.text, speculative, baseline, result.repository)
+        console.rule(f"[bold]4/4 K=0 against K={k}{' with prompt lookup' if lookup else ''}, interleaved, "
+                     f"{len(DEMO_PROMPTS)} prompts of {len(KINDS)} kinds")
+        for number, kind in enumerate(KINDS):
+            prompts = [prompt for prompt in DEMO_PROMPTS if prompt.category == kind]
+            plan = BenchPlan(ks=(k,), lookup=(lookup,), max_tokens=max_tokens, requests=len(prompts),
+                             warmup=number == 0)
+            report = run_bench(server.grpc_url, prompts, plan, metrics_url=server.metrics_url,
+                               tokenizer_dir=repository_tokenizer(result.repository), console=console)
+            baseline = next(cell for cell in report.cells if cell.k == 0)
+            kinds.append(KindResult(kind, baseline, next(cell for cell in report.cells if cell.k == k)))
+    demo = DemoResult(result.repository, k, kinds)
+    console.print(result_table(demo))
+    console.print(demo.verdict(), highlight=False)
     verdict = "identical" if demo.identical else "DIFFERENT (please report this)"
     console.print(f"greedy output with and without speculation: [bold]{verdict}[/]")
     return demo

@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
 from specbuild.runtimes.names import RUNTIME_NAMES
+from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
 
 RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
@@ -92,6 +93,23 @@ class SpeculationSpec(_Strict):
         {}, description="measured: what the target's verification of K drafted tokens costs, in target steps, per K "
         "(written by specbuild init and tune on the machine they ran on; check's break-even uses it; empty: one "
         "target step, as on a GPU)")
+    draft_cost: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="measured: what one draft step costs, in target steps (c; written "
+        "by specbuild init and tune on the machine they ran on); null: the models' parameter ratio, not measured")
+    measured_acceptance: float | None = Field(
+        None, ge=0, le=1, description="measured: the draft's per-token acceptance on the build host (written by "
+        "specbuild init and tune): the prior of each request's break-even; null: not measured")
+    break_even: bool = Field(True, description="per-request break-even: a request whose own acceptance says drafting "
+                             "does not pay (the release's cost model: draft_cost, verify_cost) drafts nothing for a "
+                             "growing stretch, then probes again; exact either way (each request may turn it off "
+                             "with its break_even input)")
+
+    def cost_model(self, parameter_ratio: float | None) -> CostModel:
+        """The release's cost model: what was measured, else c from ``parameter_ratio`` (check's per-token
+        multiply-adds ratio; unknown: 0) and V(K) = 1."""
+        return CostModel(draft_cost=self.draft_cost if self.draft_cost is not None else parameter_ratio or 0.0,
+                         verify_cost=dict(self.verify_cost), acceptance=self.measured_acceptance,
+                         measured=self.draft_cost is not None)
 
     @model_validator(mode="after")
     def _k_within_engine(self) -> SpeculationSpec:

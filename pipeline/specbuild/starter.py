@@ -46,15 +46,17 @@ def choose_speculation(estimate: PairEstimate | None, why_unmeasured: str = "") 
             f"starts from the K predicted fastest, and {TUNE_HINT}")
     k = estimate.best_k
     speedup = estimate.speedups[k]
-    measured = {k: round(cost, 3) for k, cost in estimate.costs.verify_cost.items()}  # for check's break-even
+    measured = {"verify_cost": {k: round(cost, 3) for k, cost in estimate.costs.verify_cost.items()},
+                "draft_cost": round(estimate.costs.cost_ratio, 4),  # the release's cost model (and check's break-even)
+                "measured_acceptance": round(estimate.per_token_acceptance, 3)}
     details = (f"greedy acceptance {estimate.acceptance[str(k)]:.0%}, a draft step costs "
                f"{estimate.costs.cost_ratio:.2f} and a verification {estimate.costs.verify_cost[k]:.2f} target "
                f"steps; measured by `specbuild init` in {estimate.seconds:.0f} s on {estimate.prompts} prompts on "
                "this machine's CPU")
     if speedup >= MIN_PREDICTED_SPEEDUP:
-        return SpeculationSpec(num_draft_tokens=k, verify_cost=measured), (
+        return SpeculationSpec(num_draft_tokens=k, **measured), (
             f"K={k}: predicted {speedup:.2f}x the target alone ({details}); {TUNE_HINT}")
-    return SpeculationSpec(num_draft_tokens=0, verify_cost=measured), (
+    return SpeculationSpec(num_draft_tokens=0, **measured), (
         f"K=0 (the target alone): the draft would not make it faster (best: {speedup:.2f}x at K={k}; {details}); "
         "prompt lookup (prompt_lookup.enabled: true with draft_fallback: false and K > 0) drafts without the "
         f"draft model, and {TUNE_HINT}")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from specbuild.bench.metrics import (BY_SOURCE, COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare,
-                                     drift_warnings, expected_speedup, leviathan_tokens_per_step, match_baseline,
-                                     per_token_acceptance, percentiles, summarize)
+                                     drift_warnings, match_baseline, percentiles, summarize)
 from specbuild.bench.runner import BenchPlan, is_loopback, rotated
 from specbuild.errors import UsageError
+from specbuild.speculation.cost import expected_speedup, leviathan_tokens_per_step, per_token_acceptance
 from specbuild.bench.prompts import CATEGORIES, interleave, load_prompts, parse_jsonl
 from locations import REPO_ROOT
 

@@ -1,4 +1,4 @@
-"""The in-process speedup prediction: one formula (bench.metrics.expected_speedup) for every prediction, and step
+"""The in-process speedup prediction: one formula (speculation.cost.expected_speedup) for every prediction, and step
 costs that hold together on a busy machine."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specbuild.bench import estimate
-from specbuild.bench.metrics import expected_speedup
+from specbuild.speculation.cost import expected_speedup
 from specbuild.drafts import demo_models, distill, distill_data, distill_training, model_pairs
 
 

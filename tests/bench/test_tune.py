@@ -91,8 +91,10 @@ def test_write_choice_records_the_measured_verification_costs_over_earlier_ones(
     path = tmp_path / "specbuild.yaml"
     path.write_text(starter_spec(str(tmp_path / "t"), str(tmp_path / "d"),
                                  speculation=SpeculationSpec(verify_cost={1: 1.05, 2: 1.1})), encoding="utf-8")
-    write_choice(path, 2, False, {2: 1.3, 3: 1.4})
-    assert load_spec(path).speculation.verify_cost == {1: 1.05, 2: 1.3, 3: 1.4}
+    write_choice(path, 2, False, {"verify_cost": {2: 1.3, 3: 1.4}, "draft_cost": 0.18, "measured_acceptance": 0.49})
+    speculation = load_spec(path).speculation
+    assert speculation.verify_cost == {1: 1.05, 2: 1.3, 3: 1.4}
+    assert (speculation.draft_cost, speculation.measured_acceptance) == (0.18, 0.49)  # the release's cost model
     assert path.read_text(encoding="utf-8").count("verify_cost:") == 1
 
 

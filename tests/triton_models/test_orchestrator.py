@@ -34,7 +34,7 @@ def rendered_parameters(tmp_path: Path, runtime: str = "torch", **speculation: o
                             **{f"speculation.{key}": value for key, value in speculation.items()}}, base_dir=tmp_path)
     target = Engine(tmp_path, BuildRecord(runtime=runtime, role="target", dtype="float16", vocab_size=320,
                                           architecture="LlamaForCausalLM", limits=TARGET_LIMITS))
-    config = orchestrator_config(spec, target, runtime_for(runtime).load_policy(spec))
+    config = orchestrator_config(spec, target, runtime_for(runtime).load_policy(spec), spec.speculation.cost_model(0.1))
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
@@ -71,7 +71,8 @@ def test_bad_lookup_parameters_fail_the_load_with_a_clear_error(tmp_path, max_ng
 SETTINGS = OrchestratorParameters(max_draft_len=8, num_draft_tokens=4, use_draft_logits=True, adaptive_draft=False,
                                   busy_in_flight=2, prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=64, max_seq_len=128,
-                                  vocab_size=320, max_request_seconds=600.0)
+                                  vocab_size=320, max_request_seconds=600.0, break_even=True, draft_cost=0.18,
+                                  verify_costs=(1.15,) * 8, cost_measured=True, measured_acceptance=0.49)
 
 
 @pytest.mark.parametrize(("limit", "in_flight", "busy"), [

@@ -1,6 +1,6 @@
 """Speculation's speedup predicted in process, before any server: the draft's greedy acceptance on the
 target's own answers, step costs timed on this machine, and the analytic model of
-:func:`specbuild.bench.metrics.expected_speedup` (the one formula; every prediction goes through it).
+:func:`specbuild.speculation.cost.expected_speedup` (the one formula; every prediction goes through it).
 
 Used by ``specbuild init`` (the K a starter spec begins with) and ``specbuild draft`` (a new draft's summary).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.bench.metrics import expected_speedup
+from specbuild.speculation.cost import expected_speedup, per_token_acceptance
 
 if TYPE_CHECKING:  # heavy imports stay lazy: importing specbuild must not load torch
     from rich.progress import Progress
@@ -24,7 +24,7 @@ COST_CONTEXT, COST_REPEATS = 200, 12  # a timed step feeds its tokens after this
 
 
 def predicted_speedup(acceptance_rate: float, k: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
-    """:func:`~specbuild.bench.metrics.expected_speedup` for a greedy acceptance rate (accepted / drafted
+    """:func:`~specbuild.speculation.cost.expected_speedup` for a greedy acceptance rate (accepted / drafted
     tokens at ``k`` drafts per round, so a round yields ``1 + k * rate`` tokens on average)."""
     return expected_speedup(1 + k * acceptance_rate, k, cost_ratio, verify_cost)
 
@@ -130,6 +130,12 @@ class PairEstimate:
     @property
     def best_k(self) -> int:
         return max(self.speedups, key=lambda k: (self.speedups[k], -k))
+
+    @property
+    def per_token_acceptance(self) -> float:
+        """Leviathan's per-token acceptance behind the greedy acceptance at the best K."""
+        k = self.best_k
+        return per_token_acceptance(1 + k * self.acceptance[str(k)], k)
 
     def to_dict(self) -> dict[str, Any]:
         return {"acceptance": self.acceptance, "cost_ratio": round(self.costs.cost_ratio, 4),

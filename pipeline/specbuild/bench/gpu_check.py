@@ -5,7 +5,7 @@ nothing (the tiny pair is made from the Python standard library's sources). It c
 decoding is token-identical to the target alone at K = 0, 2 and 4, and measures what decides the speedup:
 the target's step, the verification cost V(K) of K+1 tokens and the draft's per-token cost c (both in target
 steps, at a realistic context; :func:`specbuild.bench.estimate.measure_step_costs`), tokens/s at each K, and the
-speedup the analytic model expects from them (:func:`specbuild.bench.metrics.expected_speedup`). Besides the tiny pair it times a sized pair with random
+speedup the analytic model expects from them (:func:`specbuild.speculation.cost.expected_speedup`). Besides the tiny pair it times a sized pair with random
 weights (the shapes of a ~1B target and a 2-layer draft of the same width), where only the costs mean anything.
 
     python -m specbuild.bench.gpu_check --device cuda [--json report.json]
@@ -70,7 +70,7 @@ def run(device: str, cache: Path, prompts: int = 12, max_tokens: int = 48, sized
     import torch
 
     from specbuild.bench.estimate import COST_CONTEXT, measure_step_costs
-    from specbuild.bench.metrics import expected_speedup, leviathan_tokens_per_step
+    from specbuild.speculation.cost import expected_speedup, leviathan_tokens_per_step
     from specbuild.drafts.tiny_models import build_tiny_pair
     from specbuild.runtimes.torch.engine import TorchEngine
 

@@ -6,7 +6,7 @@ Definitions follow the field (see docs/benchmarks.md):
 * acceptance rate = accepted draft tokens / drafted tokens;
 * mean acceptance length (MAL) = tokens per target step = 1 + accepted / drafts (counts the bonus token);
 * speedup = output tokens/s at K against K=0 at the same concurrency;
-* expected speedup = MAL / (K*c + V(K)), with c = draft cost per token and V(K) = cost of one verification
+* expected speedup (:func:`specbuild.speculation.cost.expected_speedup`, the one formula) = MAL / (K*c + V(K)), with c = draft cost per token and V(K) = cost of one verification
   call, both in target steps measured at K=0 (Leviathan et al. 2023 assume V = 1; a CPU does not give
   that). Measured, it is computed over every round, drafted or not: (1 + accepted / rounds) / ((draft +
   target seconds) / rounds / K=0 step), which is the same when every round drafts K tokens and stays
@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from specbuild.speculation.cost import expected_speedup, per_token_acceptance
 from specbuild.speculation.stats import METRICS
 
 QUANTILES = (50, 95, 99)
@@ -209,49 +210,6 @@ def acceptance_per_position(counters: Counters) -> list[float]:
     return [a / counters.drafts for a in counters.accepted_per_position] if counters.drafts else []
 
 
-# --- the analytic model ----------------------------------------------------------------------------------
-def leviathan_tokens_per_step(a: float, k: float) -> float:
-    """Expected tokens per target step with per-token acceptance ``a`` and ``k`` draft tokens.
-
-    >>> leviathan_tokens_per_step(0.5, 2)
-    1.75
-    """
-    if a >= 1.0:
-        return k + 1.0
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
-def per_token_acceptance(mean_acceptance_length: float, k: float, tolerance: float = 1e-9) -> float:
-    """The per-token acceptance ``a`` for which Leviathan's formula gives the measured MAL at ``k``.
-
-    The formula rises monotonically from 1 (a=0) to k+1 (a=1), so bisection finds the one solution.
-
-    >>> round(per_token_acceptance(1.75, 2), 6)
-    0.5
-    """
-    if k <= 0 or mean_acceptance_length <= 1.0:
-        return 0.0
-    if mean_acceptance_length >= k + 1:
-        return 1.0
-    low, high = 0.0, 1.0
-    while high - low > tolerance:
-        middle = (low + high) / 2
-        if leviathan_tokens_per_step(middle, k) < mean_acceptance_length:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
-def expected_speedup(mean_acceptance_length: float, k: float, cost_ratio: float, verify_cost: float = 1.0) -> float:
-    """Tokens per target step over the cost of one round, in target steps: MAL / (k*c + V(k)).
-
-    >>> expected_speedup(1.75, 2, 0.1)  # the textbook case, V = 1
-    1.4583333333333335
-    """
-    return mean_acceptance_length / (k * cost_ratio + verify_cost)
-
-
 # --- one cell of the sweep (one K, one concurrency) -------------------------------------------------------
 CellKey = tuple[int, bool, bool, int]  # (k, adaptive, lookup, concurrency)
 
@@ -285,6 +243,10 @@ class Cell:
     drafted_per_round: float | None = None  # draft tokens over all rounds, drafted or not
     tokens_per_round: float | None = None  # 1 + accepted / rounds, over all rounds
     engine_share: float | None = None  # engine seconds / request seconds
+    # share of rounds run without drafts because a request's break-even said drafting did not pay, and the
+    # requests it switched off (of those the cell sent)
+    break_even_share: float | None = None
+    break_even_requests: int | None = None
     lookup: bool = False  # prompt lookup on for this cell's requests
     # by draft source (model, lookup): "share" of all rounds it drafted, "acceptance" of its own tokens
     sources: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -354,6 +316,8 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.drafted_per_round = counters.drafted_tokens / counters.rounds
         cell.tokens_per_round = 1.0 + counters.accepted_tokens / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
+        cell.break_even_share = counters.break_even_rounds / counters.rounds
+        cell.break_even_requests = int(counters.break_even_requests)
         cell.sources = {name: {"share": counts["drafts"] / counters.rounds,
                                "acceptance": _ratio(counts["accepted_tokens"], counts["drafted_tokens"])}
                         for name, counts in ((name, counters.source(name)) for name in sorted(counters.by_source))

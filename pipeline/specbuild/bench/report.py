@@ -59,6 +59,8 @@ SPEED_COLUMNS: list[Column] = [
     ("c", lambda c: _num(c.cost_ratio, 3)),
     ("V(K)", lambda c: _num(c.verify_cost, 2)),
     ("engine share", lambda c: _num(c.engine_share, 2)),
+    ("break-even off", lambda c: "-" if c.break_even_share is None
+     else f"{c.break_even_requests} req, {c.break_even_share:.0%} of rounds"),
     ("=K0 text", lambda c: "-" if c.matches_baseline is None else f"{c.matches_baseline:.0%}"),
 ]
 def _server(metric: Metric) -> Column:

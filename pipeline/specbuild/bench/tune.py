@@ -9,6 +9,7 @@ the choice is measured as the release serves it.
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,19 +98,33 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
 
 def measured_verify_cost(cells: Sequence[Cell]) -> dict[int, float]:
     """V(K) as the bench measured it through the server, per fixed K (adaptive cells vary K round by round)."""
-    return {cell.k: round(cell.verify_cost, 3) for cell in cells
-            if cell.k and not cell.adaptive and cell.verify_cost is not None}
+    return {cell.k: round(cell.verify_cost, 3) for cell in _fixed_k(cells)}
+
+
+def measured_costs(cells: Sequence[Cell]) -> dict[str, Any]:
+    """The release's cost model as the bench measured it through the server (the spec's ``speculation`` keys):
+    V(K) per fixed K, and c and the per-token acceptance as the medians over those cells; empty: none measured."""
+    fixed = _fixed_k(cells)
+    if not fixed:
+        return {}
+    return {"verify_cost": measured_verify_cost(cells),
+            "draft_cost": round(float(statistics.median(cell.cost_ratio or 0.0 for cell in fixed)), 4),
+            "measured_acceptance": round(float(statistics.median(cell.per_token_acceptance or 0.0 for cell in fixed)), 3)}
+
+
+def _fixed_k(cells: Sequence[Cell]) -> list[Cell]:
+    return [cell for cell in cells if cell.k and not cell.adaptive and cell.verify_cost is not None]
 
 
 def write_choice(spec_path: str | Path, num_draft_tokens: int, adaptive: bool,
-                 verify_cost: dict[int, float] | None = None) -> None:
-    """Set the choice (and the V(K) measured, over those measured before) in the spec file (atomically), then
-    check that the file still validates."""
+                 measured: dict[str, Any] | None = None) -> None:
+    """Set the choice (and the cost model measured, its V(K) over those measured before: :func:`measured_costs`)
+    in the spec file (atomically), then check that the file still validates."""
     path = Path(spec_path)
     original = path.read_text(encoding="utf-8")
-    values: dict[str, Any] = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive}
-    if verify_cost:
-        values["verify_cost"] = {**load_spec(path).speculation.verify_cost, **verify_cost}
+    values: dict[str, Any] = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, **(measured or {})}
+    if values.get("verify_cost"):
+        values["verify_cost"] = {**load_spec(path).speculation.verify_cost, **values["verify_cost"]}
     updated = set_section_values(original, "speculation", values)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w", encoding="utf-8") as file:
@@ -157,6 +172,6 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
     choice = pick(report.cells, goal)
     compiled = None
     if write:
-        write_choice(spec_path, choice.k, choice.adaptive, measured_verify_cost(report.cells))
+        write_choice(spec_path, choice.k, choice.adaptive, measured_costs(report.cells))
         compiled = compiler.run(load_spec(spec_path), console=console)
     return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled)

@@ -218,7 +218,7 @@ def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
 class BreakEven:
     """When the draft pays: the share of drafted tokens that must be accepted for ``k`` drafts a round to be as fast
     as the target alone. A round then yields ``1 + k * share`` tokens for ``k * cost_ratio + verify_cost`` target
-    steps (the model of :func:`specbuild.bench.metrics.expected_speedup`); ``verify_cost`` is the target's
+    steps (the model of :func:`specbuild.speculation.cost.expected_speedup`); ``verify_cost`` is the target's
     verification of the k drafts as ``specbuild init`` or ``tune`` measured it (None: one target step, as on a
     GPU)."""
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from specbuild.cli.common import console, generation_json, json_option, main, print_json, reports_errors
+from specbuild.cli.common import console, json_option, main, print_json, reports_errors
 from specbuild.drafts.distill_options import ANSWERS, DEVICES, PRECISIONS, TEACHERS, DraftOptions
 from specbuild.errors import SpecbuildError
 from specbuild.spec import DEFAULT_SPEC_FILE, LOCAL_GRPC_URL, TRITON_DEFAULTS
@@ -19,21 +19,20 @@ DRAFT = DraftOptions()  # `specbuild draft`'s defaults
 @main.command()
 @click.option("--workdir", type=click.Path(file_okay=False), default=".", show_default=True,
               help="where models/, build/, engines/ and triton_repo/ go")
-@click.option("--question", default=None, help="what to ask the demo model")
-@click.option("--max-tokens", type=click.IntRange(1, 1024), default=64, show_default=True)
-@click.option("--num-draft-tokens", type=click.IntRange(0, 64), default=None, help="K (default: the spec's)")
+@click.option("--max-tokens", type=click.IntRange(1, 1024), default=48, show_default=True,
+              help="tokens per answer")
+@click.option("--num-draft-tokens", type=click.IntRange(1, 64), default=None,
+              help="K compared with K=0 (default: the release's)")
 @click.option("--tiny", is_flag=True, help="use the tiny pair made from nothing (seconds, meaningless text)")
 @json_option
 @reports_errors
-def demo(workdir: str, question: str | None, max_tokens: int, num_draft_tokens: int | None, tiny: bool,
-         json_mode: bool) -> None:
-    """Make the demo pair, compile it (torch runtime), serve it on Triton and stream one answer."""
-    from specbuild.demo import DEFAULT_PROMPT, run_demo
+def demo(workdir: str, max_tokens: int, num_draft_tokens: int | None, tiny: bool, json_mode: bool) -> None:
+    """Make the demo pair, measure its cost model, compile it (torch runtime), serve it on Triton and compare
+    its speculation with the target alone, interleaved, on a few prompts of each kind."""
+    from specbuild.demo import run_demo
 
-    result = run_demo(workdir, question=question or DEFAULT_PROMPT, max_tokens=max_tokens,
-                      num_draft_tokens=num_draft_tokens, tiny=tiny, console=console)
-    data = {"repository": str(result.repository), "identical": result.identical,
-            "speculative": generation_json(result.speculative), "baseline": generation_json(result.baseline)}
+    result = run_demo(workdir, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, tiny=tiny, console=console)
+    data = result.to_dict()
     if not result.identical:
         raise SpecbuildError("greedy output with speculation differed from the target alone",
                              "please report this with the JSON output (--json)", details=data)

@@ -37,10 +37,31 @@ def verify(directory: str, json_mode: bool) -> None:
         if not json_mode:
             console.print(report_table(report))
         raise VerificationError(report.summary(), report.fix, details=report.to_json())
+    cost = _cost_model(report.manifest.parent)
     if json_mode:
-        print_json(report.to_json())
+        print_json({**report.to_json(), **({"cost_model": cost[1]} if cost else {})})
     else:
         console.print(f"[green]ok[/]: {report.checked} files match {report.manifest} (profile {report.profile_id})")
+        if cost:
+            console.print(cost[0], highlight=False)
+
+
+def _cost_model(repository: Path) -> tuple[str, dict[str, Any]] | None:
+    """The release's cost model, in words and as data, from its orchestrator's parameters (None: no orchestrator,
+    as where TensorRT-LLM speculates inside its engine)."""
+    from specbuild.package.parameters import ParameterError
+    from specbuild.package.repository import orchestrator_settings
+
+    try:
+        settings = orchestrator_settings(repository)
+    except ParameterError as exc:  # verify checks files; a release packaged before the cost model still verifies
+        return f"cost model: not readable from the orchestrator's parameters ({exc.message}; {exc.fix})", {}
+    if settings is None:
+        return None
+    cost = settings.cost_model
+    state = "on" if settings.break_even else "off"
+    line = f"{cost.describe(settings.max_draft_len)}; per-request break-even {state} by default"
+    return line, {**cost.to_dict(), "break_even": settings.break_even}
 
 
 @main.command()
@@ -123,9 +144,12 @@ def _serve_in_container(plan: Any, repository: Path, model: str, *, with_openai:
     from specbuild.serve.processes import reachable_host, run_foreground
 
     if dry_run:
+        cost = _cost_model(repository)
         if json_mode:
-            print_json(plan.to_dict())
+            print_json({**plan.to_dict(), "cost_model": cost[1] if cost else None})
         else:
+            if cost:
+                click.echo(f"# {cost[0]}")
             click.echo(plan.render())
         return
     if json_mode:
@@ -167,9 +191,12 @@ def _serve_bundled(plan: Any, model: str, *, with_openai: bool, timeout: float, 
     with_openai = with_openai and plan.openai_port is not None and serves_openai(repository)
     if dry_run:
         openai = _openai_beside(plan, model) if with_openai else None
+        cost = _cost_model(repository)
         if json_mode:
-            print_json({"script": server.describe(), "openai": openai})
+            print_json({"script": server.describe(), "openai": openai, "cost_model": cost[1] if cost else None})
         else:
+            if cost:
+                click.echo(f"# {cost[0]}")
             click.echo(server.describe())
             if openai:
                 free = " (port 0: picked free at start)" if plan.openai_port == 0 else ""

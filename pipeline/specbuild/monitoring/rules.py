@@ -21,7 +21,7 @@ from specbuild.speculation.stats import LATENCY_METRICS, TTFT, Metric
 
 WINDOW = "5m"  # what the recording rules average over
 QUANTILES = (0.5, 0.95, 0.99)
-# Acceptance below which speculation is assumed to cost more than it saves. By bench.metrics.expected_speedup, a
+# Acceptance below which speculation is assumed to cost more than it saves. By speculation.cost.expected_speedup, a
 # draft costing a tenth of a target step per token, at K=4 with verification costing 1.2 steps, breaks even at an
 # acceptance of 0.15 ((1 + 4a) / (4 * 0.1 + 1.2) = 1); 0.2 leaves a margin. The release's own break-even comes from
 # its cost model once the release records one; until then, `deploy --min-acceptance`.

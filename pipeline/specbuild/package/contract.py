@@ -16,10 +16,11 @@ the repository renders them and the model parses them with the same code, so a k
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-from specbuild.package.parameters import ModelParameters
+from specbuild.package.parameters import OPTIONAL, ModelParameters
+from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
 
 
@@ -61,6 +62,8 @@ REQUEST_SETTINGS: tuple[Tensor, ...] = (
     Tensor("use_draft_logits", "TYPE_BOOL", (1,), True, "rejection sampling on draft logits (else token match)"),
     Tensor("adaptive_draft", "TYPE_BOOL", (1,), True, "adapt K from this request's acceptance"),
     Tensor("prompt_lookup", "TYPE_BOOL", (1,), True, "draft from the request's own tokens first (n-gram lookup)"),
+    Tensor("break_even", "TYPE_BOOL", (1,), True, "false: draft every round even where this request's acceptance "
+           "says drafting does not pay (the release's per-request break-even)"),
     Tensor("max_time", "TYPE_FP32", (1,), True, "seconds: stop after the round that passes them (within the "
            "server's max_request_seconds)"),
     # NVIDIA's guided decoding inputs (tensorrtllm_backend's ensemble and GuidedDecodingParams' guide types)
@@ -197,6 +200,11 @@ class OrchestratorParameters(ModelParameters):
     max_seq_len: int
     vocab_size: int  # the engines' vocabulary: a request's end_id must be inside it
     max_request_seconds: float  # a request stops after the round that passes this (0: never); abandons end too
+    break_even: bool  # requests' default: drafting switches off for a request while it does not pay
+    draft_cost: float  # the release's cost model (speculation.cost.CostModel): c, in target steps
+    verify_costs: tuple[float, ...]  # V(1)..V(max_draft_len), in target steps
+    cost_measured: bool  # c measured on the build host (else the parameter ratio)
+    measured_acceptance: float | None = field(default=None, metadata=OPTIONAL)  # the break-even's prior
     guided_decoding: bool = False  # the engines take guide masks (guide_token_masks): guided requests run
     target_model: str = TARGET_MODEL
     draft_model: str = DRAFT_MODEL
@@ -212,6 +220,11 @@ class OrchestratorParameters(ModelParameters):
     def busy(self, in_flight: int) -> bool:
         """The load policy: whether a round drafts nothing with ``in_flight`` requests being served."""
         return 0 < self.busy_in_flight <= in_flight
+
+    @property
+    def cost_model(self) -> CostModel:
+        return CostModel(self.draft_cost, dict(enumerate(self.verify_costs, start=1)), self.measured_acceptance,
+                         self.cost_measured)
 
     @property
     def lookup(self) -> PromptLookup:

@@ -81,14 +81,15 @@ def _render(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return ",".join(str(item) for item in value)
+        return ",".join(_render(item) for item in value)
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
 
 
 def _parse(text: str, annotation: Any) -> Any:
-    """``text`` as the annotated type: str, int, float, bool, a Literal of strings, ``tuple[int, ...]``, or
+    """``text`` as the annotated type: str, int, float, bool, a Literal of strings, ``tuple[int, ...]`` (or of
+    floats), or
     any of those ``| None`` (an absent key; a present one must parse)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -99,9 +100,10 @@ def _parse(text: str, annotation: Any) -> Any:
             raise ValueError(f"must be one of {', '.join(map(str, allowed))}")
         return text
     if origin is tuple:
+        item_type = typing.get_args(annotation)[0]
         if not text.strip():
-            raise ValueError("must be a comma-separated list of integers")
-        return tuple(int(item) for item in text.split(","))
+            raise ValueError(f"must be a comma-separated list of {item_type.__name__}s")
+        return tuple(item_type(item) for item in text.split(","))
     if annotation is bool:
         if text in TRUE_WORDS:
             return True

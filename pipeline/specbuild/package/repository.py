@@ -28,6 +28,7 @@ from specbuild.package.contract import OrchestratorParameters, PreprocessingPara
 from specbuild.package.parameters import ModelParameters
 from specbuild.package.vendor import vendor
 from specbuild.spec import BuildSpec
+from specbuild.speculation.cost import CostModel
 
 # The ensemble's python models (preprocessing, orchestrator, postprocessing), shipped as files.
 ENSEMBLE_MODELS_DIR = Path(__file__).resolve().parents[1] / "triton_models"
@@ -118,12 +119,16 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
 
 
 def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int,
-                            guided_decoding: bool = False) -> OrchestratorParameters:
+                            cost: CostModel, guided_decoding: bool = False) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the target engine's build record (what it can do);
-    ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default); ``guided_decoding``
-    whether the engine models take guide masks."""
+    ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default); ``cost`` the release's
+    cost model (V(K) for every K a request may ask for); ``guided_decoding`` whether the engine models take guide
+    masks."""
     s, record = spec.speculation, target.record
     return OrchestratorParameters(
+        break_even=s.break_even, draft_cost=round(cost.draft_cost, 4),
+        verify_costs=tuple(round(cost.verify(k), 4) for k in range(1, record.limits.max_draft_len + 1)),
+        cost_measured=cost.measured, measured_acceptance=cost.acceptance,
         max_draft_len=record.limits.max_draft_len,
         num_draft_tokens=s.num_draft_tokens,
         use_draft_logits=s.acceptance == "draft-logits",
@@ -142,11 +147,11 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int
     )
 
 
-def orchestrator_config(spec: BuildSpec, target: Engine, busy_in_flight: int,
+def orchestrator_config(spec: BuildSpec, target: Engine, busy_in_flight: int, cost: CostModel,
                         guided_decoding: bool = False) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
                                contract.ORCHESTRATOR_OUTPUTS,
-                               orchestrator_parameters(spec, target, busy_in_flight, guided_decoding),
+                               orchestrator_parameters(spec, target, busy_in_flight, cost, guided_decoding),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
 
@@ -198,7 +203,7 @@ def tokenizer_end_id(tokenizer_dir: Path) -> int:
 
 
 def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_models: Mapping[str, EngineModel],
-                      tokenizer_dir: Path, output_dir: Path, busy_in_flight: int) -> None:
+                      tokenizer_dir: Path, output_dir: Path, busy_in_flight: int, cost: CostModel) -> None:
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic): the ensemble, its
     python models, and the ``engine_models`` serving ``engines``."""
     target = engines[contract.TARGET_MODEL]
@@ -209,7 +214,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
             PreprocessingParameters(max_input_len=target.record.limits.max_input_len,
                                     end_id=tokenizer_end_id(tokenizer_dir))),
         contract.ORCHESTRATOR_MODEL: orchestrator_config(
-            spec, target, busy_in_flight, all(model.guide_masks for model in engine_models.values())),
+            spec, target, busy_in_flight, cost, all(model.guide_masks for model in engine_models.values())),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
         **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks)
@@ -238,6 +243,16 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
     config = mc.ModelConfig()
     text_format.Parse((model_dir / "config.pbtxt").read_text(encoding="utf-8"), config)
     return config
+
+
+def orchestrator_settings(repository: Path) -> OrchestratorParameters | None:
+    """The orchestrator's parameters as the release in ``repository`` renders them (None: it has no orchestrator,
+    as a runtime that speculates inside its engine)."""
+    model_dir = repository / contract.ORCHESTRATOR_MODEL
+    if not (model_dir / "config.pbtxt").is_file():
+        return None
+    values = {key: value.string_value for key, value in read_config(model_dir).parameters.items()}
+    return OrchestratorParameters.from_parameters(values)
 
 
 def _dims_compatible(a: list[int], b: list[int]) -> bool:

@@ -44,7 +44,8 @@ ReadsOf = Literal["check", "convert", "build", "package", "plan"]
 RENDER_READS: tuple[str, ...] = (
     "launch.fast_logits", "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
     "speculation.num_draft_tokens", "speculation.prompt_lookup", "triton.max_request_seconds",
-    "triton.orchestrator_instances")
+    "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost", "speculation.verify_cost",
+    "speculation.measured_acceptance")
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,12 @@ class SpecFinding:
 
 @dataclass(frozen=True)
 class PackageContext:
-    """What the check step found that engine configs need: the memory plan's KV split and token caps."""
+    """What the check step found that engine configs need: the memory plan's KV split and token caps, and the
+    models' cost ratio (the release's cost model where nothing was measured)."""
 
     kv_fractions: Mapping[str, float]
     kv_tokens: Mapping[str, int]
+    cost_ratio: float | None = None  # a draft token's multiply-adds over a target token's: c where none was measured
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,8 @@ class Runtime(abc.ABC):
         from specbuild.package.repository import render_repository
 
         models = {role: self.engine_model(spec, engine, output_dir, context) for role, engine in engines.items()}
-        render_repository(spec, engines, models, tokenizer_dir, output_dir, self.load_policy(spec))
+        render_repository(spec, engines, models, tokenizer_dir, output_dir, self.load_policy(spec),
+                          spec.speculation.cost_model(context.cost_ratio))
 
     # --- serving -----------------------------------------------------------------------------------------
     def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:

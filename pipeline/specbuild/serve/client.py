@@ -56,6 +56,7 @@ class GenerationRequest:
     use_draft_logits: bool | None = None
     adaptive_draft: bool | None = None
     prompt_lookup: bool | None = None
+    break_even: bool | None = None
     stop_words: Sequence[str] | None = None
     bad_words: Sequence[str] | None = None
     end_id: int | None = None

@@ -13,7 +13,7 @@ generation within one round. Semantics:
 * ``stream: true``: server-sent events, ``data: [DONE]`` last; ``stream_options.include_usage`` adds the usage
   chunk;
 * extra fields: ``top_k``, ``min_tokens``, ``repetition_penalty`` and the speculation settings
-  ``num_draft_tokens``, ``prompt_lookup``, ``use_draft_logits``, ``adaptive_draft``;
+  ``num_draft_tokens``, ``prompt_lookup``, ``use_draft_logits``, ``adaptive_draft``, ``break_even``;
 * chat's ``response_format``: ``json_object`` (any JSON object) and ``json_schema`` (its schema, strict or not)
   are guided decoding (the orchestrator's ``guided_decoding_guide_type`` json_schema and ``guided_decoding_guide``);
 * refused (400, OpenAI's error shape, ``param`` naming the field): ``n`` or ``best_of`` above 1, ``logprobs``,
@@ -96,6 +96,7 @@ class _GenerationRequest(BaseModel):
     prompt_lookup: bool | None = None
     use_draft_logits: bool | None = None
     adaptive_draft: bool | None = None
+    break_even: bool | None = None
 
     def check(self) -> None:
         if (self.n or 1) > 1:
@@ -118,7 +119,8 @@ class _GenerationRequest(BaseModel):
                 "min_tokens": self.min_tokens, "repetition_penalty": self.repetition_penalty,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "num_draft_tokens": self.num_draft_tokens, "prompt_lookup": self.prompt_lookup,
-                "use_draft_logits": self.use_draft_logits, "adaptive_draft": self.adaptive_draft}
+                "use_draft_logits": self.use_draft_logits, "adaptive_draft": self.adaptive_draft,
+                "break_even": self.break_even}
 
 
 class CompletionRequest(_GenerationRequest):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbuild.errors import RequestError, ServerError
+from specbuild.errors import RequestError, ServerError, UsageError
 from specbuild.package.contract import (
     ORCHESTRATOR_INPUTS,
     ORCHESTRATOR_MODEL,
@@ -56,17 +56,18 @@ class OrchestratorClient:
         """For the release in ``repository`` (its tokenizer and its models' parameters, as Triton serves them)."""
         from transformers import AutoTokenizer
 
-        from specbuild.package.repository import read_config
+        from specbuild.package.repository import orchestrator_settings, read_config
 
         repository = Path(repository)
-
-        def parameters(model: str) -> dict[str, str]:
-            return {key: value.string_value for key, value in read_config(repository / model).parameters.items()}
-
+        preprocessing = {key: value.string_value
+                         for key, value in read_config(repository / PREPROCESSING_MODEL).parameters.items()}
+        settings = orchestrator_settings(repository)
+        if settings is None:
+            raise UsageError(f"{repository} has no {ORCHESTRATOR_MODEL} model", "serve the OpenAI API for a release "
+                             "with specbuild's orchestrator (the torch or tensorrt-llm runtime)")
         tokenizer = AutoTokenizer.from_pretrained(str(repository / PREPROCESSING_MODEL / "1" / "tokenizer"),
                                                   trust_remote_code=False)
-        return cls(url, Preprocessor(tokenizer, PreprocessingParameters.from_parameters(parameters(
-            PREPROCESSING_MODEL))), OrchestratorParameters.from_parameters(parameters(ORCHESTRATOR_MODEL)))
+        return cls(url, Preprocessor(tokenizer, PreprocessingParameters.from_parameters(preprocessing)), settings)
 
     @property
     def client(self) -> Any:

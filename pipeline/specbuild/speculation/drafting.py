@@ -15,11 +15,12 @@ down-time after a failure) is the same wherever the loop runs. A new source is o
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, ClassVar, Protocol, Sequence
 
 import torch
 
+from specbuild.speculation.cost import BreakEvenGate
 from specbuild.speculation.engine import EngineCall, EngineRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import round_seed
@@ -165,18 +166,44 @@ def next_draft_length(current: int, drafted: int, accepted: int, max_draft_len: 
 class Drafts:
     """One request's drafting: the first proposal of its sources, in order (prompt lookup first: it costs no model
     call), ``length`` tokens a round (at most ``max_draft_len``); with ``adaptive`` the length follows each round's
-    outcome (:func:`next_draft_length`), which the source that proposed learns too."""
+    outcome (:func:`next_draft_length`), which the source that proposed learns too. With a ``gate`` (the request's
+    break-even, :class:`~specbuild.speculation.cost.BreakEvenGate`) a round drafts nothing while it says drafting
+    does not pay, the target then making its stretch of tokens alone (counted in ``stats``)."""
 
     def __init__(self, sources: Sequence[DraftSource], length: int, max_draft_len: int, *,
-                 adaptive: bool = False) -> None:
+                 adaptive: bool = False, gate: BreakEvenGate | None = None,
+                 stats: SpeculationStats | None = None) -> None:
         self.sources = tuple(sources)
         self.max_draft_len = max_draft_len
         self.length = min(length, max_draft_len)
         self.adaptive = adaptive
+        self.gate = gate
+        self.stats = stats if stats is not None else SpeculationStats()
+        self._gated = False  # the request has been switched off by its break-even at least once
 
     @property
     def may_propose(self) -> bool:
         return any(source.may_propose for source in self.sources)
+
+    @property
+    def round_length(self) -> int:
+        """The draft tokens this round asks for: ``length``, or 0 while the break-even has drafting off."""
+        return self.length if self.gate is None or self.gate.drafting else 0
+
+    @property
+    def alone_tokens(self) -> int:
+        """Tokens the target makes in a round without a draft while a source may propose: the rest of the
+        break-even's stretch, else one (a source may propose after it)."""
+        return 1 if self.gate is None or self.gate.drafting else self.gate.paused_tokens
+
+    def idle(self, tokens: int) -> None:
+        """A round ran without a draft and made ``tokens`` tokens (counted when the break-even caused it)."""
+        if self.gate is not None and not self.gate.drafting:
+            self.stats.break_even_rounds += 1
+            if not self._gated:
+                self._gated = True
+                self.stats.break_even_requests += 1
+            self.gate.idle(tokens)
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         for source in self.sources:
@@ -192,13 +219,16 @@ class Drafts:
                 source.update(draft, accepted)
         if self.adaptive:
             self.length = next_draft_length(self.length, len(draft.tokens), accepted, self.max_draft_len)
+        if self.gate is not None:
+            self.gate.observe(len(draft.tokens), accepted)
 
 
 def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_draft_len: int,
                   stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
                   on_failure: Callable[[Exception], None] | None = None) -> Drafts | None:
     """The sources a request drafts from: prompt lookup first when it is on, then the draft model (unless the
-    release drafts by lookup only, ``lookup_draft_fallback=False``); None when nothing drafts (K=0), and for a
+    release drafts by lookup only, ``lookup_draft_fallback=False``), gated by the request's break-even when it has
+    one (``request.break_even``: the release's cost model); None when nothing drafts (K=0), and for a
     request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
     generated token is penalised for the tokens before it, but TensorRT-LLM's penalty kernel gives every
     drafted position of a verification step the same counts (``penaltyKernels.cu``), so only the target alone
@@ -219,4 +249,9 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
         for source in sources:
             if isinstance(source, ModelDrafts):
                 source.call = request.guide.constrained(source.call)
-    return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive)
+    gate = None
+    if request.break_even is not None:  # a lookup-only request's drafts cost no draft step
+        drafts_by_model = any(isinstance(source, ModelDrafts) for source in sources)
+        cost = request.break_even if drafts_by_model else replace(request.break_even, draft_cost=0.0)
+        gate = BreakEvenGate(cost, max_draft_len)
+    return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive, gate=gate, stats=stats)

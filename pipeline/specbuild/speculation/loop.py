@@ -70,7 +70,7 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         # Until min_tokens, the target alone: only it knows its distribution without the end token there.
         unfinished = min(max(0, request.min_tokens - len(generated)), remaining)
         sources = drafts if busy is None or not busy() else None
-        k = min(sources.length, remaining - 1) if sources is not None and not unfinished else 0
+        k = min(sources.round_length, remaining - 1) if sources is not None and not unfinished else 0
         draft = await sources.propose(context, k, round_index) if k > 0 else None
         if draft is not None and guide is not None:
             draft = draft.cut(guide.admissible(draft.tokens))  # a proposal the grammar forbids from here: cut
@@ -82,6 +82,8 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         stats.record_round(drafted, accepted, source=draft.source if draft else None)
         if draft is not None:
             sources.update(draft, accepted)
+        elif sources is not None and not unfinished:
+            sources.idle(len(verdict.tokens))
         round_index += 1
 
         new_tokens = verdict.tokens[:remaining]
@@ -113,13 +115,15 @@ def _target_request(request: GenerationRequest, context: list[int], draft: Draft
                     unfinished: int, round_index: int, drafts: Drafts | None) -> EngineRequest:
     """Verify ``draft`` (the accepted prefix plus one token of the target's own comes back), or, without one,
     generate: up to the ``unfinished`` tokens min_tokens still needs (none of them the end token) while a source
-    may propose afterwards, else one token while a source may still propose next round, else
+    may propose afterwards, else one token while a source may still propose next round (the rest of the
+    break-even's stretch while it has drafting off, in ``target_only_chunk`` pieces), else
     ``target_only_chunk`` (or all)."""
     chunk = request.target_only_chunk
     if draft is not None:
         new_tokens = len(draft.tokens) + 1
     elif drafts is not None and drafts.may_propose:
-        new_tokens = min(chunk or unfinished, unfinished) if unfinished else 1
+        alone = min(chunk or drafts.alone_tokens, drafts.alone_tokens, remaining)
+        new_tokens = min(chunk or unfinished, unfinished) if unfinished else alone
     else:
         new_tokens = min(chunk or remaining, remaining)
     return EngineRequest(

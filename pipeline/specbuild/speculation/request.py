@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specbuild.speculation.cost import CostModel
 from specbuild.speculation.guide import Guide
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
@@ -25,6 +26,8 @@ class GenerationRequest:
     use_draft_logits: bool = True
     adaptive: bool = False
     prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
+    # The release's cost model: drafting switches off while it does not pay for this request (None: never).
+    break_even: CostModel | None = None
     # Tokens the target makes per call when it runs alone: 1 streams token by token.
     target_only_chunk: int | None = None
     guide: Guide | None = None  # the request's grammar matcher (GuideCompiler.guide); None: unconstrained

@@ -39,6 +39,8 @@ class SpeculationStats:
     target_seconds: float = 0.0
     fallbacks: int = 0  # requests that went on with the target alone because the draft model failed
     unspeculated: int = 0  # requests that asked for drafts but ran by the target alone: their sampling penalties
+    break_even_requests: int = 0  # requests whose break-even switched drafting off at least once
+    break_even_rounds: int = 0  # rounds run without drafts because the request's break-even said they do not pay
     by_source: dict[str, SourceStats] = field(default_factory=dict)  # the totals above, by who proposed the draft
 
     @property
@@ -137,6 +139,10 @@ SPECULATION_METRICS = (
            "Requests that fell back to the target alone because the draft failed"),
     Metric("unspeculated", "specbuild_unspeculated_requests_total",
            "Requests that asked for drafts but ran by the target alone: their sampling penalties"),
+    Metric("break_even_requests", "specbuild_break_even_requests_total",
+           "Requests whose drafting the per-request break-even switched off at least once (it did not pay)"),
+    Metric("break_even_rounds", "specbuild_break_even_rounds_total",
+           "Rounds run without drafts because the request's break-even said drafting does not pay"),
     Metric("drafts", "specbuild_spec_decode_source_drafts_total",
            "Rounds with at least one draft token, by the source that proposed them (model, lookup)", label="source"),
     Metric("drafted_tokens", "specbuild_spec_decode_source_draft_tokens_total", "Draft tokens proposed, by source",

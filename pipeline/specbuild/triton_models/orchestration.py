@@ -79,6 +79,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             raise RequestError(f"{TYPE_INPUT}={public.guide.type!r}: this release's engine models (TensorRT-LLM's "
                                "tensorrtllm backend) take no guide masks, and its own guided decoding is not wired "
                                "to the orchestrator", f"leave {TYPE_INPUT} out, or serve a torch release")
+        break_even = settings.break_even if public.break_even is None else public.break_even
         rows.append(RowRequest(
             generation=GenerationRequest(
                 prompt_ids=prompt, max_tokens=public.max_tokens, sampling=public.sampling, seed=public.seed,
@@ -90,6 +91,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
                 else public.use_draft_logits,
                 adaptive=settings.adaptive_draft if public.adaptive_draft is None else public.adaptive_draft,
                 prompt_lookup=settings.lookup if lookup else None,
+                break_even=settings.cost_model if break_even else None,
                 target_only_chunk=1 if public.stream else None,
             ),
             stream=public.stream,

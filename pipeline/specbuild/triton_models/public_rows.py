@@ -47,6 +47,7 @@ class PublicRow:
     adaptive_draft: bool | None
     prompt_lookup: bool | None
     guide: GuideSpec | None  # guided_decoding_guide_type and guided_decoding_guide, checked (not compiled)
+    break_even: bool | None
 
 
 def row_getters(arrays: Arrays, batch_input: str) -> list[Get]:
@@ -99,7 +100,8 @@ def read_row(get: Get, *, max_request_seconds: float) -> PublicRow:
         max_seconds=min(limits) if limits else None, end_id=_optional(get, "end_id", int),
         num_draft_tokens=_optional(get, "num_draft_tokens", int), use_draft_logits=_optional(get, "use_draft_logits", bool),
         adaptive_draft=_optional(get, "adaptive_draft", bool), prompt_lookup=_optional(get, "prompt_lookup", bool),
-        guide=GuideSpec.parse(_text(get, TYPE_INPUT), _text(get, GUIDE_INPUT)))
+        guide=GuideSpec.parse(_text(get, TYPE_INPUT), _text(get, GUIDE_INPUT)),
+        break_even=_optional(get, "break_even", bool))
 
 
 @dataclass

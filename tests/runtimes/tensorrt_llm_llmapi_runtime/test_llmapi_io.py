@@ -28,7 +28,7 @@ def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
               "num_return_sequences": np.int32,
               "apply_chat_template": bool, "max_time": np.float32, "end_id": np.int32, "num_draft_tokens": np.int32, "beam_width": np.int32,
               "use_draft_logits": bool, "adaptive_draft": bool, "prompt_lookup": bool,
-              "exclude_input_in_output": bool}
+              "break_even": bool, "exclude_input_in_output": bool}
     for name, value in values.items():
         if name in ("stop_words", "bad_words"):
             arrays[name] = np.array([[word.encode() for word in value]] * rows, dtype=object)
@@ -120,6 +120,7 @@ def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> 
     ({"use_draft_logits": True}, "use_draft_logits=True", "send use_draft_logits=false"),
     ({"adaptive_draft": True}, "adaptive_draft=True", "send adaptive_draft=false"),
     ({"prompt_lookup": True}, "prompt_lookup=True", "send prompt_lookup=false"),
+    ({"break_even": True}, "break_even=True", "send break_even=false"),  # TensorRT-LLM decides for its batch
     ({"beam_width": 2}, "beam_width must be 1, got 2", "send beam_width=1"),  # the public rule, as the orchestrator
     ({"end_id": 5}, "end_id=5", "send end_id=2"),
     ({"bad_words": ["foo"]}, "bad_words=['foo']", "leave bad_words out"),

@@ -97,7 +97,9 @@ def _refuse_fixed_speculation(public: PublicRow, settings: LLMAPIAdapterParamete
                       f"tokens per round, {FIXED_K}", f"send num_draft_tokens={settings.num_draft_tokens} or leave it out")
     for name, why in (("use_draft_logits", "TensorRT-LLM verifies the draft's tokens by token matching here"),
                       ("adaptive_draft", f"the draft length is {FIXED_K}"),
-                      ("prompt_lookup", "TensorRT-LLM drafts with the draft model only here")):
+                      ("prompt_lookup", "TensorRT-LLM drafts with the draft model only here"),
+                      ("break_even", "TensorRT-LLM decides when to draft here, for its whole batch (max_concurrency), "
+                       "not per request")):
         if getattr(public, name):
             raise _refuse(name, True, why, f"send {name}=false or leave it out")
     if public.end_id is not None and public.end_id != settings.end_id:
