@@ -28,9 +28,10 @@ def _checkout_status() -> set[str] | None:
     if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
         return None
     command = ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--ignored=matching", "--untracked-files=all",
-               "--", ".", ":!.venv", ":!.cache", ":!**/__pycache__", ":!.pytest_cache", ":!.hypothesis"]
+               "--", ".", ":!.venv", ":!.cache", ":!.pytest_cache", ":!.hypothesis"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    return set(done.stdout.splitlines()) if done.returncode == 0 else None
+    # Bytecode folders are listed whole (``!! pkg/__pycache__/``), which a pathspec does not exclude.
+    return {line for line in done.stdout.splitlines() if "__pycache__" not in line} if done.returncode == 0 else None
 
 
 @pytest.fixture(scope="session", autouse=True)

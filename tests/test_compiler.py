@@ -69,6 +69,9 @@ def test_weights_already_as_convert_writes_them_are_linked_not_copied(tmp_path: 
     weights = source / "model.safetensors"
     for folder in (tmp_path / "build" / "torch" / "target", tmp_path / "engines" / "target"):
         assert (folder / "model.safetensors").stat().st_ino == weights.stat().st_ino
+    # Only the weights: a release's config.json edited in place (as a user might) leaves the checkpoint as it was.
+    converted_config = tmp_path / "build" / "torch" / "target" / "config.json"
+    assert converted_config.stat().st_ino != (source / "config.json").stat().st_ino
     halved = pair_spec(tmp_path / "half", source, checkpoints.draft, **{"target.dtype": "bfloat16"})
     compiler.run(halved, json_mode=True)
     assert (tmp_path / "half" / "engines" / "target" / "model.safetensors").stat().st_ino != weights.stat().st_ino

@@ -167,15 +167,17 @@ def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
 
 
 def link_identical_files(source: Path, output_dir: Path) -> list[str]:
-    """Replace each file of ``output_dir`` whose namesake in ``source`` holds the same bytes by a hard link to it
-    (returns their names): a checkpoint already in the engine dtype, saved by the same transformers (the demo
-    pair), then costs no second copy on disk, in the converted checkpoint or the engines linked to it. Files on
-    another filesystem stay copies. A checkpoint rewritten in place afterwards changes the linked files too:
-    compile sees their hashes change and runs again, ``specbuild verify`` names them."""
+    """Replace each weights file of ``output_dir`` whose namesake in ``source`` holds the same bytes by a hard link
+    to it (returns their names): a checkpoint already in the engine dtype, saved by the same transformers (the demo
+    pair), then costs no second copy on disk, in the converted checkpoint or the engines linked to it. Only the
+    weights are linked: the small files (config.json, the tokenizer's) stay copies, so a release's config edited in
+    place never edits the checkpoint or another release made from it. Files on another filesystem stay copies. A
+    checkpoint rewritten in place afterwards changes the linked weights too: compile sees their hashes change and
+    runs again, ``specbuild verify`` names them."""
     import filecmp
 
     linked = []
-    for written in sorted(output_dir.iterdir()):
+    for written in sorted(output_dir.glob("*.safetensors")):
         original = source / written.name
         if not (original.is_file() and written.is_file() and filecmp.cmp(original, written, shallow=False)):
             continue
