@@ -17,6 +17,7 @@ import pytest
 import torch
 
 VOCAB = 16
+SUB_VOCABULARY = (5, 2, 9, 3, 12, 7, 0, 14, 8, 11)  # a ranked head vocabulary: 10 of the 16 ids
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class TinyModels:
     target: Path
     perturbed: Path  # the target plus weight noise: a draft that agrees sometimes
     unrelated: Path  # independently initialised: a draft that disagrees often
+    sub_vocabulary: Path  # the perturbed draft with a head over SUB_VOCABULARY only (head_vocabulary.json)
 
 
 def _config(layers: int, hidden: int):
@@ -61,7 +63,15 @@ def tiny_models(root: Path) -> TinyModels:
         target=_save(target, root / "target"),
         perturbed=_save(perturbed, root / "perturbed"),
         unrelated=_save(unrelated, root / "unrelated"),
+        sub_vocabulary=_with_head_vocabulary(_save(perturbed, root / "sub_vocabulary"), SUB_VOCABULARY),
     )
+
+
+def _with_head_vocabulary(folder: Path, ids: tuple[int, ...]) -> Path:
+    from specbuild.checkpoint.head_vocabulary import HeadVocabulary
+
+    HeadVocabulary.of(ids, {"made": "tests/random_llama.py"}).write(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")

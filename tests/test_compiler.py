@@ -218,3 +218,37 @@ def test_verify_and_serve_dry_run_show_the_release_cost_model_measured_or_not(sp
             assert output.exit_code == 0 and f"cost model {shown}" in output.output, (command, output.output)
         document = json.loads(CliRunner().invoke(main, ["verify", str(result.repository), "--json"]).stdout)
         assert document["cost_model"]["measured"] is bool(speculation) and document["cost_model"]["break_even"]
+
+
+def test_a_sub_vocabulary_draft_carries_its_head_vocabulary_through_the_release(
+        tmp_path: Path, checkpoints: Checkpoints) -> None:
+    """The draft's head_vocabulary.json goes into its engine folder, its size and checksum into the build record,
+    the manifest and the draft engine model's parameters; a list changed at the source compiles again; a list
+    swapped in the engine folder afterwards fails the release's verification and the engine model's check."""
+    from specbuild.checkpoint.head_vocabulary import HEAD_VOCABULARY, HeadVocabulary
+    from specbuild.package.build_record import HeadVocabularyRecord
+
+    draft = copy_checkpoint(checkpoints.draft, tmp_path / "draft")
+    vocabulary = HeadVocabulary.of([2, 0, 7, 5, 11, 3, 1], {"prompts": 2})
+    vocabulary.write(draft)
+    spec = pair_spec(tmp_path, checkpoints.target, draft)
+    result = compiler.run(spec, json_mode=True)
+    expected = HeadVocabularyRecord(size=7, sha256=vocabulary.sha256)
+    engine = tmp_path / "engines" / "draft"
+    assert BuildRecord.read(engine).head_vocabulary == expected
+    assert BuildRecord.read(tmp_path / "engines" / "target").head_vocabulary is None
+    assert (engine / HEAD_VOCABULARY).read_bytes() == (draft / HEAD_VOCABULARY).read_bytes()
+    recorded = json.loads(result.manifest.read_text())["extra"]["build_info"]
+    assert recorded["draft"]["head_vocabulary"] == expected.model_dump()
+    assert recorded["target"]["head_vocabulary"] is None
+    config = (result.repository / "draft" / "config.pbtxt").read_text()
+    assert f'key: "head_vocabulary_sha256"\n  value {{\n    string_value: "{vocabulary.sha256}"' in config
+    assert "head_vocabulary_sha256" not in (result.repository / "target" / "config.pbtxt").read_text()
+    assert manifest.verify(result.repository).ok
+
+    HeadVocabulary.of([2, 0, 7, 5]).write(draft)  # ranked again: the release follows
+    again = compiler.run(spec, json_mode=True)
+    assert statuses(again)["convert"] == "ok" and BuildRecord.read(engine).head_vocabulary.size == 4
+    (engine / HEAD_VOCABULARY).unlink()  # hard-linked to the converted copy: replace, never edit in place
+    HeadVocabulary.of([2, 0, 7]).write(engine)
+    assert not manifest.verify(again.repository).ok

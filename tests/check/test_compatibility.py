@@ -196,3 +196,37 @@ def test_spec_supplies_the_parameters(target: CheckpointInfo, draft: CheckpointI
                                 target_dtype="auto",
                                 draft_dtype="float16")
     assert isinstance(check_pair(target, draft, spec), CompatibilityReport)
+
+
+# -- a sub-vocabulary head --------------------------------------------------------------------------------
+def with_head_vocabulary(info: CheckpointInfo, ids: tuple[int, ...]) -> CheckpointInfo:
+    from specbuild.checkpoint.head_vocabulary import HeadVocabulary
+
+    return info.model_copy(update={"head_vocabulary": HeadVocabulary.of(ids)})
+
+
+@pytest.mark.parametrize("runtime", ["tensorrt-llm", "tensorrt-llm-llmapi"])
+def test_a_sub_vocabulary_draft_is_refused_by_the_tensorrt_llm_runtimes_naming_the_runtime_and_the_fix(
+        target: CheckpointInfo, draft: CheckpointInfo, runtime: str) -> None:
+    reduced = with_head_vocabulary(draft, tuple(range(VOCAB // 2)) + (target.tokenizer.eos_token_id,))
+    report = check_pair(target, reduced, PairParams(runtime=runtime))
+    [reason] = [f for f in report.reasons if f.code == "draft-head-vocabulary"]
+    assert f"the {runtime} runtime" in reason.message and f"{VOCAB // 2 + 1} of its {VOCAB} ids" in reason.message
+    assert "--runtime torch" in reason.fix and "head_vocabulary.json" in reason.fix
+
+
+def test_a_sub_vocabulary_draft_is_compatible_on_torch_and_costs_its_rows(target: CheckpointInfo,
+                                                                         draft: CheckpointInfo) -> None:
+    eos = target.tokenizer.eos_token_id
+    reduced = with_head_vocabulary(draft, (eos, 5, 9))
+    report = check_pair(target, reduced, PairParams(runtime="torch"))
+    assert report.compatible and report.warnings == []
+    assert report.cost_ratio < check_pair(target, draft).cost_ratio  # 3 head rows instead of VOCAB
+    no_end = check_pair(target, with_head_vocabulary(draft, tuple(i for i in range(8) if i != eos)))
+    assert no_end.compatible and codes(no_end.warnings) == {"head-vocabulary-end"}
+
+
+def test_a_target_with_a_head_vocabulary_is_a_reason(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    report = check_pair(with_head_vocabulary(target, (1, 2, 3)), draft)
+    [reason] = report.reasons
+    assert reason.code == "target-head-vocabulary" and "head_vocabulary.json" in reason.fix

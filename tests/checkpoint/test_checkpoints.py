@@ -233,3 +233,47 @@ def test_summary_is_json_serializable(checkpoints: Checkpoints) -> None:
     info: CheckpointInfo = read_checkpoint(checkpoints.target)
     summary = json.loads(json.dumps(info.summary()))
     assert summary["num_parameters"] == checkpoints.target_parameters and summary["tokenizer"]["vocab_size"] == VOCAB
+
+
+# -- a draft's head vocabulary ---------------------------------------------------------------------------
+def _with_head_vocabulary(checkpoints: Checkpoints, folder: Path, ids: list[int], changes: dict | None = None) -> Path:
+    from specbuild.checkpoint.head_vocabulary import HEAD_VOCABULARY, HeadVocabulary
+
+    folder = copy_checkpoint(checkpoints.draft, folder)
+    HeadVocabulary.of(ids, {"prompts": 3}).write(folder)
+    if changes:
+        edit_json(folder / HEAD_VOCABULARY, **changes)
+    return folder
+
+
+def test_a_head_vocabulary_is_read_with_its_checksum_and_costs_its_rows(checkpoints: Checkpoints,
+                                                                       tmp_path: Path) -> None:
+    from specbuild.checkpoint.head_vocabulary import ids_checksum
+
+    full = read_checkpoint(checkpoints.draft)
+    info = read_checkpoint(_with_head_vocabulary(checkpoints, tmp_path / "draft", [7, 3, 0, 99]))
+    assert full.head_vocabulary is None and full.head_rows == VOCAB
+    assert info.head_vocabulary.ids == (7, 3, 0, 99) and info.head_vocabulary.sha256 == ids_checksum([7, 3, 0, 99])
+    assert info.head_rows == 4 and info.logits_width == VOCAB  # its logits are still returned vocabulary-wide
+    assert full.macs_per_token - info.macs_per_token == info.hidden_size * (VOCAB - 4)
+    summary = json.loads(json.dumps(info.summary()))
+    assert summary["head_vocabulary"] == {"size": 4, "sha256": ids_checksum([7, 3, 0, 99])}
+
+
+@pytest.mark.parametrize(("ids", "changes", "named"), [
+    ([1, 2, 2], {}, "more than once"),
+    ([1, VOCAB], {}, "outside the vocabulary"),
+    ([-1, 4], {}, "outside the vocabulary"),
+    ([1, 2, 3], {"ids": [1, 2, 4]}, "sha256"),
+    ([1, 2, 3], {"size": 2}, "size 2 but 3 ids"),
+    ([1, 2, 3], {"ids": []}, "non-empty list"),
+    ([1, 2, 3], {"ids": [1, 2.0]}, "non-empty list"),
+    ([1, 2, 3], {"format": "other"}, "not a head vocabulary"),
+], ids=["duplicate", "too-large", "negative", "edited", "size", "empty", "float", "format"])
+def test_a_wrong_head_vocabulary_is_refused_naming_the_file_and_the_fix(
+        checkpoints: Checkpoints, tmp_path: Path, ids: list[int], changes: dict, named: str) -> None:
+    folder = _with_head_vocabulary(checkpoints, tmp_path / "draft", ids, changes)
+    with pytest.raises(CheckpointError) as error:
+        read_checkpoint(folder)
+    assert "head_vocabulary.json" in error.value.message and named in error.value.message
+    assert "--head-vocabulary" in error.value.fix

@@ -143,6 +143,15 @@ def test_engine_dir_parameter_cannot_climb_out_of_the_release(engine_model, tmp_
         engine_model.resolve_engine_dir("engines", release)
 
 
+def test_a_draft_loads_only_with_the_head_vocabulary_it_was_built_and_packaged_with(engine_model):
+    a, b = "a" * 64, "b" * 64
+    engine_model.check_head_vocabulary(None, None, None)  # a full head
+    engine_model.check_head_vocabulary(a, a, a)
+    for loaded, recorded, parameter in ((b, a, a), (a, b, a), (a, a, b), (None, a, a), (a, None, None)):
+        with pytest.raises(ValueError, match="head vocabulary mismatch.*recompile"):
+            engine_model.check_head_vocabulary(loaded, recorded, parameter)
+
+
 def test_manifest_records_symlinks_instead_of_following_them(checkpoints, tmp_path):
     result = compile_release(checkpoints, tmp_path / "release")
     config = result.engines / "draft" / "config.json"

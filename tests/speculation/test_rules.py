@@ -179,6 +179,37 @@ def test_two_token_joint_for_k2_is_exactly_the_targets(rule, params, seed):
     torch.testing.assert_close(two_token_joint(rule, p1, p2, q1, q2), p1[:, None] * p2, atol=1e-6, rtol=0)
 
 
+def sub_vocabulary_dist(ids: list[int], vocab: int, generator: torch.Generator, params: SamplingParams) -> torch.Tensor:
+    """A sub-vocabulary draft's distribution as the engine makes it: its head's logits over ``ids`` scattered back
+    to the whole vocabulary (-inf elsewhere), then the sampler's transforms."""
+    from specbuild.runtimes.torch.engine import scatter_logits
+
+    head = 3.0 * torch.randn(1, len(ids), generator=generator, dtype=torch.float64)
+    return probabilities(scatter_logits(head, torch.tensor(ids), vocab)[0], params)
+
+
+@pytest.mark.parametrize("rule", ["rejection", "token-match"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=4, top_p=0.8)],
+                         ids=["plain", "truncated"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_sub_vocabulary_draft_keeps_the_targets_distribution(rule, params, seed):
+    """A draft whose head covers 4 of 6 ids (the target's likeliest first token outside them in one case): its
+    distribution is zero outside its ids, and both rules still emit exactly the target's p, one token and two."""
+    vocab, ids = 6, [4, 1, 3, 0]
+    g = torch.Generator().manual_seed(seed)
+    p1 = random_dist(vocab, g, params)
+    p2 = torch.stack([random_dist(vocab, g, params) for _ in range(vocab)])
+    if seed == 0:  # the target's likeliest token is one the draft can never propose
+        ids = [token for token in range(vocab) if token != int(p1.argmax())][:4]
+    q1 = sub_vocabulary_dist(ids, vocab, g, params)
+    q2 = torch.stack([sub_vocabulary_dist(ids, vocab, g, params) for _ in range(vocab)])
+    outside = [token for token in range(vocab) if token not in ids]
+    assert q1[outside].abs().max() == 0 and q2[:, outside].abs().max() == 0
+    step = rejection_step if rule == "rejection" else token_match_step
+    torch.testing.assert_close(step(p1, q1), p1, atol=1e-6, rtol=0)
+    torch.testing.assert_close(two_token_joint(rule, p1, p2, q1, q2), p1[:, None] * p2, atol=1e-6, rtol=0)
+
+
 # -- worked examples -------------------------------------------------------------------------------------
 LOG_1234 = torch.log(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64))
 
@@ -533,6 +564,7 @@ END_TO_END_CASES = [pytest.param(k, logits, "draft", id=f"{k}-{'draft-logits' if
                     for k in (1, 3) for logits in (True, False)] + [
     pytest.param(3, True, "lookup+draft", id="3-draft-logits-lookup+draft"),
     pytest.param(2, True, "lookup", id="2-draft-logits-lookup-only"),
+    pytest.param(3, True, "sub-vocabulary draft", id="3-draft-logits-sub-vocabulary-head"),
 ]
 
 
@@ -542,7 +574,8 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     """Sampled 4-token continuations from InProcessSpeculator: the first two tokens (jointly) and the fourth
     (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution.
     With prompt lookup (on a prompt that repeats itself), lookup drafts are verified by token matching, mixed
-    with draft-model rounds under rejection sampling, or alone."""
+    with draft-model rounds under rejection sampling, or alone. A draft with a sub-vocabulary head (10 of 16 ids)
+    is accepted against its own distribution, zero outside its ids."""
     from specbuild.speculation.request import GenerationRequest
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup
@@ -554,7 +587,8 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     lookup = PromptLookup(max_ngram=2, min_ngram=1) if "lookup" in drafter else None
     if lookup:  # the target's own greedy answer repeats itself: lookup has something to find from round one
         prompt += InProcessSpeculator(target, None).generate(GenerationRequest(prompt, 8)).tokens
-    draft = TorchEngine(tiny.perturbed) if "draft" in drafter else None
+    draft = (TorchEngine(tiny.sub_vocabulary if "sub-vocabulary" in drafter else tiny.perturbed)
+             if "draft" in drafter else None)
     speculator = InProcessSpeculator(target, draft)
     outputs = []
     accepted = lookup_accepted = lookup_drafted = 0

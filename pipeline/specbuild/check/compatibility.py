@@ -79,7 +79,8 @@ def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
         size_ratio=target.num_parameters / draft.num_parameters if draft.num_parameters else None,
         cost_ratio=draft.macs_per_token / target.macs_per_token,
     )
-    for check in (_tokenizers, _special_ids, _vocab_widths, _architectures, _dtypes, _sizes, _positions, _rope):
+    for check in (_tokenizers, _special_ids, _vocab_widths, _head_vocabularies, _architectures, _dtypes, _sizes,
+                  _positions, _rope):
         check(target, draft, params, report)
     if isinstance(spec_or_params, BuildSpec):
         for finding in runtime_for(params.runtime).spec_findings(spec_or_params):
@@ -159,6 +160,37 @@ def _vocab_widths(target: CheckpointInfo, draft: CheckpointInfo, params: PairPar
                     "draft-logits acceptance would need equal widths"))
 
 
+def _head_vocabularies(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                       report: CompatibilityReport) -> None:
+    """A sub-vocabulary head (``head_vocabulary.json``) belongs to a draft, on a runtime that builds it."""
+    from specbuild.checkpoint.head_vocabulary import HEAD_VOCABULARY
+
+    if target.head_vocabulary is not None:
+        report.reasons.append(Finding(
+            code="target-head-vocabulary",
+            message=f"the target checkpoint has a {HEAD_VOCABULARY}: a target's head must cover its whole vocabulary "
+                    "(a sub-vocabulary would change what it generates)",
+            fix=f"remove {target.path}/{HEAD_VOCABULARY}; a head vocabulary belongs beside a draft"))
+    vocabulary = draft.head_vocabulary
+    if vocabulary is None:
+        return
+    runtime = runtime_for(params.runtime)
+    if not runtime.sub_vocabulary_heads:
+        supporting = [name for name, other in RUNTIMES.items() if other.sub_vocabulary_heads]
+        report.reasons.append(Finding(
+            code="draft-head-vocabulary",
+            message=f"the {runtime.name} runtime does not build a draft engine with a sub-vocabulary head (the draft's "
+                    f"{HEAD_VOCABULARY} lists {vocabulary.size} of its {draft.logits_width} ids)",
+            fix=f"compile with --runtime {supporting[0]}, or remove {draft.path}/{HEAD_VOCABULARY} to serve the "
+                "draft's full head"))
+    end_id = target.tokenizer.eos_token_id
+    if end_id is not None and end_id not in vocabulary.ids:
+        report.warnings.append(Finding(
+            code="head-vocabulary-end",
+            message=f"the draft's head vocabulary lacks the end token ({end_id}): the draft can never propose the end "
+                    "of an answer, so the target's last round of each request finds nothing to accept"))
+
+
 def _architectures(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
                    report: CompatibilityReport) -> None:
     """A reason where the spec's runtime cannot run a model; a warning where another runtime could not (the
@@ -202,8 +234,8 @@ def _sizes(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
     low, high = COST_RATIO_RANGE
     if cost is None or low <= cost <= high:
         return
-    shapes = (f"draft {draft.num_layers} layers x {draft.hidden_size} wide, target {target.num_layers} x "
-              f"{target.hidden_size}, both with a {target.logits_width}-wide output head")
+    shapes = (f"draft {draft.num_layers} layers x {draft.hidden_size} wide with a {draft.head_rows}-row output head, "
+              f"target {target.num_layers} x {target.hidden_size} with {target.head_rows} rows")
     if cost > high:
         advice = (f"the draft is too large to save time: {BreakEven(cost).meaning()}; a draft costing under "
                   f"{high:g} of a target step leaves room to gain")

@@ -140,6 +140,8 @@ def _checkpoint_rows(info: CheckpointInfo) -> list[str]:
         str(info.vocab_size),
         str(info.embedding_rows),
         str(info.logits_width),
+        (f"{info.head_vocabulary.size} ids (sha256 {info.head_vocabulary.sha256[:16]})" if info.head_vocabulary
+         else "full"),
         str(tok.vocab_size),
         tok.hash[:16],
         f"{tok.bos_token_id} / {tok.eos_token_id} / {tok.pad_token_id}",
@@ -149,7 +151,7 @@ def _checkpoint_rows(info: CheckpointInfo) -> list[str]:
 
 
 CHECKPOINT_FIELDS = ("path", "architecture", "stored dtype", "parameters", "layers x hidden", "heads / kv heads x dim",
-                     "config vocab_size", "embedding rows", "logits width", "tokenizer size", "tokenizer hash",
+                     "config vocab_size", "embedding rows", "logits width", "head vocabulary", "tokenizer size", "tokenizer hash",
                      "bos / eos / pad ids", "max positions", "rope")
 
 

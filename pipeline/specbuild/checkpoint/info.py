@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
 from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
 from specbuild.checkpoint.tokenizer_files import TokenizerInfo, read_tokenizer
 from specbuild.checkpoint.weights import WeightsInfo, read_weights
@@ -53,6 +54,7 @@ class CheckpointInfo(BaseModel):
     remote_code: bool  # config or tokenizer_config has an ``auto_map`` (read, never executed, here)
     weights: WeightsInfo
     tokenizer: TokenizerInfo
+    head_vocabulary: HeadVocabulary | None = None  # a draft's sub-vocabulary head (head_vocabulary.json)
 
     @property
     def num_parameters(self) -> int:
@@ -68,17 +70,24 @@ class CheckpointInfo(BaseModel):
         return self.weights.lm_head_rows or self.weights.embedding_rows or self.vocab_size
 
     @property
+    def head_rows(self) -> int:
+        """Rows the output head computes: the sub-vocabulary's where it has one (its logits are still returned
+        :attr:`logits_width` wide, -inf outside it)."""
+        return self.head_vocabulary.size if self.head_vocabulary is not None else self.logits_width
+
+    @property
     def macs_per_token(self) -> int:
         """Multiply-accumulates of one decoding step for one token (see :func:`decoder_macs_per_token`)."""
         return decoder_macs_per_token(layers=self.num_layers, hidden=self.hidden_size,
                                       query_width=self.num_attention_heads * self.head_dim,
                                       kv_width=self.num_kv_heads * self.head_dim,
-                                      intermediate=self.intermediate_size, logits_width=self.logits_width)
+                                      intermediate=self.intermediate_size, logits_width=self.head_rows)
 
     def summary(self) -> dict[str, Any]:
         """The figures a report shows (no per-file lists)."""
-        data = self.model_dump(mode="json", exclude={"weights", "tokenizer"})
+        data = self.model_dump(mode="json", exclude={"weights", "tokenizer", "head_vocabulary"})
         data.update(
+            head_vocabulary=self.head_vocabulary.summary() if self.head_vocabulary is not None else None,
             num_parameters=self.num_parameters,
             embedding_rows=self.embedding_rows,
             logits_width=self.logits_width,
@@ -166,7 +175,7 @@ def read_checkpoint(path: str | Path, *, allow_pickle: bool = False, trust_remot
     rope_theta, rope_scaling = _rope(config)
     dtype = raw_config.get("torch_dtype", raw_config.get("dtype", config.get("torch_dtype", config.get("dtype"))))
     weights = read_weights(folder, allow_pickle)
-    return CheckpointInfo(
+    info = CheckpointInfo(
         path=str(folder.resolve()),
         architecture=architectures[0],
         model_type=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
@@ -186,6 +195,7 @@ def read_checkpoint(path: str | Path, *, allow_pickle: bool = False, trust_remot
         weights=weights,
         tokenizer=read_tokenizer(folder, config),
     )
+    return info.model_copy(update={"head_vocabulary": read_head_vocabulary(folder, info.logits_width)})
 
 
 def _refuse_remote_code(folder: Path, config: dict[str, Any], trust_remote_code: bool) -> bool:

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from specbuild.checkpoint.head_vocabulary import HeadVocabulary
 from specbuild.errors import VerificationError
 
 BUILD_INFO = "build_info.json"  # beside the engine's files in its folder
@@ -57,6 +58,17 @@ class GpuInfo(_Record):
     sm: str  # compute capability, e.g. "9.0"
 
 
+class HeadVocabularyRecord(_Record):
+    """A draft engine's sub-vocabulary head: how many ids and their checksum (the ids lie in its folder)."""
+
+    size: int = Field(ge=1)
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
+
+    @classmethod
+    def of(cls, vocabulary: HeadVocabulary | None) -> HeadVocabularyRecord | None:
+        return None if vocabulary is None else cls(**vocabulary.summary())
+
+
 class BuildRecord(_Record):
     """One engine's record: which runtime built it (or plans it) and what for."""
 
@@ -70,6 +82,7 @@ class BuildRecord(_Record):
     generation_logits: bool = False  # the engine returns its logits (a draft for draft-logits acceptance)
     toolchain: dict[str, str] | None = None  # versions that built it; None: planned, not built here
     gpu: GpuInfo | None = None  # the GPU it was built on (TensorRT-LLM engines)
+    head_vocabulary: HeadVocabularyRecord | None = None  # a draft whose head covers only these ids
 
     @classmethod
     def parse(cls, data: object, source: str) -> BuildRecord:

@@ -112,6 +112,9 @@ class Runtime(abc.ABC):
     # The compiler adds what its shared code reads (compiler.SHARED_READS) and hashes them into each step's
     # fingerprint, so a step that reads a field it does not declare would be skipped when that field changes.
     reads: ClassVar[Mapping[ReadsOf, tuple[str, ...]]] = {}
+    # Whether its draft engines run a head over a sub-vocabulary (a draft checkpoint's head_vocabulary.json);
+    # where not, check refuses such a draft naming this runtime and the fix.
+    sub_vocabulary_heads: ClassVar[bool] = False
 
     # --- compiling ---------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -354,3 +354,39 @@ def test_verification_scores_each_position_as_generation_would(engine, uncached)
     masked = uncached.run(EngineRequest(prompt, 4, end_id=end_id, min_new_tokens=4)).tokens
     verified = engine.run(EngineRequest(prompt, 4, end_id=end_id, min_new_tokens=4, draft_tokens=plain[:2] + [0]))
     assert end_id not in verified.tokens and verified.tokens == masked[: len(verified.tokens)]
+
+
+# -- a sub-vocabulary head ------------------------------------------------------------------------------
+def test_a_sub_vocabulary_head_computes_its_ids_and_returns_the_rest_as_minus_infinity(tiny):
+    """The head's logits at its ids are the full draft's; every other id is -inf, so generated tokens (greedy or
+    sampled) are always among its ids."""
+    from random_llama import SUB_VOCABULARY
+
+    reduced, full = TorchEngine(tiny.sub_vocabulary), TorchEngine(tiny.perturbed)
+    assert reduced.head_vocabulary.ids == SUB_VOCABULARY
+    assert reduced.model.get_output_embeddings().out_features == len(SUB_VOCABULARY)
+    prompt = [4, 13, 6, 1]
+    out = reduced.run(EngineRequest(prompt, 8, return_logits=True))
+    teacher_forced = full.run(EngineRequest(prompt + out.tokens[:-1], 1, return_logits=True))
+    ids = list(SUB_VOCABULARY)
+    outside = [token for token in range(VOCAB) if token not in SUB_VOCABULARY]
+    assert torch.isinf(out.logits[:, outside]).all() and torch.isfinite(out.logits[:, ids]).all()
+    torch.testing.assert_close(out.logits[-1, ids], teacher_forced.logits[0, ids], atol=1e-4, rtol=1e-4)
+    sampled = reduced.run(EngineRequest(prompt, 12, sampling=SAMPLING, seed=5))
+    assert set(out.tokens + sampled.tokens) <= set(SUB_VOCABULARY)
+
+
+@pytest.mark.parametrize("use_draft_logits", [True, False], ids=["draft-logits", "token-match"])
+def test_a_sub_vocabulary_draft_leaves_greedy_text_as_the_target_alone(tiny, use_draft_logits):
+    target = TorchEngine(tiny.target, max_draft_len=4)
+    alone = InProcessSpeculator(target, None)
+    speculative = InProcessSpeculator(target, TorchEngine(tiny.sub_vocabulary))
+    accepted = rejected = 0
+    for prompt in ([1, 2, 3], [7], [0, 15, 3, 9], [10, 4, 6, 13, 1]):
+        expected = alone.generate(GenerationRequest(prompt, 24)).tokens
+        got = speculative.generate(GenerationRequest(prompt, 24, num_draft_tokens=4,
+                                                     use_draft_logits=use_draft_logits))
+        assert got.tokens == expected
+        accepted += got.stats.accepted_tokens
+        rejected += got.stats.drafted_tokens - got.stats.accepted_tokens
+    assert accepted > 0 and rejected > 0  # the draft really drafted, and was really checked

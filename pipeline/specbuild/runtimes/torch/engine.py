@@ -6,7 +6,8 @@ returns the accepted prefix plus one target token (the speculative verification 
 :mod:`specbuild.speculation.rules`). KV caches of recent sequences are kept in a :class:`PrefixCache` and the
 longest cached prefix is reused, as TensorRT-LLM's KV-cache block reuse does, so a speculative round costs
 the new tokens rather than the whole sequence. On a CPU, float32 linears run on weights packed for a few rows
-(:class:`PackedLinear`), so verifying K drafted tokens costs about one decoding step rather than K+1.
+(:class:`PackedLinear`), so verifying K drafted tokens costs about one decoding step rather than K+1. A draft
+checkpoint with a ``head_vocabulary.json`` runs its output head over those ids only (:class:`SubVocabularyHead`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
 from specbuild.errors import RequestError
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.rules import (SamplingParams, allowed_tokens, make_generator, penalize, probabilities,
@@ -85,6 +87,38 @@ def pack_linears(model: torch.nn.Module) -> int:
     for parent, name, child in linears:
         setattr(parent, name, PackedLinear(child))
     return len(linears)
+
+
+def scatter_logits(logits: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[rows, len(ids)]`` logits of a sub-vocabulary -> ``[rows, vocab_size]``, -inf outside ``ids``."""
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    full[:, ids] = logits
+    return full
+
+
+class SubVocabularyHead:
+    """A model's output head cut to the rows of a :class:`HeadVocabulary`, its logits scattered back.
+
+    The head computes ``len(ids)`` logits instead of the whole vocabulary's; :meth:`scatter` puts them back at
+    their ids in a vocabulary-wide row, -inf elsewhere. Everything after the head (bad words, the end token
+    before ``min_tokens``, penalties, top-k/top-p, argmax, rejection sampling against the target) then works in
+    the target's ids unchanged, and exactly: the draft's distribution is its own, zero outside its ids, and a
+    token it proposes is always one of them."""
+
+    def __init__(self, model: torch.nn.Module, vocabulary: HeadVocabulary, vocab_size: int) -> None:
+        head = model.get_output_embeddings()
+        self.ids = torch.tensor(vocabulary.ids, dtype=torch.long, device=head.weight.device)
+        self.vocab_size = vocab_size
+        reduced = torch.nn.Linear(head.in_features, vocabulary.size, bias=head.bias is not None,
+                                  dtype=head.weight.dtype, device=head.weight.device)
+        with torch.no_grad():
+            reduced.weight.copy_(head.weight[self.ids])  # a copy: a tied embedding keeps every row
+            if head.bias is not None:
+                reduced.bias.copy_(head.bias[self.ids])
+        model.set_output_embeddings(reduced)
+
+    def scatter(self, logits: torch.Tensor) -> torch.Tensor:
+        return scatter_logits(logits, self.ids, self.vocab_size)
 
 
 def cache_keyword(model: Any) -> str:
@@ -196,7 +230,9 @@ class TorchEngine:
         trust_remote_code: bool = False,
         pack_weights: bool = True,
     ) -> None:
-        """``pack_weights``: run the linears as :class:`PackedLinear` where that applies (float32 on a CPU)."""
+        """``pack_weights``: run the linears as :class:`PackedLinear` where that applies (float32 on a CPU). A
+        ``head_vocabulary.json`` in ``model_dir`` (validated against the head's rows) makes the head a
+        :class:`SubVocabularyHead`; its logits are returned vocabulary-wide all the same."""
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -207,6 +243,9 @@ class TorchEngine:
         ).to(self.device)
         self.model.eval()
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.head_vocabulary = read_head_vocabulary(Path(model_dir), self.vocab_size)
+        self._head = (SubVocabularyHead(self.model, self.head_vocabulary, self.vocab_size)
+                      if self.head_vocabulary is not None else None)
         self.packed_linears = pack_linears(self.model) if pack_weights else 0
         self._cache_argument = cache_keyword(self.model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
@@ -286,7 +325,8 @@ class TorchEngine:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         kept = {"logits_to_keep": keep} if self._keeps_logits else {}
         out = self.model(input_ids=ids, use_cache=True, **kept, **{self._cache_argument: cache})
-        return out.logits[0, -keep:].float()
+        logits = out.logits[0, -keep:].float()
+        return logits if self._head is None else self._head.scatter(logits)
 
     def _new_cache(self) -> Any:
         from transformers import DynamicCache

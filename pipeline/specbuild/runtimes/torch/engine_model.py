@@ -6,7 +6,8 @@ by the backend's rules (a config without a key the backend requires does not loa
 ``torch_device`` and ``torch_threads``. ``gpt_model_path`` is the engine folder: absolute, or relative to the
 release folder (the repository's parent) and then confined to it. The engine's limits (``max_seq_len``,
 ``max_draft_len``, dtype) come from its build record (:class:`~specbuild.package.build_record.BuildRecord`), as a
-TensorRT-LLM engine's come from its ``config.json``.
+TensorRT-LLM engine's come from its ``config.json``. A draft with a sub-vocabulary head loads only when the head
+vocabulary in its folder is the one its build record and ``head_vocabulary_sha256`` name.
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ def resolve_engine_dir(value: str, release_root: Path) -> Path:
     return resolved
 
 
+def check_head_vocabulary(loaded: str | None, recorded: str | None, parameter: str | None) -> None:
+    """The sha256 of the head vocabulary the engine loaded (None: a full head) must be the one its build record and
+    its ``head_vocabulary_sha256`` parameter name: a list swapped after the build would serve another draft."""
+    if loaded == recorded == parameter:
+        return
+    raise ValueError(f"head vocabulary mismatch: the engine folder holds {loaded or 'none'}, its build record names "
+                     f"{recorded or 'none'} and head_vocabulary_sha256 {parameter or 'none'}; recompile the release "
+                     "(specbuild compile)")
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         warnings: list[str] = []
@@ -74,6 +85,9 @@ class TritonPythonModel:
             cache_tokens=(self.parameters.max_tokens_in_paged_kv_cache or 0)
             if self.parameters.enable_kv_cache_reuse else 0,
         )
+        check_head_vocabulary(self.engine.head_vocabulary.sha256 if self.engine.head_vocabulary else None,
+                              record.head_vocabulary.sha256 if record.head_vocabulary else None,
+                              self.parameters.head_vocabulary_sha256)
         self.engine.warm_up()  # before Triton reports the model ready: the first request costs what later ones do
 
     def execute(self, requests: list[Any]) -> list[Any]:

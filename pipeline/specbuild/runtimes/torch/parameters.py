@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from specbuild.package.backend_contract import EngineParameters
+from specbuild.package.parameters import OPTIONAL
 
 TorchDevice = Literal["auto", "cpu", "cuda"]
 
@@ -22,6 +23,8 @@ class TorchEngineParameters(EngineParameters):
     torch_device: TorchDevice = "auto"  # auto: CUDA when available
     # intra-op threads of this model's process; 0: every core the host gives it (runtimes.torch.engine.threads)
     torch_threads: int = 0
+    # a draft with a sub-vocabulary head: the sha256 of its engine folder's head_vocabulary.json (None: full head)
+    head_vocabulary_sha256: str | None = field(default=None, metadata=OPTIONAL)
 
     def __post_init__(self) -> None:
         super().__post_init__()

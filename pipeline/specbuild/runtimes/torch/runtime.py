@@ -5,7 +5,8 @@ models (CPU, or any CUDA GPU), under the ``tensorrtllm`` backend's contract.
   loaded with safetensors only unless the spec allows pickles, never with remote code unless allowed.
 * build: the normalized checkpoint -> an engine folder: the weights plus ``build_info.json`` holding the
   same build fields a TensorRT-LLM engine records (limits, ``max_draft_len``, speculative mode), so
-  packaging does not care which runtime built it.
+  packaging does not care which runtime built it. A draft's ``head_vocabulary.json`` (a sub-vocabulary head)
+  travels with its weights and its size and checksum with the record.
 * engine models: :class:`~specbuild.runtimes.torch.parameters.TorchEngineParameters`, the backend's keys
   rendered as for TensorRT-LLM plus ``torch_device``/``torch_threads``.
 """
@@ -19,10 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import CheckpointError
 from specbuild.package.backend_contract import EngineModel
-from specbuild.package.build_record import BuildRecord, Engine
+from specbuild.package.build_record import BuildRecord, Engine, HeadVocabularyRecord
 from specbuild.runtimes.interface import RENDER_READS, ModelPlan, PackageContext, Runtime
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, BundledPlan
 from specbuild.runtimes.names import TORCH
@@ -61,6 +63,7 @@ class TorchRuntime(Runtime):
     # the default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal")
     busy_in_flight = 2
     ttft_p95_seconds = 5.0  # a CPU's prefill is seconds for long prompts
+    sub_vocabulary_heads = True  # engine.SubVocabularyHead
     reads = {"check": ("torch.device",), "convert": ("target.dtype", "draft.dtype"), "build": BUILD_READS,
              "plan": BUILD_READS,
              "package": (*RENDER_READS, "torch", "triton.engine_instances")}
@@ -102,13 +105,14 @@ class TorchRuntime(Runtime):
         return ModelPlan(role, data, text)
 
     def convert(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo, output: Path) -> None:
-        convert(spec, role, output)
+        convert(spec, role, output, checkpoint.head_vocabulary)
 
     def build(self, spec: BuildSpec, role: Role, converted: Path, output: Path) -> None:
         build(spec, role, converted, output)
 
     def planned_record(self, spec: BuildSpec, role: Role, checkpoint: CheckpointInfo) -> BuildRecord:
-        return record(spec, role, checkpoint.vocab_size, checkpoint.architecture, toolchain=None)
+        return record(spec, role, checkpoint.vocab_size, checkpoint.architecture, checkpoint.head_vocabulary,
+                      toolchain=None)
 
     def engine_model(self, spec: BuildSpec, engine: Engine, repository: Path,
                      context: PackageContext) -> EngineModel:
@@ -120,6 +124,7 @@ class TorchRuntime(Runtime):
             exclude_input_in_output=True,
             torch_device=spec.torch.device,
             torch_threads=getattr(spec.torch, f"{engine.role}_threads"),
+            head_vocabulary_sha256=engine.record.head_vocabulary.sha256 if engine.record.head_vocabulary else None,
         )
         return EngineModel("python", parameters, spec.triton.engine_instances, ENGINE_MODEL, guide_masks=True)
 
@@ -133,8 +138,9 @@ class TorchRuntime(Runtime):
     def pod_plan(self, spec: BuildSpec, options: DeployOptions, footprint: ReleaseFootprint) -> PodPlan:
         return cpu_pod_plan(spec, options, footprint)
 
-def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
-    """Load the HF checkpoint of ``role`` and save it normalized (safetensors, engine dtype) to ``output_dir``."""
+def convert(spec: BuildSpec, role: Role, output_dir: Path, head_vocabulary: HeadVocabulary | None = None) -> None:
+    """Load the HF checkpoint of ``role`` and save it normalized (safetensors, engine dtype) to ``output_dir``,
+    with its head vocabulary where it has one (as read and checked with the checkpoint)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -163,6 +169,8 @@ def convert(spec: BuildSpec, role: Role, output_dir: Path) -> None:
     with torch.no_grad():
         model.save_pretrained(str(output_dir), safe_serialization=True)
     copy_tokenizer(source, output_dir)
+    if head_vocabulary is not None:
+        head_vocabulary.write(output_dir)
     link_identical_files(source, output_dir)
 
 
@@ -205,15 +213,15 @@ def build(spec: BuildSpec, role: Role, checkpoint_dir: Path, output_dir: Path) -
                 shutil.copy2(item, output_dir / item.name)
     config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
     record(spec, role, config.get("vocab_size"), (config.get("architectures") or ["?"])[0],
-           toolchain={"torch": torch.__version__, "transformers": transformers.__version__}).write(output_dir)
+           read_head_vocabulary(checkpoint_dir, config.get("vocab_size")), toolchain={"torch": torch.__version__, "transformers": transformers.__version__}).write(output_dir)
 
 
 def record(spec: BuildSpec, role: Role, vocab_size: int | None, architecture: str,
-           toolchain: dict[str, str] | None) -> BuildRecord:
+           head_vocabulary: HeadVocabulary | None, toolchain: dict[str, str] | None) -> BuildRecord:
     """An engine folder's record; ``toolchain`` None: planned, not built. The draft returns its logits for
     draft-logits acceptance (every torch engine can; the record says what this release asks of it)."""
     return BuildRecord(runtime=TORCH, role=role, dtype=resolve_dtype(spec, role), vocab_size=vocab_size,
                        architecture=architecture,
                        limits=TorchRuntime().record_limits(spec, role),
                        generation_logits=role == "draft" and spec.speculation.acceptance == "draft-logits",
-                       toolchain=toolchain)
+                       head_vocabulary=HeadVocabularyRecord.of(head_vocabulary), toolchain=toolchain)
