@@ -22,16 +22,23 @@ pytest_plugins = ["checkpoint_factory", "random_llama", "served_tiny", "k8s_obje
 CACHE_DIR = cache_dir(REPO_ROOT)  # shared with `specbuild demo` run from the repository root
 
 
+# Folders a test session may create in the checkout: the environment, the cache folder, pytest's and hypothesis's.
+_SESSION_FOLDERS = (".venv", ".cache", ".pytest_cache", ".hypothesis")
+
+
 def _checkout_status() -> set[str] | None:
-    """``git status`` of the checkout, files one by one, ignored ones too, without the environment, the cache
-    folder and Python's bytecode; None outside a git checkout."""
+    """``git status`` of the checkout, files one by one, ignored ones too, without the session's own folders and
+    Python's bytecode; None outside a git checkout."""
     if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
         return None
-    command = ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--ignored=matching", "--untracked-files=all",
-               "--", ".", ":!.venv", ":!.cache", ":!.pytest_cache", ":!.hypothesis"]
+    command = ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--ignored=matching", "--untracked-files=all"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    # Bytecode folders are listed whole (``!! pkg/__pycache__/``), which a pathspec does not exclude.
-    return {line for line in done.stdout.splitlines() if "__pycache__" not in line} if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    # A wholly ignored folder is listed whole (``!! .cache/``, ``!! pkg/__pycache__/``), which an exclusion pathspec
+    # does not match: filter the lines by their path instead.
+    return {line for line in done.stdout.splitlines()
+            if "__pycache__" not in line and line[3:].split("/", 1)[0] not in _SESSION_FOLDERS}
 
 
 @pytest.fixture(scope="session", autouse=True)
