@@ -267,7 +267,8 @@ def assert_openai_error(error: Any, status: int, param: str | None, message: str
     ({"temperature": "abc"}, 400, "temperature", "temperature"),  # Triton's HTTP generate answers this with a 500
     ({"extra_body": {"beam_width": 2}}, 400, "beam_width", "Unrecognized request argument supplied: beam_width"),
     ({"logprobs": True}, 400, "logprobs", "logprobs is not supported"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "tools is not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice",
+     "tool_choice auto (the default with tools) is not supported"),
     ({"max_tokens": 100_000}, 400, None, "exceeds max_seq_len"),
     ({"extra_body": {"num_draft_tokens": 99}}, 400, None, "num_draft_tokens must be within 0..8"),
     ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages", "more than max_input_len"),
@@ -356,3 +357,56 @@ def test_response_format_json_schema_holds_the_answer_to_it_streamed_and_not(cli
     assert content.startswith("{")  # an object, complete unless the tiny model's 48 tokens ran out first
     if anything.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(content), dict)
+
+
+# Short: the tiny release's tokenizer takes about a token per character, and its template gets the tools in its
+# system message.
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "time"}}]
+
+
+def test_a_named_or_required_tool_call_comes_back_as_tool_calls_streamed_and_not(client):
+    """A forced call's arguments match the tool's schema, the stream assembles to the same call, and the call is the
+    same at K=0 and K=4 (greedy)."""
+    import jsonschema
+
+    messages = [{"role": "user", "content": "Oslo weather?"}]
+
+    def call(stream: bool, tool_choice: Any, k: int) -> tuple[str, str, str]:
+        answer = client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=48, temperature=0,
+                                                tools=TOOLS, tool_choice=tool_choice, stream=stream,
+                                                extra_body={"num_draft_tokens": k})
+        if not stream:
+            choice = answer.choices[0]
+            assert choice.message.content is None and len(choice.message.tool_calls) == 1
+            made = choice.message.tool_calls[0]
+            assert made.id.startswith("call_") and made.type == "function"
+            return made.function.name, made.function.arguments, choice.finish_reason
+        chunks = [chunk.choices[0] for chunk in answer if chunk.choices]
+        deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
+        assert deltas[0].id and all(d.id is None for d in deltas[1:]) and {d.index for d in deltas} == {0}
+        return deltas[0].function.name, "".join(d.function.arguments or "" for d in deltas), chunks[-1].finish_reason
+
+    named = {"type": "function", "function": {"name": "weather"}}
+    name, arguments, finish = call(False, named, 4)
+    assert (name, finish) == ("weather", "tool_calls")
+    jsonschema.validate(json.loads(arguments), WEATHER)
+    assert call(True, named, 4) == call(False, named, 0) == (name, arguments, finish)
+    chosen = call(False, "required", 4)
+    assert chosen[0] in {"weather", "time"} and chosen[2] == "tool_calls"
+    assert isinstance(json.loads(chosen[1]), dict)
+    assert call(True, "required", 4) == call(False, "required", 0) == chosen
+
+
+def test_a_tool_call_with_a_response_format_or_an_unknown_tool_is_refused(client):
+    arguments = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                 "tools": TOOLS}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(**arguments, tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert_openai_error(error.value, 400, "tool_choice", "'nope', which is not among the tools")
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(**arguments, tool_choice="required", response_format={"type": "json_object"})
+    assert_openai_error(error.value, 400, "response_format", "send one of them")

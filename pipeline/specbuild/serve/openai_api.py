@@ -16,8 +16,10 @@ generation within one round. Semantics:
   ``num_draft_tokens``, ``prompt_lookup``, ``use_draft_logits``, ``adaptive_draft``, ``break_even``;
 * chat's ``response_format``: ``json_object`` (any JSON object) and ``json_schema`` (its schema, strict or not)
   are guided decoding (the orchestrator's ``guided_decoding_guide_type`` json_schema and ``guided_decoding_guide``);
+* chat's ``tools`` with ``tool_choice`` ``required`` or a named function: the answer is a call, held to its schema
+  (:mod:`specbuild.serve.openai_tools`); ``auto`` is refused, ``none`` answers in text;
 * refused (400, OpenAI's error shape, ``param`` naming the field): ``n`` or ``best_of`` above 1, ``logprobs``,
-  ``echo``, ``suffix``, ``logit_bias``, tools and functions, unknown fields;
+  ``echo``, ``suffix``, ``logit_bias``, the deprecated ``functions``/``function_call``, unknown fields;
   an unknown model is 404 (``model_not_found``).
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -38,6 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specbuild.errors import RequestError, ServerError
+from specbuild.serve.openai_tools import (NamedToolChoice, Tool, ToolCall, ToolCallPlan, ToolCallStream, ToolChoiceError,
+                                          ToolChoiceMode, plan_tool_call, tool_calls_for_template, tools_for_template,
+                                          with_tools_described)
 from specbuild.serve.orchestrator_client import OrchestratorClient, Piece
 from specbuild.speculation.rules import explicit_sampling
 from specbuild.triton_models.text import StopStrings
@@ -155,11 +161,18 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
 
-    def as_template_message(self) -> dict[str, str]:
+    def as_template_message(self) -> dict[str, Any]:
         content = self.content if isinstance(self.content, str) or self.content is None else \
             "".join(part.text for part in self.content)
-        return {"role": self.role, "content": content or ""}
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.tool_calls:
+            message["tool_calls"] = tool_calls_for_template(self.tool_calls)
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class JSONSchemaFormat(BaseModel):
@@ -196,9 +209,9 @@ class ChatRequest(_GenerationRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # one call per answer, which either value allows
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
 
@@ -206,21 +219,42 @@ class ChatRequest(_GenerationRequest):
         super().check()
         if self.logprobs or self.top_logprobs:
             raise _refused("logprobs", "specbuild returns the generated text only")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise _refused(name, "tool and function calling are not available")
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none"):
-                raise _refused(name, "tool and function calling are not available")
+        for name in ("functions", "function_call"):
+            if getattr(self, name) not in (None, [], "none"):
+                raise _refused(name, "it is deprecated: send tools and tool_choice instead")
+        if self.tool_plan is not None and self.response_format is not None and self.response_format.type != "text":
+            raise APIError(400, "response_format and a tool call both hold the answer to a schema: send one of them",
+                           param="response_format")
+
+    @functools.cached_property
+    def tool_plan(self) -> ToolCallPlan | None:
+        """How the answer becomes a tool call (None: it is text)."""
+        try:
+            return plan_tool_call(self.tools, self.tool_choice)
+        except ToolChoiceError as exc:
+            raise APIError(400, exc.message, param=exc.param) from None
 
     @property
     def token_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
     def settings(self) -> dict[str, Any]:
-        """The common settings, and the response format's guide."""
-        guide = self.response_format.guide() if self.response_format is not None else {}
+        """The common settings, and the guide of the tool call or the response format."""
+        if self.tool_plan is not None:
+            guide = self.tool_plan.guide
+        else:
+            guide = self.response_format.guide() if self.response_format is not None else {}
         return {**super().settings(), **guide}
+
+    def template_messages(self, takes_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The messages and tools for the chat template: the tools as its ``tools`` where it ``takes_tools``, else
+        described in the system message."""
+        messages = [message.as_template_message() for message in self.messages]
+        if not self.tools:
+            return messages, None
+        if takes_tools:
+            return messages, tools_for_template(self.tools)
+        return with_tools_described(messages, self.tools), None
 
 
 # --- generation -------------------------------------------------------------------------------------------------
@@ -351,9 +385,9 @@ def create_app(client: OrchestratorClient, model: str) -> FastAPI:
         return Generation(client, arrays, request.stop_strings, max_tokens, len(prompt_ids))
 
     async def _answer(http: Request, generation: Generation, kind: str, request: _GenerationRequest,
-                      shape: Callable[[str | None, str | None], dict[str, Any]]) -> Any:
+                      shape: Callable[[str | None, str | None], dict[str, Any] | None]) -> Any:
         """A whole answer as JSON, or (``stream``) the pieces as server-sent events; ``shape(text, finish)`` gives
-        one choice."""
+        one choice (None: nothing to send for that piece yet)."""
         ident = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}"
         base = {"id": ident, "created": int(time.time()), "model": model}
         if not request.stream:
@@ -376,10 +410,12 @@ def create_app(client: OrchestratorClient, model: str) -> FastAPI:
 
         async def events() -> AsyncIterator[str]:
             if kind == "chat.completion":
-                yield chunk(shape(None, None) | {"delta": {"role": "assistant", "content": ""}})
+                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})
             try:
                 async for text in generation.pieces():
-                    yield chunk(shape(text, None))
+                    if (choice := shape(text, None)) is not None:
+                        yield chunk(choice)
                 yield chunk(shape("" if kind != "chat.completion" else None, generation.finish_reason))
                 if usage:
                     yield chunk(None)
@@ -403,13 +439,17 @@ def create_app(client: OrchestratorClient, model: str) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatRequest, http: Request) -> Any:
         _known(request.model)
-        messages = [message.as_template_message() for message in request.messages]
         preprocessor = client.preprocessor
-        prompt_ids = _prompt_ids(lambda: preprocessor.checked(preprocessor.chat_text(messages),
+        plan = request.tool_plan
+        messages, tools = request.template_messages(preprocessor.template_takes_tools)
+        prompt_ids = _prompt_ids(lambda: preprocessor.checked(preprocessor.chat_text(messages, tools),
                                                               add_special_tokens=False), "messages")
         generation = _start(request, prompt_ids, request.token_budget)
+        calls = plan.stream() if plan is not None else None
 
-        def choice(text: str | None, finish: str | None) -> dict[str, Any]:
+        def choice(text: str | None, finish: str | None) -> dict[str, Any] | None:
+            if calls is not None:
+                return _tool_call_choice(calls, text, finish, request.stream)
             if request.stream:
                 delta = {} if text is None else {"content": text}
                 return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -419,6 +459,23 @@ def create_app(client: OrchestratorClient, model: str) -> FastAPI:
         return await _answer(http, generation, "chat.completion", request, choice)
 
     return app
+
+
+def _tool_call_choice(calls: ToolCallStream, text: str | None, finish: str | None, stream: bool
+                      ) -> dict[str, Any] | None:
+    """A chat choice whose answer is a tool call: ``finish_reason`` ``tool_calls`` unless it was cut at ``length``."""
+    reason = "tool_calls" if finish == "stop" else finish
+    deltas = calls.feed(text) if text else []
+    if finish is not None:
+        deltas += calls.finish()
+    if stream:
+        if not deltas and finish is None:
+            return None
+        return {"index": 0, "delta": {"tool_calls": deltas} if deltas else {}, "logprobs": None,
+                "finish_reason": reason}
+    call = calls.call()  # None only when the answer was cut before the tool's name: then its text is the content
+    message = {"role": "assistant", "content": None if call else calls.text, "tool_calls": [call] if call else []}
+    return {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
 
 
 def _prompt_ids(encode: Callable[[], list[int]], param: str) -> list[int]:

@@ -15,7 +15,7 @@ from specbuild.package.contract import PreprocessingParameters
 from specbuild.triton_models.batch import row_value
 from specbuild.triton_models.text import decode_utf8, encode_word_list, pad_rows
 
-Message = Mapping[str, str]  # {"role": ..., "content": ...}
+Message = Mapping[str, Any]  # {"role": ..., "content": ...} (and, for templates that take them, "tool_calls")
 
 
 class Preprocessor:
@@ -29,13 +29,20 @@ class Preprocessor:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def chat_text(self, messages: Sequence[Message]) -> str:
-        """``messages`` in the tokenizer's chat template, ready for the assistant's answer."""
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template reads a ``tools`` variable (Hugging Face's convention for tool definitions)."""
+        return self.has_chat_template and "tools" in str(self.tokenizer.chat_template)
+
+    def chat_text(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """``messages`` (and ``tools``, for a template that takes them) in the tokenizer's chat template, ready for
+        the assistant's answer."""
         if not self.has_chat_template:
             raise RequestError("this model's tokenizer has no chat template",
                                "send the prompt as plain text (/v1/completions), or package a tokenizer with one")
         try:
-            return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                                      tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 - a template may raise anything (jinja, its own checks)
             raise RequestError(f"the chat template refused the messages: {exc}",
                                "send messages in the roles and order the model's template accepts") from None
