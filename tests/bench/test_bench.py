@@ -15,7 +15,7 @@ from specbuild.bench.metrics import (BY_SOURCE, COUNTER_NAMES, PER_POSITION, Cel
 from specbuild.bench.runner import BenchPlan, is_loopback, rotated
 from specbuild.errors import UsageError
 from specbuild.speculation.cost import expected_speedup, leviathan_tokens_per_step, per_token_acceptance
-from specbuild.bench.prompts import CATEGORIES, interleave, load_prompts, parse_jsonl
+from specbuild.bench.prompts import BUNDLED, CATEGORIES, interleave, load_prompts, parse_jsonl
 from locations import REPO_ROOT
 
 
@@ -367,7 +367,8 @@ def test_wheel_ships_the_bundled_prompts(tmp_path: Path):
     hatchling = pytest.importorskip("hatchling.builders.wheel")
     root = REPO_ROOT
     wheel = next(iter(hatchling.WheelBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])))
-    assert "specbuild/bench/bundled_prompts.jsonl" in zipfile.ZipFile(wheel).namelist()
+    names = zipfile.ZipFile(wheel).namelist()
+    assert all(f"specbuild/bench/{file}" in names for file in BUNDLED.values())
 
 
 # --- end to end (slow): a real Triton server on the tiny pair ----------------------------------------------

@@ -214,6 +214,36 @@ def acceptance_per_position(counters: Counters) -> list[float]:
 CellKey = tuple[int, bool, bool, int]  # (k, adaptive, lookup, concurrency)
 
 
+@dataclass
+class KindFigures:
+    """One kind of prompt (a category) within a cell, from its requests: tokens per request-second (each request's
+    own time, so kinds sharing a block do not blur), acceptance from the responses' draft counts, tokens per round
+    (one streamed response per round); ``speedup`` against the same kind at K=0, set by :func:`compare`."""
+
+    requests: int
+    output_tokens: int
+    request_seconds: float
+    tokens_per_second: float
+    acceptance_rate: float | None
+    tokens_per_round: float | None
+    speedup: float | None = None
+
+
+def kind_figures(traces: Sequence[RequestTrace]) -> dict[str, KindFigures]:
+    """:class:`KindFigures` of the finished requests, by category."""
+    by_kind: dict[str, list[RequestTrace]] = {}
+    for trace in traces:
+        if trace.error is None:
+            by_kind.setdefault(trace.category, []).append(trace)
+    figures = {}
+    for kind, done in by_kind.items():
+        tokens, seconds = sum(t.output_tokens for t in done), sum(t.total_time for t in done)
+        figures[kind] = KindFigures(len(done), tokens, seconds, tokens / seconds if seconds > 0 else 0.0,
+                                    _ratio(sum(t.accepted for t in done), sum(t.drafted for t in done)),
+                                    _ratio(tokens, sum(t.rounds for t in done)))
+    return figures
+
+
 def cell_label(k: int, adaptive: bool = False, lookup: bool = False) -> str:
     return f"K={k}{'+adaptive' if adaptive else ''}{'+lookup' if lookup else ''}"
 
@@ -257,6 +287,7 @@ class Cell:
     # (ttft, tpot, e2e, queue); empty when the metrics endpoint was not read
     server_latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
     error_messages: list[str] = field(default_factory=list)  # what the failed requests were told, each once
+    by_kind: dict[str, KindFigures] = field(default_factory=dict)  # per prompt category, from the requests
     # set by compare():
     speedup: float | None = None
     cost_ratio: float | None = None
@@ -303,6 +334,7 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
                    "e2e": [t.total_time for t in done]},
         error_messages=list(dict.fromkeys(t.error for t in traces if t.error is not None)),
         server_latency=server_latency or {},
+        by_kind=kind_figures(traces),
     )
     request_seconds = sum(t.total_time for t in done)
     if counters is not None and counters.rounds > 0:
@@ -340,7 +372,10 @@ def compare(cells: Sequence[Cell]) -> list[Cell]:
         if base is None:
             compared.append(cell)
             continue
-        cell = replace(cell, speedup=_ratio(cell.tokens_per_second, base.tokens_per_second))
+        cell = replace(cell, speedup=_ratio(cell.tokens_per_second, base.tokens_per_second),
+                       by_kind={kind: replace(figures, speedup=_ratio(figures.tokens_per_second,
+                                                                      base.by_kind[kind].tokens_per_second))
+                                if kind in base.by_kind else figures for kind, figures in cell.by_kind.items()})
         step = base.target_seconds_per_round
         k = cell.draft_tokens_per_round
         if step and k and cell.draft_seconds_per_token is not None \

@@ -1,8 +1,16 @@
-"""Benchmark prompts: the set bundled with specbuild, or a user's JSONL file.
+"""Benchmark prompts: a workload bundled with specbuild, or a user's JSONL file.
 
-The bundled set (``bundled_prompts.jsonl``, written for this project) holds chat, code, summarization, reasoning
-and extraction prompts of varied length: real text, since random tokens overstate speculative throughput.
-Each line is ``{"category": ..., "prompt": ...}``.
+The bundled workloads (written for this project; real text, since random tokens overstate speculative
+throughput):
+
+* ``general`` (``bundled_prompts.jsonl``): chat, code, summarization, reasoning and extraction prompts of varied
+  length;
+* ``structured`` (``structured_prompts.jsonl``): prompts whose answer is JSON, each with its JSON schema; each is
+  sent twice, held to its schema (category ``<kind>+schema``) and unconstrained (``<kind>``), interleaved, so one
+  run measures what the grammar does to acceptance and speed.
+
+Each line is ``{"category": ..., "prompt": ...}``, optionally with ``"json_schema": {...}`` (the request is then
+guided decoding, NVIDIA's ``json_schema`` guide type).
 """
 
 from __future__ import annotations
@@ -10,14 +18,16 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specbuild.errors import UsageError
 
-BUNDLED = "bundled_prompts.jsonl"
+Workload = Literal["general", "structured"]
+BUNDLED: dict[str, str] = {"general": "bundled_prompts.jsonl", "structured": "structured_prompts.jsonl"}
 CATEGORIES = ("chat", "code", "summarization", "reasoning", "extraction")
+SCHEMA_SUFFIX = "+schema"  # the category of a structured prompt sent with its schema
 
 
 class Prompt(BaseModel):
@@ -25,6 +35,14 @@ class Prompt(BaseModel):
 
     category: str = Field("custom", min_length=1)
     prompt: str = Field(min_length=1)
+    json_schema: dict[str, Any] | None = None
+
+    @property
+    def guide(self) -> dict[str, str]:
+        """The request's guided decoding inputs: its schema, or none."""
+        if self.json_schema is None:
+            return {}
+        return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": json.dumps(self.json_schema)}
 
 
 def parse_jsonl(text: str, source: str) -> list[Prompt]:
@@ -44,13 +62,18 @@ def parse_jsonl(text: str, source: str) -> list[Prompt]:
     return prompts
 
 
-def load_prompts(path: str | Path | None = None, *, categories: Sequence[str] | None = None,
-                 limit: int | None = None) -> list[Prompt]:
-    """The bundled prompts (``path`` None) or a user's JSONL, optionally filtered by category and cut to
-    ``limit``, taken round-robin across categories so a short run still sees every kind of prompt."""
+def load_prompts(path: str | Path | None = None, *, workload: Workload = "general",
+                 categories: Sequence[str] | None = None, limit: int | None = None) -> list[Prompt]:
+    """The bundled ``workload`` (``path`` None) or a user's JSONL, optionally filtered by category and cut to
+    ``limit``, taken round-robin across categories so a short run still sees every kind of prompt; the structured
+    workload's prompts each twice, with their schema and without (``limit`` counts the pairs)."""
     if path is None:
-        text = resources.files(__package__).joinpath(BUNDLED).read_text(encoding="utf-8")
-        prompts = parse_jsonl(text, f"bundled {BUNDLED}")
+        name = BUNDLED[workload]
+        prompts = parse_jsonl(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"),
+                              f"bundled {name}")
+    elif workload != "general":
+        raise UsageError(f"the {workload} workload is bundled, and a prompt file was given too",
+                         "give --prompts FILE (its lines may carry a json_schema each) or --workload, not both")
     else:
         file = Path(path)
         if not file.is_file():
@@ -62,7 +85,14 @@ def load_prompts(path: str | Path | None = None, *, categories: Sequence[str] | 
             raise UsageError(f"no prompts in the categories {', '.join(categories)}",
                              f"choose among the file's categories (bundled: {', '.join(CATEGORIES)})")
     ordered = interleave(prompts)
-    return ordered[:limit] if limit is not None else ordered
+    ordered = ordered[:limit] if limit is not None else ordered
+    return [sent for p in ordered for sent in with_and_without_schema(p)] if workload == "structured" else ordered
+
+
+def with_and_without_schema(prompt: Prompt) -> tuple[Prompt, Prompt]:
+    """``prompt`` held to its schema and unconstrained, told apart by their categories."""
+    return (prompt.model_copy(update={"category": prompt.category + SCHEMA_SUFFIX}),
+            prompt.model_copy(update={"json_schema": None}))
 
 
 def interleave(prompts: Sequence[Prompt]) -> list[Prompt]:

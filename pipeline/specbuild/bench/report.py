@@ -83,8 +83,23 @@ LATENCY_COLUMNS: list[Column] = [
 MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share", _server(TPOT)[0], _server(E2E)[0]}
 
 
+KIND_COLUMNS = ("kind", "K", "conc.", "requests", "tok/s", "speedup", "accept", "tokens/round")
+
+
+def kind_rows(cells: Sequence[Cell]) -> list[tuple[str, ...]]:
+    """One row per kind of prompt and cell, when the prompts are of more than one kind: a speedup that shows only on
+    some kinds is read here, not averaged into the overall one."""
+    kinds = sorted({kind for cell in cells for kind in cell.by_kind})
+    if len(kinds) < 2:
+        return []
+    return [(kind, cell.label.removeprefix("K="), str(cell.concurrency), str(figures.requests),
+             _num(figures.tokens_per_second, 1), _num(figures.speedup, 2, "x"), _num(figures.acceptance_rate, 2),
+             _num(figures.tokens_per_round, 2))
+            for kind in kinds for cell in cells if (figures := cell.by_kind.get(kind)) is not None]
+
+
 def tables(cells: Sequence[Cell]) -> list[Table]:
-    """Two rich tables: speed and acceptance, then latency."""
+    """Rich tables: speed and acceptance, latency, and (prompts of several kinds) speed by kind."""
     result = []
     speed = [column for column in SPEED_COLUMNS if column[0] not in MARKDOWN_ONLY]
     latency = [column for column in LATENCY_COLUMNS if column[0] not in MARKDOWN_ONLY]
@@ -94,6 +109,13 @@ def tables(cells: Sequence[Cell]) -> list[Table]:
             table.add_column(name, justify="right" if name not in ("per position",) else "left")
         for cell in cells:
             table.add_row(*(render(cell) for _, render in columns))
+        result.append(table)
+    if rows := kind_rows(cells):
+        table = Table(title="by kind of prompt (tokens per request-second)", title_justify="left")
+        for name in KIND_COLUMNS:
+            table.add_column(name, justify="left" if name == "kind" else "right")
+        for row in rows:
+            table.add_row(*row)
         result.append(table)
     return result
 
@@ -118,6 +140,12 @@ def markdown(report: Any) -> str:
                   "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(render(cell) for _, render in columns) + " |" for cell in report.cells]
         lines.append("")
+    if rows := kind_rows(report.cells):
+        lines += ["## By kind of prompt", "", "| " + " | ".join(KIND_COLUMNS) + " |", "|" + "---|" * len(KIND_COLUMNS)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines += ["", "Per kind, tokens per request-second (each request's own end-to-end time) and the speedup "
+                  "against the same kind at K=0; acceptance and tokens per round from the responses' draft counts.",
+                  ""]
     lines += ["MAL = 1 + accepted / drafts (tokens per target step); per position = accepted at that position "
               "per draft; c = draft seconds per token and V(K) = target seconds per round, both over the K=0 target "
               "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "

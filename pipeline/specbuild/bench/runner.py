@@ -186,15 +186,28 @@ def chat_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
                                           add_generation_prompt=True) for p in prompts]
 
 
+@dataclass(frozen=True)
+class SentPrompt:
+    """A prompt as the bench sends it: its text (in the chat template where there is one), kind and guide."""
+
+    text: str
+    category: str
+    guide: dict[str, str] = field(default_factory=dict)
+
+
+def sent_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) -> list[SentPrompt]:
+    return [SentPrompt(text, p.category, p.guide) for text, p in zip(chat_prompts(tokenizer_dir, prompts), prompts)]
+
+
 # --- requests --------------------------------------------------------------------------------------------
-def _request(prompt: str, plan: BenchPlan, k: int, adaptive: bool = False, lookup: bool = False,
+def _request(prompt: SentPrompt, plan: BenchPlan, k: int, adaptive: bool = False, lookup: bool = False,
              max_tokens: int | None = None) -> Any:
     from specbuild.serve.client import GenerationRequest
     from specbuild.speculation.rules import explicit_sampling
 
-    return GenerationRequest(prompt, max_tokens or plan.max_tokens, stream=True, num_draft_tokens=k,
+    return GenerationRequest(prompt.text, max_tokens or plan.max_tokens, stream=True, num_draft_tokens=k,
                              adaptive_draft=adaptive if k else None, prompt_lookup=lookup if k else None,
-                             **explicit_sampling(plan.temperature))
+                             **explicit_sampling(plan.temperature), **prompt.guide)
 
 
 def trace_request(client: Any, index: int, category: str, request: Any) -> RequestTrace:
@@ -213,15 +226,16 @@ def trace_request(client: Any, index: int, category: str, request: Any) -> Reque
     )
 
 
-def run_block(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, key: CellKey,
-              block: Sequence[int], on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
+def run_block(client: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, key: CellKey, block: Sequence[int],
+              on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
     """The requests of one block sent together (one thread each) with the cell's setting; returns the traces
     and the block's wall time (until its last request finished)."""
     k, adaptive, lookup, _ = key
 
     def send(request_index: int) -> RequestTrace:
-        index = request_index % len(texts)
-        trace = trace_request(client, index, categories[index], _request(texts[index], plan, k, adaptive, lookup))
+        index = request_index % len(prompts)
+        trace = trace_request(client, index, prompts[index].category, _request(prompts[index], plan, k, adaptive,
+                                                                               lookup))
         on_done()
         return trace
 
@@ -241,8 +255,8 @@ class _CellRun:
     latencies: Latencies | None = None
 
 
-def run_level(client: Any, texts: Sequence[str], categories: Sequence[str], plan: BenchPlan, concurrency: int,
-              metrics_url: str | None, on_done: Callable[[], None] = lambda: None) -> dict[CellKey, _CellRun]:
+def run_level(client: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, concurrency: int, metrics_url: str | None,
+              on_done: Callable[[], None] = lambda: None) -> dict[CellKey, _CellRun]:
     """Every cell of one concurrency level, interleaved block by block (see the module docstring). After a
     round of blocks (every cell once), no further round starts if a cell has run ``plan.max_seconds``, so
     every cell has sent the same prompts."""
@@ -253,7 +267,7 @@ def run_level(client: Any, texts: Sequence[str], categories: Sequence[str], plan
         if position % len(runs) == 0 and any(run.wall > plan.max_seconds for run in runs.values()):
             break
         before = read_metrics(metrics_url) if metrics_url else None
-        traces, wall = run_block(client, texts, categories, plan, key, block, on_done)
+        traces, wall = run_block(client, prompts, plan, key, block, on_done)
         after = read_metrics(metrics_url) if metrics_url else None
         run = runs[key]
         run.traces += traces
@@ -287,11 +301,10 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
         console.print(f"[yellow]note:[/] {url} is not this machine: the benchmark loads a server elsewhere with "
                       f"{len(plan.cells()) * plan.requests} requests", highlight=False)
     client = SpecbuildClient(url, timeout=plan.timeout)
-    texts = chat_prompts(tokenizer_dir, prompts)
-    categories = [p.category for p in prompts]
+    sent = sent_prompts(tokenizer_dir, prompts)
     if plan.warmup:  # load both engines and their first-call paths before anything is timed
         for k in {0, max(plan.ks)}:
-            trace = trace_request(client, 0, "warmup", _request(texts[0], plan, k, max_tokens=WARMUP_TOKENS))
+            trace = trace_request(client, 0, "warmup", _request(sent[0], plan, k, max_tokens=WARMUP_TOKENS))
             if trace.error:
                 raise ServerError(f"the warm-up request failed: {trace.error}",
                                   "check that the server at the given address serves a specbuild ensemble")
@@ -302,7 +315,7 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
         task = progress.add_task("bench (interleaved)", total=len(plan.cells()) * plan.requests)
         for concurrency in plan.concurrencies:
             progress.update(task, description=f"bench (interleaved), concurrency {concurrency}")
-            runs = run_level(client, texts, categories, plan, concurrency, metrics_url if metrics else None,
+            runs = run_level(client, sent, plan, concurrency, metrics_url if metrics else None,
                              on_done=lambda: progress.advance(task))
             for key, run in runs.items():
                 k, adaptive, lookup, _ = key

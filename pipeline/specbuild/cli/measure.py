@@ -58,7 +58,11 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The prompts and bounds shared by ``bench`` and ``tune``."""
     options = [
         click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
-                     help="JSONL file of {category, prompt} lines  [default: the bundled set]"),
+                     help="JSONL file of {category, prompt} lines, each optionally with a json_schema  [default: the "
+                     "bundled workload]"),
+        click.option("--workload", type=click.Choice(["general", "structured"]), default="general", show_default=True,
+                     help="the bundled prompts: general, or structured (answers in JSON, each prompt sent with its "
+                     "schema and without, interleaved)"),
         click.option("--category", "categories", multiple=True, help="only prompts of this category (repeatable)"),
         click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="use the first N prompts "
                      "(taken round-robin across categories)"),
@@ -117,8 +121,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 @reports_errors
 def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None,
           ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, temperature: float | None,
-          prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None, max_tokens: int,
-          requests: int, max_seconds: float, out_dir: str, plots: bool, gate: tuple[str, ...],
+          prompts_file: str | None, workload: str, categories: tuple[str, ...], num_prompts: int | None,
+          max_tokens: int, requests: int, max_seconds: float, out_dir: str, plots: bool, gate: tuple[str, ...],
           json_mode: bool) -> None:
     """Measure speculative speedup per K and concurrency (streaming): latency percentiles, tokens/s,
     acceptance, and the speedup the analytic model expects from the measured acceptance and step costs.
@@ -144,7 +148,8 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
                          max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, temperature=temperature)
     except ValidationError as exc:
         raise UsageError(f"invalid bench options: {exc.errors()[0]['msg']}", "see specbuild bench --help") from None
-    prompts = load_prompts(prompts_file, categories=categories or None, limit=num_prompts)
+    prompts = load_prompts(prompts_file, workload=workload, categories=categories or None,  # type: ignore[arg-type]
+                           limit=num_prompts)
     tokenizer = tokenizer or (repository_tokenizer(repository) if repository else None)
     with bench_server(url, repository) as (grpc_url, server_metrics_url):
         report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url or server_metrics_url,
@@ -192,14 +197,15 @@ def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, j
 @json_option
 @reports_errors
 def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, concurrency: int | None,
-         url: str | None, prompts_file: str | None, categories: tuple[str, ...], num_prompts: int | None,
+         url: str | None, prompts_file: str | None, workload: str, categories: tuple[str, ...], num_prompts: int | None,
          max_tokens: int, requests: int, max_seconds: float, out_dir: str | None, dry_run: bool,
          json_mode: bool) -> None:
     """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default."""
     from specbuild.bench.prompts import load_prompts
     from specbuild.bench.tune import tune as run_tune
 
-    prompts = load_prompts(prompts_file, categories=categories or None, limit=num_prompts)
+    prompts = load_prompts(prompts_file, workload=workload, categories=categories or None,  # type: ignore[arg-type]
+                           limit=num_prompts)
     result = run_tune(spec_file, goal, prompts, ks=ks, adaptive=ADAPTIVE_CHOICES[adaptive],  # type: ignore[arg-type]
                       concurrency=concurrency, max_tokens=max_tokens, requests=requests, max_seconds=max_seconds,
                       url=url, write=not dry_run, console=console)
