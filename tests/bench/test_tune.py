@@ -11,7 +11,8 @@ from specbuild.bench.metrics import Cell, percentiles
 from specbuild.errors import SpecError, UsageError
 from specbuild.spec import SpeculationSpec, load_spec, render_spec, starter_spec
 from checkpoint_factory import package_gpu_release, release_spec
-from specbuild.bench.tune import candidate_ks, pick, release_max_draft_len, set_section_values, tune, write_choice
+from specbuild.bench.tune import (candidate_ks, measured_verify_cost, pick, release_max_draft_len, set_section_values,
+                                  tune, write_choice)
 
 
 def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,
@@ -30,6 +31,14 @@ def test_pick_by_goal_skipping_failed_and_wrong_settings():
     assert pick([cell(0, 20, 3.0), cell(3, 20, 3.0)], "throughput").k == 0  # a tie: the smaller K
     with pytest.raises(UsageError, match="no setting"):
         pick([cell(2, 30, 2.0, errors=4)], "latency")
+
+
+def test_a_verification_measured_cheaper_than_a_step_is_written_as_one_step():
+    """V(K) < 1 is the load drifting between cells (bench warns of it): the cost model keeps the physical bound."""
+    from dataclasses import replace
+
+    cells = [replace(cell(1, 30, 2.0), verify_cost=0.68), replace(cell(2, 30, 2.0), verify_cost=1.234)]
+    assert measured_verify_cost(cells) == {1: 1.0, 2: 1.234}
 
 
 def test_candidate_ks_stay_within_the_engine_limit():

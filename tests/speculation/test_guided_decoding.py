@@ -120,6 +120,8 @@ def test_greedy_output_is_the_targets_alone_under_the_grammar_at_every_k(engines
             prompt, 12, end_id=END, num_draft_tokens=k, prompt_lookup=lookup, guide=guide))
         assert (result.tokens, result.finish_reason) == (alone.tokens, alone.finish_reason), (k, lookup)
         assert result.stats.drafted_tokens > 0
+        assert 0 < result.stats.guide_seconds < result.stats.target_seconds + result.stats.draft_seconds
+    assert alone.stats.guide_seconds > 0 and unguided.stats.guide_seconds == 0
 
 
 def test_a_complete_grammar_ends_the_answer_before_min_tokens_and_a_stop_word_ends_it_inside(engines, compiler):

@@ -273,6 +273,7 @@ class Cell:
     drafted_per_round: float | None = None  # draft tokens over all rounds, drafted or not
     tokens_per_round: float | None = None  # 1 + accepted / rounds, over all rounds
     engine_share: float | None = None  # engine seconds / request seconds
+    guide_share: float | None = None  # grammar matcher seconds / request seconds (guided requests only)
     # share of rounds run without drafts because a request's break-even said drafting did not pay, and the
     # requests it switched off (of those the cell sent)
     break_even_share: float | None = None
@@ -348,6 +349,7 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
         cell.drafted_per_round = counters.drafted_tokens / counters.rounds
         cell.tokens_per_round = 1.0 + counters.accepted_tokens / counters.rounds
         cell.engine_share = _ratio(counters.draft_seconds + counters.target_seconds, request_seconds)
+        cell.guide_share = _ratio(counters.guide_seconds, request_seconds) if counters.guide_seconds else None
         cell.break_even_share = counters.break_even_rounds / counters.rounds
         cell.break_even_requests = int(counters.break_even_requests)
         cell.sources = {name: {"share": counts["drafts"] / counters.rounds,

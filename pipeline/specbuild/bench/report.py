@@ -59,6 +59,7 @@ SPEED_COLUMNS: list[Column] = [
     ("c", lambda c: _num(c.cost_ratio, 3)),
     ("V(K)", lambda c: _num(c.verify_cost, 2)),
     ("engine share", lambda c: _num(c.engine_share, 2)),
+    ("guide share", lambda c: _num(c.guide_share, 3)),
     ("break-even off", lambda c: "-" if c.break_even_share is None
      else f"{c.break_even_requests} req, {c.break_even_share:.0%} of rounds"),
     ("=K0 text", lambda c: "-" if c.matches_baseline is None else f"{c.matches_baseline:.0%}"),
@@ -80,7 +81,8 @@ LATENCY_COLUMNS: list[Column] = [
 
 
 # Left out of the terminal table to keep it narrow (they are in the Markdown and JSON reports).
-MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share", _server(TPOT)[0], _server(E2E)[0]}
+MARKDOWN_ONLY = {"requests", "textbook V=1", "per position", "engine share", "guide share", _server(TPOT)[0],
+                 _server(E2E)[0]}
 
 
 KIND_COLUMNS = ("kind", "K", "conc.", "requests", "tok/s", "speedup", "accept", "tokens/round")
@@ -149,7 +151,8 @@ def markdown(report: Any) -> str:
     lines += ["MAL = 1 + accepted / drafts (tokens per target step); per position = accepted at that position "
               "per draft; c = draft seconds per token and V(K) = target seconds per round, both over the K=0 target "
               "step; expected = MAL / (K*c + V(K)) (textbook: V = 1); efficiency = speedup / expected; engine "
-              "share = engine seconds / request seconds; sources = rounds each draft source (model, lookup) drafted / "
+              "share = engine seconds / request seconds (guide share: the grammar matchers' part of it, guided "
+              "requests only); sources = rounds each draft source (model, lookup) drafted / "
               "all rounds, then its own acceptance (its accepted / drafted tokens; acceptance and MAL count every "
               "source). Latency: TTFT to E2E as the client saw them; the server columns are quantiles of the "
               "serving model's histograms over the cell's requests ("

@@ -97,8 +97,9 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
 
 
 def measured_verify_cost(cells: Sequence[Cell]) -> dict[int, float]:
-    """V(K) as the bench measured it through the server, per fixed K (adaptive cells vary K round by round)."""
-    return {cell.k: round(cell.verify_cost, 3) for cell in _fixed_k(cells)}
+    """V(K) as the bench measured it through the server, per fixed K (adaptive cells vary K round by round), at least
+    1: a verification cheaper than a step is the load drifting between cells (bench warns of it), not a cost."""
+    return {cell.k: round(max(1.0, cell.verify_cost), 3) for cell in _fixed_k(cells)}
 
 
 def measured_costs(cells: Sequence[Cell]) -> dict[str, Any]:

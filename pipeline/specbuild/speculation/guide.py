@@ -17,15 +17,17 @@ the first compile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -177,10 +179,20 @@ class Guide:
         self._matcher = matcher
         self._xgrammar = xgrammar
         self.vocab_size = vocab_size
+        self.seconds = 0.0  # in the matcher since the answer started: what guided decoding costs besides the engines
 
     def reset(self) -> None:
         """Back to the start of the answer."""
         self._matcher.reset()
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - started
 
     @property
     def finished(self) -> bool:
@@ -189,24 +201,30 @@ class Guide:
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Advance past tokens the request keeps; each must be one the masks allowed."""
-        for token in tokens:
-            if not self._matcher.accept_token(int(token)):
-                raise RuntimeError(f"token {token} was kept although the grammar forbids it")
+        with self._timed():
+            for token in tokens:
+                if not self._matcher.accept_token(int(token)):
+                    raise RuntimeError(f"token {token} was kept although the grammar forbids it")
 
     def admissible(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens`` (a proposal) the grammar accepts from here, in order."""
         accepted = 0
-        for token in tokens:
-            if self._matcher.is_terminated() or not self._matcher.accept_token(int(token)):
-                break
-            accepted += 1
-        if accepted:
-            self._matcher.rollback(accepted)
+        with self._timed():
+            for token in tokens:
+                if self._matcher.is_terminated() or not self._matcher.accept_token(int(token)):
+                    break
+                accepted += 1
+            if accepted:
+                self._matcher.rollback(accepted)
         return accepted
 
     def masks(self, tokens: Sequence[int] = ()) -> torch.Tensor:
         """The allowed tokens here and after each of ``tokens`` (which the grammar must accept in order):
         ``[len(tokens) + 1, ceil(vocab / 32)]`` int32 bitmask rows, the matcher left where it was."""
+        with self._timed():
+            return self._masks(tokens)
+
+    def _masks(self, tokens: Sequence[int]) -> torch.Tensor:
         bitmask = self._xgrammar.allocate_token_bitmask(len(tokens) + 1, self.vocab_size)  # all allowed
         advanced = 0
         try:
@@ -244,8 +262,9 @@ class Guide:
                     if not output.tokens:
                         break
                     token = output.tokens[0]
-                    if not self._matcher.accept_token(token):
-                        raise RuntimeError(f"the engine returned token {token}, which its mask forbids")
+                    with self._timed():
+                        if not self._matcher.accept_token(token):
+                            raise RuntimeError(f"the engine returned token {token}, which its mask forbids")
                     advanced += 1
                     tokens.append(token)
                     if output.logits is not None:
@@ -254,7 +273,8 @@ class Guide:
                         break
             finally:
                 if advanced:
-                    self._matcher.rollback(advanced)
+                    with self._timed():
+                        self._matcher.rollback(advanced)
             return EngineOutput(tokens, torch.stack(logits) if logits and request.return_logits else None)
 
         return guided

@@ -100,6 +100,7 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
             finish_reason = "stop_words"
         if guide is not None:
             guide.accept(new_tokens)
+            stats.guide_seconds = guide.seconds  # this request's, masks for the draft's calls included
             if finish_reason is None and guide.finished:
                 finish_reason = "end_id"  # a complete grammar ends the answer as the end token does
         if finish_reason is None and len(generated) >= request.max_tokens:

@@ -37,6 +37,7 @@ class SpeculationStats:
     accepted_per_position: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    guide_seconds: float = 0.0  # in the grammar matcher (a guided request's masks and proposal checks)
     fallbacks: int = 0  # requests that went on with the target alone because the draft model failed
     unspeculated: int = 0  # requests that asked for drafts but ran by the target alone: their sampling penalties
     break_even_requests: int = 0  # requests whose break-even switched drafting off at least once
@@ -135,6 +136,9 @@ SPECULATION_METRICS = (
            "Draft tokens proposed, by position in the draft", label="position"),
     Metric("draft_seconds", "specbuild_draft_seconds_total", "Time spent in draft calls"),
     Metric("target_seconds", "specbuild_target_seconds_total", "Time spent in target calls"),
+    Metric("guide_seconds", "specbuild_guide_seconds_total",
+           "Time spent in grammar matchers (guided decoding: masks, counted in the engine calls' time too, proposal "
+           "checks and advancing)"),
     Metric("fallbacks", "specbuild_draft_fallbacks_total",
            "Requests that fell back to the target alone because the draft failed"),
     Metric("unspeculated", "specbuild_unspeculated_requests_total",
