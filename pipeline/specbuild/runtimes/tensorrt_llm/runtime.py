@@ -32,7 +32,9 @@ from pydantic import TypeAdapter
 
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import EngineModel, EngineParameters
+from specbuild.package.backend_guides import TOKENIZER_INFO_FILE, XGRAMMAR, write_tokenizer_info
 from specbuild.package.build_record import BuildLimits, BuildRecord, Engine, GpuInfo
+from specbuild.package.contract import TARGET_MODEL
 from specbuild.runtimes.interface import RENDER_READS, ModelPlan, PackageContext, SpecFinding
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM
@@ -415,8 +417,12 @@ class TensorRTLLMRuntime(ImageRuntime):
         if total is not None:
             fraction = total * fraction / max(1e-9, sum(context.kv_fractions.values()))
         devices = model_devices(spec)[engine.role]
+        guided = engine.role == TARGET_MODEL  # guided requests run on the target alone (the module notes)
         return EngineModel(TENSORRTLLM_BACKEND, EngineParameters(
             gpt_model_path=f"{spec.triton.engine_mount.rstrip('/')}/{engine.role}",
+            guided_decoding_backend=XGRAMMAR if guided else "",
+            xgrammar_tokenizer_info_path=f"{spec.triton.repository_mount.rstrip('/')}/{TARGET_MODEL}/"
+                                         f"{TOKENIZER_INFO_FILE}" if guided else "",
             kv_cache_free_gpu_mem_fraction=round(fraction, 4),
             max_tokens_in_paged_kv_cache=context.kv_tokens[engine.role],
             enable_chunked_context=True,  # long prompts in chunks; needs the paged context FMHA engines are built with
@@ -425,6 +431,13 @@ class TensorRTLLMRuntime(ImageRuntime):
             participant_ids=devices.participant_ids,
             speculative_decoding_fast_logits=devices.fast_logits,
         ))
+
+    def render_repository(self, spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path,
+                          output_dir: Path, context: PackageContext) -> None:
+        """The engine-model repository, and the target's tokenizer info beside its config (what its
+        ``xgrammar_tokenizer_info_path`` names inside the container)."""
+        super().render_repository(spec, engines, tokenizer_dir, output_dir, context)
+        write_tokenizer_info(tokenizer_dir, output_dir / TARGET_MODEL)
 
     def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:
         check_engine_configs(repository, spec)
