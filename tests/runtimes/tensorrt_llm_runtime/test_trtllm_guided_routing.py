@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pytest
 
+from random_llama import END, TOKENS, VOCAB
 from specbuild.package.backend_guides import write_tokenizer_info
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine
@@ -23,27 +24,18 @@ from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.engine_io import decode_output, decode_requests, encode_outputs, encode_request
 from specbuild.triton_models.request_runner import RequestRunner
 
-TOKENS = ["<pad>", "<s>", "</s>", "a", "b", "c", "d", "0", "1", "2", "3", "{", "}", ":", ",", "x"]
-END = 2
 REGEX = r"[ab]+c|[0-3]{2}x?"
 SETTINGS = OrchestratorParameters(max_draft_len=4, num_draft_tokens=4, use_draft_logits=False, adaptive_draft=False,
                                   busy_in_flight=0, prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=32, max_seq_len=64,
-                                  vocab_size=16, max_request_seconds=600.0, break_even=False, draft_cost=0.1,
+                                  vocab_size=VOCAB, max_request_seconds=600.0, break_even=False, draft_cost=0.1,
                                   verify_costs=(1.0,) * 4, cost_measured=False, engine_guides=True)
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tokenizer")
-    made = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({token: i for i, token in enumerate(TOKENS)}, unk_token="x")),
-        pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    made.save_pretrained(folder)
-    return made, write_tokenizer_info(folder, folder)
+def tokenizer(tiny_tokenizer, tmp_path_factory):
+    made, folder = tiny_tokenizer
+    return made, write_tokenizer_info(folder, tmp_path_factory.mktemp("tokenizer_info"))
 
 
 class BackendEngines:
@@ -61,7 +53,7 @@ class BackendEngines:
         arrays = encode_request(request)
         calls.append(arrays)
         rows = decode_requests(arrays, exclude_input_default=True, guided_decoding=guided)
-        answer = encode_outputs(rows, [engine.run(row.request) for row in rows], 16)
+        answer = encode_outputs(rows, [engine.run(row.request) for row in rows], VOCAB)
         return decode_output(answer, request)
 
     # off the event loop, as an engine model runs in its own process
@@ -129,7 +121,7 @@ def request(prompt: list[int], stream: bool = False, **strings: str) -> dict[str
 def serve(tiny, tokenizer, inputs, settings=SETTINGS) -> tuple[Exchange, Recorder, BackendEngines]:
     made, info_path = tokenizer
     engines, metrics = BackendEngines(tiny, info_path), Recorder()
-    compiler = GuideCompiler(made, 16)
+    compiler = GuideCompiler(made, VOCAB)
     runner = RequestRunner(settings, engines.call_target, engines.call_draft, metrics, Log(), guides=compiler.guide)
     exchange = Exchange(inputs)
     asyncio.run(runner.serve(exchange))

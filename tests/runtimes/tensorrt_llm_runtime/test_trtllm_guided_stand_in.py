@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from random_llama import END, TOKENS
 from specbuild.errors import RequestError
 from specbuild.package.backend_guides import backend_guide, write_tokenizer_info
 from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine
@@ -18,22 +19,12 @@ from specbuild.speculation.engine import EngineRequest
 from specbuild.speculation.guide import GuideSpec
 from specbuild.triton_models.engine_io import decode_requests, encode_request
 
-# the 16 tokens of the tiny models, one character each after the three specials (ids as random_llama's config)
-TOKENS = ["<pad>", "<s>", "</s>", "a", "b", "c", "d", "0", "1", "2", "3", "{", "}", ":", ",", "x"]
-END = 2
 REGEX = r"[ab]+c|[0-3]{2}x?"
 
 
 @pytest.fixture(scope="module")
-def tokenizer_info_path(tmp_path_factory):
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tokenizer")
-    PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({token: i for i, token in enumerate(TOKENS)}, unk_token="x")),
-        pad_token="<pad>", bos_token="<s>", eos_token="</s>").save_pretrained(folder)
-    return write_tokenizer_info(folder, folder)
+def tokenizer_info_path(tiny_tokenizer, tmp_path_factory):
+    return write_tokenizer_info(tiny_tokenizer[1], tmp_path_factory.mktemp("tokenizer_info"))
 
 
 @pytest.fixture(scope="module")

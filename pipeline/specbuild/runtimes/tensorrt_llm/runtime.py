@@ -15,6 +15,16 @@ Rules encoded here (TensorRT-LLM 1.2 ``examples/draft_target_model/README.md`` a
   round cheap), ``gemm_plugin=auto``, beam width 1, logits in float32 (the Triton config declares FP32);
 * never ``gather_context_logits`` (an error together with ``max_draft_len > 0``);
 * fp16/bf16 only, no quantization; GPU SM >= 8.0 at build time.
+
+Guided decoding is the backend's own (:mod:`specbuild.package.backend_guides`): the target engine model gets
+``guided_decoding_backend: xgrammar`` and the tokenizer info file packaging writes beside its config; the draft
+none. The 1.2.x C++ executor does not combine guided decoding with external draft tokens: its guided decoder
+(``cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp``) keeps one token bitmask per sequence slot per step and
+advances its matcher by the request's last token (``getLastTokens(0)``), one per step, so drafted positions would
+go unmasked and accepted tokens unfed; nothing refuses the combination (``trtGptModelInflightBatching.cpp`` runs
+the guided decoder whenever it is configured). Its matcher starts at each request's first new token, too. So the
+orchestrator runs a guided request on the target alone, its whole answer in one call with NVIDIA's guide inputs
+(``OrchestratorParameters.engine_guides``), counted in ``specbuild_guided_target_only_requests_total``.
 """
 
 from __future__ import annotations
