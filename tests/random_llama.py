@@ -17,6 +17,9 @@ import pytest
 import torch
 
 VOCAB = 16
+# a tokenizer of the 16 ids, one character each after the three specials (ids as the models' config)
+TOKENS = ("<pad>", "<s>", "</s>", "a", "b", "c", "d", "0", "1", "2", "3", "{", "}", ":", ",", "x")
+END = 2
 SUB_VOCABULARY = (5, 2, 9, 3, 12, 7, 0, 14, 8, 11)  # a ranked head vocabulary: 10 of the 16 ids
 
 
@@ -81,3 +84,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
     yield tiny_models(Path(tmp_path_factory.getbasetemp()) / "random_llama")
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    """A fast tokenizer of :data:`TOKENS` (WordLevel), saved in a folder: ``(tokenizer, folder)``."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny_tokenizer")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({token: i for i, token in enumerate(TOKENS)}, unk_token="x")),
+        pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer.save_pretrained(folder)
+    return tokenizer, folder

@@ -74,9 +74,10 @@ def test_engine_models_implement_the_tensorrtllm_interface(torch_release: Path) 
 
 # What may differ between a torch and a tensorrt-llm release's engine configs: the backend, the weights path (a
 # container mount for TensorRT-LLM, the release folder for torch), where the devices come from (the launch
-# layout; the torch runtime picks its device itself) and the torch runtime's own keys.
+# layout; the torch runtime picks its device itself), the torch runtime's own keys, and the backend's own guided
+# decoding (a tensorrt-llm target's; a torch engine takes guide masks instead).
 ENGINE_CONFIG_DIFFERENCES = {"backend", "gpt_model_path", "gpu_device_ids", "kv_cache_free_gpu_mem_fraction",
-                             "torch_device", "torch_threads"}
+                             "torch_device", "torch_threads", "guided_decoding_backend", "xgrammar_tokenizer_info_path"}
 
 
 def test_both_runtimes_render_the_same_engine_configs(torch_release: Path, tmp_path: Path,

@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 import torch
 
-from random_llama import VOCAB
+from random_llama import END, TOKENS, VOCAB
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 from specbuild.speculation.guide import GuideCompiler, GuideSpec
@@ -27,9 +27,6 @@ from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.rules import SamplingParams, allowed_tokens, probabilities, restrict
 from test_rules import ALPHA, chi_square_pvalue, rejection_step, token_match_step, two_token_joint
 
-# the 16 tokens of the tiny models, one character each after the three specials (ids as random_llama's config)
-TOKENS = ["<pad>", "<s>", "</s>", "a", "b", "c", "d", "0", "1", "2", "3", "{", "}", ":", ",", "x"]
-END = 2
 REGEX = r"[ab]+c|[0-3]{2}x?"  # a choice at the first token, then a language of its own per branch
 
 
@@ -88,14 +85,8 @@ def test_a_draft_masked_when_sampled_but_not_when_verified_would_not_be_exact():
 
 # -- on the tiny models, through TorchEngine and xgrammar ---------------------------------------------------
 @pytest.fixture(scope="module")
-def compiler():
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({token: i for i, token in enumerate(TOKENS)}, unk_token="x")),
-        pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    return GuideCompiler(tokenizer, VOCAB)
+def compiler(tiny_tokenizer):
+    return GuideCompiler(tiny_tokenizer[0], VOCAB)
 
 
 @pytest.fixture(scope="module")

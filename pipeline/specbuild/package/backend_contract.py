@@ -45,7 +45,8 @@ class EngineParameters(ModelParameters):
     # The engine folder as the server sees it; the backend fails the load when it does not exist.
     gpt_model_path: str
     gpt_model_type: BatchingType = "inflight_fused_batching"
-    # Guided decoding (getGuidedDecodingConfigFromParams): the three keys are required, empty values turn it off.
+    # Guided decoding (getGuidedDecodingConfigFromParams): the three keys are required, empty values turn it off;
+    # a tensorrt-llm release's target sets the last two (package/backend_guides.py), tokenizer_dir stays unused.
     tokenizer_dir: str = ""
     xgrammar_tokenizer_info_path: str = ""
     guided_decoding_backend: str = ""
@@ -121,6 +122,10 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     Tensor("streaming", "TYPE_BOOL", (1,), True),
     Tensor("beam_width", "TYPE_INT32", (1,), True),
+    # guided decoding (utils.cc getGuidedDecodingParamsFromTensors; rules in package/backend_guides.py): strings,
+    # ragged and not reshaped, as the backend's config.pbtxt declares them
+    Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), True),
+    Tensor("guided_decoding_guide", "TYPE_STRING", (1,), True),
 )
 # specbuild's own, not the tensorrtllm backend's: the tokens a request's guide allows at each new position
 # (speculation/guide.py), int32 bitmask rows [positions, ceil(vocab / 32)]; declared by engine models that apply it

@@ -206,6 +206,9 @@ class OrchestratorParameters(ModelParameters):
     cost_measured: bool  # c measured on the build host (else the parameter ratio)
     measured_acceptance: float | None = field(default=None, metadata=OPTIONAL)  # the break-even's prior
     guided_decoding: bool = False  # the engines take guide masks (guide_token_masks): guided requests run
+    # the target engine applies NVIDIA's guided decoding inputs itself (the tensorrtllm backend's xgrammar): guided
+    # requests run on the target alone, each answer in one call (triton_models/request_runner.py)
+    engine_guides: bool = False
     target_model: str = TARGET_MODEL
     draft_model: str = DRAFT_MODEL
 

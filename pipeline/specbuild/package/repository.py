@@ -21,6 +21,7 @@ from specbuild.package import model_config as mc
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import StageError
 from specbuild.package import contract
+from specbuild.package.backend_guides import guided_decoding_configured
 from specbuild.package.backend_contract import (ENGINE_INPUTS, ENGINE_OUTPUTS, GUIDE_MASKS, EngineModel,
                                                 EngineParameters)
 from specbuild.package.build_record import Engine
@@ -75,7 +76,9 @@ def engine_model_config(name: str, spec: BuildSpec, backend: str, parameters: En
     for tensor in ENGINE_INPUTS + ((GUIDE_MASKS,) if guide_masks else ()):
         entry = config.input.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype), dims=tensor.dims,
                                  optional=tensor.optional)
-        if tensor.dims == (1,):
+        if tensor.dtype == "TYPE_STRING":
+            entry.allow_ragged_batch = True  # the backend reads a guide's bytes as sent, without a reshape
+        elif tensor.dims == (1,):
             entry.reshape.SetInParent()  # per-request scalars: the backend reads them without the [1] dim
         elif -1 in tensor.dims:
             entry.allow_ragged_batch = True  # requests of different lengths batch without padding
@@ -119,11 +122,12 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
 
 
 def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int,
-                            cost: CostModel, guided_decoding: bool = False) -> OrchestratorParameters:
+                            cost: CostModel, guided_decoding: bool = False,
+                            engine_guides: bool = False) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the target engine's build record (what it can do);
     ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default); ``cost`` the release's
     cost model (V(K) for every K a request may ask for); ``guided_decoding`` whether the engine models take guide
-    masks."""
+    masks, ``engine_guides`` whether the target engine applies NVIDIA's guide inputs itself."""
     s, record = spec.speculation, target.record
     return OrchestratorParameters(
         break_even=s.break_even, draft_cost=round(cost.draft_cost, 4),
@@ -144,14 +148,16 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int
         vocab_size=record.vocab_size,
         max_request_seconds=spec.triton.max_request_seconds,
         guided_decoding=guided_decoding,
+        engine_guides=engine_guides,
     )
 
 
 def orchestrator_config(spec: BuildSpec, target: Engine, busy_in_flight: int, cost: CostModel,
-                        guided_decoding: bool = False) -> mc.ModelConfig:
+                        guided_decoding: bool = False, engine_guides: bool = False) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
                                contract.ORCHESTRATOR_OUTPUTS,
-                               orchestrator_parameters(spec, target, busy_in_flight, cost, guided_decoding),
+                               orchestrator_parameters(spec, target, busy_in_flight, cost, guided_decoding,
+                                                       engine_guides),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
 
@@ -207,6 +213,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic): the ensemble, its
     python models, and the ``engine_models`` serving ``engines``."""
     target = engines[contract.TARGET_MODEL]
+    target_parameters = engine_models[contract.TARGET_MODEL].parameters
     models = {
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         contract.PREPROCESSING_MODEL: python_model_config(
@@ -214,7 +221,9 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
             PreprocessingParameters(max_input_len=target.record.limits.max_input_len,
                                     end_id=tokenizer_end_id(tokenizer_dir))),
         contract.ORCHESTRATOR_MODEL: orchestrator_config(
-            spec, target, busy_in_flight, cost, all(model.guide_masks for model in engine_models.values())),
+            spec, target, busy_in_flight, cost, all(model.guide_masks for model in engine_models.values()),
+            guided_decoding_configured(target_parameters.guided_decoding_backend,
+                                       target_parameters.xgrammar_tokenizer_info_path)),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
         **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks)

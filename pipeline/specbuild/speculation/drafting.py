@@ -232,11 +232,14 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
     request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
     generated token is penalised for the tokens before it, but TensorRT-LLM's penalty kernel gives every
     drafted position of a verification step the same counts (``penaltyKernels.cu``), so only the target alone
-    is exact there."""
+    is exact there; and for a guide the target engine applies itself (``stats.guided_target_only``)."""
     if request.num_draft_tokens <= 0 or max_draft_len <= 0:
         return None
     if request.sampling.penalized:
         stats.unspeculated += 1
+        return None
+    if request.engine_guide is not None:  # the executor's guided decoder takes no draft tokens (backend_guides.py)
+        stats.guided_target_only += 1
         return None
     sources: list[DraftSource] = []
     if request.prompt_lookup is not None:

@@ -11,11 +11,14 @@ for :class:`~specbuild.runtimes.torch.engine.TorchEngine`, and the in-process sp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import torch
 
 from specbuild.speculation.rules import GREEDY, SamplingParams
+
+if TYPE_CHECKING:
+    from specbuild.speculation.guide import GuideSpec
 
 
 @dataclass
@@ -37,6 +40,9 @@ class EngineRequest:
     # the tokens a guide allows at each new position (speculation/guide.py): int32 bitmask rows
     # [positions, ceil(vocab / 32)], bit j of word i allowing token 32 i + j; None: no guide
     token_masks: torch.Tensor | None = None
+    # guided_decoding_guide_type / guided_decoding_guide: a guide the engine applies itself from its first new token
+    # (the tensorrtllm backend's own guided decoding, package/backend_guides.py); None: no guide
+    guide: GuideSpec | None = None
 
 
 @dataclass

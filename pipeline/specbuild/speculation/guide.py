@@ -102,17 +102,18 @@ def _compile(compiler: Any, spec: GuideSpec) -> Any:
 class GuideCompiler:
     """Compiles guides for one tokenizer, each once (an LRU of :data:`CACHED_GRAMMARS`), off the caller's thread
     and within ``timeout`` seconds; thread-safe. ``vocab_size`` is the model's (its output head may be padded
-    beyond the tokenizer's vocabulary)."""
+    beyond the tokenizer's vocabulary). ``tokenizer``: a transformers tokenizer, or None with ``tokenizer_info``, an
+    ``xgrammar.TokenizerInfo`` made otherwise (the tensorrtllm backend's file: package/backend_guides.py)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, *, timeout: float = COMPILE_SECONDS,
-                 cached: int = CACHED_GRAMMARS) -> None:
+                 cached: int = CACHED_GRAMMARS, tokenizer_info: Any = None) -> None:
         import xgrammar
 
         self.vocab_size = vocab_size
         self.timeout = timeout
         self.cached = cached
         self._xgrammar = xgrammar
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        info = tokenizer_info or xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._grammars: OrderedDict[GuideSpec, Any] = OrderedDict()
         self._lock = threading.Lock()

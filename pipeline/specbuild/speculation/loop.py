@@ -107,6 +107,8 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
             finish_reason = "length"
         if finish_reason is None and not new_tokens:
             finish_reason = "no_progress"  # an engine returned nothing: stop rather than loop forever
+        if finish_reason is None and request.engine_guide is not None:
+            finish_reason = "end_id"  # the engine's guided answer came whole: it stopped short at a complete grammar
         yield Round(new_tokens, finish_reason is not None, finish_reason)
         if finish_reason is not None:
             return
@@ -132,7 +134,7 @@ def _target_request(request: GenerationRequest, context: list[int], draft: Draft
         seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
         min_new_tokens=min(new_tokens, unfinished),
         draft_tokens=draft.tokens if draft else None, draft_logits=draft.logits if draft else None,
-        bad_words=request.bad_words,
+        bad_words=request.bad_words, guide=request.engine_guide,
     )
 
 

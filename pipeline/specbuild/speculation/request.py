@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specbuild.speculation.cost import CostModel
-from specbuild.speculation.guide import Guide
+from specbuild.speculation.guide import Guide, GuideSpec
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 
@@ -31,3 +31,7 @@ class GenerationRequest:
     # Tokens the target makes per call when it runs alone: 1 streams token by token.
     target_only_chunk: int | None = None
     guide: Guide | None = None  # the request's grammar matcher (GuideCompiler.guide); None: unconstrained
+    # a guide the target engine applies itself (a tensorrt-llm release's target: the tensorrtllm backend's guided
+    # decoding): the target alone, the whole answer in one call, since the backend's grammar starts at each call's
+    # first new token (package/backend_guides.py)
+    engine_guide: GuideSpec | None = None

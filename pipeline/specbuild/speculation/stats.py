@@ -40,6 +40,7 @@ class SpeculationStats:
     guide_seconds: float = 0.0  # in the grammar matcher (a guided request's masks and proposal checks)
     fallbacks: int = 0  # requests that went on with the target alone because the draft model failed
     unspeculated: int = 0  # requests that asked for drafts but ran by the target alone: their sampling penalties
+    guided_target_only: int = 0  # the same, for a guide the target engine applies itself (drafting.draft_sources)
     break_even_requests: int = 0  # requests whose break-even switched drafting off at least once
     break_even_rounds: int = 0  # rounds run without drafts because the request's break-even said they do not pay
     by_source: dict[str, SourceStats] = field(default_factory=dict)  # the totals above, by who proposed the draft
@@ -143,6 +144,9 @@ SPECULATION_METRICS = (
            "Requests that fell back to the target alone because the draft failed"),
     Metric("unspeculated", "specbuild_unspeculated_requests_total",
            "Requests that asked for drafts but ran by the target alone: their sampling penalties"),
+    Metric("guided_target_only", "specbuild_guided_target_only_requests_total",
+           "Guided requests that asked for drafts but ran by the target alone: TensorRT-LLM's executor applies "
+           "the guide and takes no draft tokens with it"),
     Metric("break_even_requests", "specbuild_break_even_requests_total",
            "Requests whose drafting the per-request break-even switched off at least once (it did not pay)"),
     Metric("break_even_rounds", "specbuild_break_even_rounds_total",

@@ -18,11 +18,13 @@ import torch
 
 from specbuild.errors import RequestError
 from specbuild.package.backend_contract import ENGINE_INPUTS, GUIDE_MASKS
+from specbuild.package.backend_guides import backend_guide
 from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.guide import GUIDE_INPUT, TYPE_INPUT
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models.batch import row_value
-from specbuild.triton_models.text import decode_word_list, encode_word_list
+from specbuild.triton_models.text import decode_utf8, decode_word_list, encode_word_list
 
 Arrays = Mapping[str, "np.ndarray | None"]
 _ENGINE_INPUTS = by_name(ENGINE_INPUTS)
@@ -59,6 +61,10 @@ def encode_request(request: EngineRequest) -> dict[str, np.ndarray]:
         arrays["return_generation_logits"] = _scalar(True, bool)
     if request.token_masks is not None:  # specbuild's own input (backend_contract.GUIDE_MASKS): torch engines only
         arrays[GUIDE_MASKS.name] = request.token_masks.numpy().astype(np.int32)[None]
+    if request.guide is not None:  # NVIDIA's inputs, for engines with the backend's guided decoding
+        arrays[TYPE_INPUT] = np.array([[request.guide.type.encode()]], dtype=object)
+        if request.guide.text:
+            arrays[GUIDE_INPUT] = np.array([[request.guide.text.encode()]], dtype=object)
     return arrays
 
 
@@ -70,11 +76,14 @@ class DecodedRequest:
     exclude_input: bool
 
 
-def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[DecodedRequest]:
+def decode_requests(arrays: Arrays, *, exclude_input_default: bool,
+                    guided_decoding: bool = False) -> list[DecodedRequest]:
     """The rows of an engine model's request, read as the ``tensorrtllm`` backend reads them
     (``utils.cc``): sampling by :meth:`SamplingParams.from_backend`, ``exclude_input_in_output`` overriding
     the model's parameter; beam search and streaming refused with the backend's reasons. ``len_penalty`` only
-    scores finished beams, so at beam width 1 it has no effect, here as in the backend."""
+    scores finished beams, so at beam width 1 it has no effect, here as in the backend. A guide by
+    :func:`~specbuild.package.backend_guides.backend_guide` (``guided_decoding``: the model's parameters turn the
+    backend's guided decoding on)."""
     input_ids = arrays.get("input_ids")
     output_len = arrays.get("request_output_len")
     if input_ids is None:
@@ -99,6 +108,8 @@ def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[Deco
                                                get("repetition_penalty"), get("presence_penalty"),
                                                get("frequency_penalty"))
         exclude = get("exclude_input_in_output")
+        guide_type, guide = (None if get(name) is None else decode_utf8(get(name), name)
+                             for name in (TYPE_INPUT, GUIDE_INPUT))
         rows.append(DecodedRequest(EngineRequest(
             input_ids=prompt,
             max_new_tokens=int(row_value(output_len, row)),
@@ -113,6 +124,7 @@ def decode_requests(arrays: Arrays, *, exclude_input_default: bool) -> list[Deco
             bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
             token_masks=None if masks is None or not masks.size
             else torch.from_numpy(np.asarray(masks[row], dtype=np.int32).reshape(-1, masks.shape[-1])),
+            guide=backend_guide(guide_type, guide, configured=guided_decoding, draft_tokens=bool(drafts)),
         ), exclude_input_default if exclude is None else bool(exclude)))
     return rows
 

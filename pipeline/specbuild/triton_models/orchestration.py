@@ -75,10 +75,10 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             raise RequestError(f"num_draft_tokens must be within 0..{settings.max_draft_len} (the target engine's "
                                f"max_draft_len), got {k}")
         lookup = settings.prompt_lookup if public.prompt_lookup is None else public.prompt_lookup
-        if public.guide is not None and not settings.guided_decoding:
-            raise RequestError(f"{TYPE_INPUT}={public.guide.type!r}: this release's engine models (TensorRT-LLM's "
-                               "tensorrtllm backend) take no guide masks, and its own guided decoding is not wired "
-                               "to the orchestrator", f"leave {TYPE_INPUT} out, or serve a torch release")
+        if public.guide is not None and not (settings.guided_decoding or settings.engine_guides):
+            raise RequestError(f"{TYPE_INPUT}={public.guide.type!r}: this release's engine models take no guide "
+                               "masks and have no guided decoding of their own",
+                               f"leave {TYPE_INPUT} out, or package the release again")
         break_even = settings.break_even if public.break_even is None else public.break_even
         rows.append(RowRequest(
             generation=GenerationRequest(

@@ -80,9 +80,10 @@ class TritonExchange:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.settings = OrchestratorParameters.from_parameters(model_parameters(args))
+        guided = self.settings.guided_decoding or self.settings.engine_guides
         guides = ReleaseGuides(model_dir(args) / "tokenizer", self.settings.vocab_size)  # the release's tokenizer
         self.runner = RequestRunner(self.settings, self._target, self._draft, Metrics(args["model_name"]),
-                                    pb_utils.Logger, guides=guides if self.settings.guided_decoding else None)
+                                    pb_utils.Logger, guides=guides if guided else None)
 
     # -- engine calls through BLS -----------------------------------------------------------------
     async def _call(self, model: str, request: EngineRequest) -> EngineOutput:

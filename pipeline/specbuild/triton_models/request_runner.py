@@ -109,7 +109,11 @@ class RequestRunner:
                     if self.guides is None:
                         raise RequestError("guided_decoding_guide_type: this orchestrator compiles no guides",
                                            "serve a release whose orchestrator ships its tokenizer")
-                    generation.guide = await asyncio.to_thread(self.guides, spec, generation.end_id)
+                    guide = await asyncio.to_thread(self.guides, spec, generation.end_id)
+                    if self.settings.engine_guides:  # compiled here to refuse a bad guide; the target applies it
+                        generation.engine_guide, generation.target_only_chunk = spec, None
+                    else:
+                        generation.guide = guide
             unfinished = len(rows)
 
             def report(row: RowProgress) -> None:

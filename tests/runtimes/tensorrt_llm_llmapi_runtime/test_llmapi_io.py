@@ -14,8 +14,10 @@ from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIR
     encode_request
 from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows, templated
 
-SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True, max_request_seconds=600.0)
-TARGET_ALONE = LLMAPIAdapterParameters(num_draft_tokens=0, end_id=2, streams=True, max_request_seconds=0.0)
+SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True, max_request_seconds=600.0,
+                                   tensorrt_llm="main")
+TARGET_ALONE = LLMAPIAdapterParameters(num_draft_tokens=0, end_id=2, streams=True, max_request_seconds=0.0,
+                                       tensorrt_llm="main")
 
 
 def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
@@ -109,7 +111,8 @@ def test_a_public_request_maps_onto_sampling_params() -> None:
 
 
 def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> None:
-    settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=0.0)
+    settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=0.0,
+                                       tensorrt_llm="1.2")
     [row] = parse_rows(ensemble_request(stream=True), settings)
     assert row.stream and not row.llm.streaming
 
@@ -129,8 +132,9 @@ def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> 
     ({"presence_penalty": 0.5}, "presence_penalty=0.5", "speculation.num_draft_tokens=0"),
     ({"frequency_penalty": 0.5}, "frequency_penalty=0.5", "speculation.num_draft_tokens=0"),
     ({"num_return_sequences": 2}, "num_return_sequences must be 1, got 2", "send the request again"),
-    ({"guided_decoding_guide_type": "json"}, "guided_decoding_guide_type='json'",
-     "leave guided_decoding_guide_type out, or serve a torch release"),
+    ({"guided_decoding_guide_type": "json"}, "guided_decoding_guide_type='json': this release serves TensorRT-LLM "
+     "main (1.4.0rc)'s LLM-API Triton model (line main), whose config.pbtxt has no guided decoding input",
+     "leave guided_decoding_guide_type out, or serve a torch or tensorrt-llm release"),
 ])
 def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict, named: str, fix: str) -> None:
     with pytest.raises(RequestError) as refused:

@@ -277,8 +277,8 @@ def test_engine_config_parameters_golden() -> None:
         "gpt_model_path": "/engines/target",
         "gpt_model_type": "inflight_fused_batching",
         "tokenizer_dir": "",
-        "xgrammar_tokenizer_info_path": "",
-        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "/triton_repo/target/xgrammar_tokenizer_info.json",  # the backend's own
+        "guided_decoding_backend": "xgrammar",  # guided decoding, on the target only (test_trtllm_guided.py)
         "max_beam_width": "1",
         "batch_scheduler_policy": "guaranteed_no_evict",
         "kv_cache_free_gpu_mem_fraction": "0.7",  # the memory plan's split
@@ -364,7 +364,7 @@ BACKEND_INPUTS = {
     "runtime_top_p_reset_ids", "len_penalty", "early_stopping", "repetition_penalty", "min_tokens",
     "beam_search_diversity_rate", "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
     "return_context_logits", "return_generation_logits", "return_perf_metrics", "exclude_input_in_output", "stop",
-    "streaming", "num_return_sequences",
+    "streaming", "num_return_sequences", "guided_decoding_guide_type", "guided_decoding_guide",
 }
 BACKEND_OUTPUTS = {"output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "context_logits",
                    "generation_logits", "batch_index", "sequence_index", "acceptance_rate",

@@ -15,6 +15,16 @@ Rules encoded here (TensorRT-LLM 1.2 ``examples/draft_target_model/README.md`` a
   round cheap), ``gemm_plugin=auto``, beam width 1, logits in float32 (the Triton config declares FP32);
 * never ``gather_context_logits`` (an error together with ``max_draft_len > 0``);
 * fp16/bf16 only, no quantization; GPU SM >= 8.0 at build time.
+
+Guided decoding is the backend's own (:mod:`specbuild.package.backend_guides`): the target engine model gets
+``guided_decoding_backend: xgrammar`` and the tokenizer info file packaging writes beside its config; the draft
+none. The 1.2.x C++ executor does not combine guided decoding with external draft tokens: its guided decoder
+(``cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp``) keeps one token bitmask per sequence slot per step and
+advances its matcher by the request's last token (``getLastTokens(0)``), one per step, so drafted positions would
+go unmasked and accepted tokens unfed; nothing refuses the combination (``trtGptModelInflightBatching.cpp`` runs
+the guided decoder whenever it is configured). Its matcher starts at each request's first new token, too. So the
+orchestrator runs a guided request on the target alone, its whole answer in one call with NVIDIA's guide inputs
+(``OrchestratorParameters.engine_guides``), counted in ``specbuild_guided_target_only_requests_total``.
 """
 
 from __future__ import annotations
@@ -32,7 +42,9 @@ from pydantic import TypeAdapter
 
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import EngineModel, EngineParameters
+from specbuild.package.backend_guides import TOKENIZER_INFO_FILE, XGRAMMAR, write_tokenizer_info
 from specbuild.package.build_record import BuildLimits, BuildRecord, Engine, GpuInfo
+from specbuild.package.contract import TARGET_MODEL
 from specbuild.runtimes.interface import RENDER_READS, ModelPlan, PackageContext, SpecFinding
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM
@@ -415,8 +427,12 @@ class TensorRTLLMRuntime(ImageRuntime):
         if total is not None:
             fraction = total * fraction / max(1e-9, sum(context.kv_fractions.values()))
         devices = model_devices(spec)[engine.role]
+        guided = engine.role == TARGET_MODEL  # guided requests run on the target alone (the module notes)
         return EngineModel(TENSORRTLLM_BACKEND, EngineParameters(
             gpt_model_path=f"{spec.triton.engine_mount.rstrip('/')}/{engine.role}",
+            guided_decoding_backend=XGRAMMAR if guided else "",
+            xgrammar_tokenizer_info_path=f"{spec.triton.repository_mount.rstrip('/')}/{TARGET_MODEL}/"
+                                         f"{TOKENIZER_INFO_FILE}" if guided else "",
             kv_cache_free_gpu_mem_fraction=round(fraction, 4),
             max_tokens_in_paged_kv_cache=context.kv_tokens[engine.role],
             enable_chunked_context=True,  # long prompts in chunks; needs the paged context FMHA engines are built with
@@ -425,6 +441,13 @@ class TensorRTLLMRuntime(ImageRuntime):
             participant_ids=devices.participant_ids,
             speculative_decoding_fast_logits=devices.fast_logits,
         ))
+
+    def render_repository(self, spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path,
+                          output_dir: Path, context: PackageContext) -> None:
+        """The engine-model repository, and the target's tokenizer info beside its config (what its
+        ``xgrammar_tokenizer_info_path`` names inside the container)."""
+        super().render_repository(spec, engines, tokenizer_dir, output_dir, context)
+        write_tokenizer_info(tokenizer_dir, output_dir / TARGET_MODEL)
 
     def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:
         check_engine_configs(repository, spec)

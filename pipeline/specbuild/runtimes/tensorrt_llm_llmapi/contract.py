@@ -91,6 +91,7 @@ class LLMAPIAdapterParameters(ModelParameters):
     end_id: int
     streams: bool
     max_request_seconds: float  # a request's time limit (0: none), as the orchestrator's
+    tensorrt_llm: str  # the release's TensorRT-LLM line (a lines.LINES key): what its refusals name
     llmapi_model: str = LLMAPI_MODEL
 
     def __post_init__(self) -> None:

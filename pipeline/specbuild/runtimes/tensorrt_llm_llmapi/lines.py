@@ -26,6 +26,10 @@ Sources (read, not copied):
   ``Literal["Draft_Target"]``; ``DraftTargetDecodingConfig.validate_draft_target_config`` refuses
   ``max_draft_len`` absent or 0 and a missing ``speculative_model``; ``max_concurrency: Optional[PositiveInt]``;
   ``validate_max_concurrency_and_draft_len_schedule_mutually_exclusive``.
+* Guided decoding: neither line's LLM-API model takes a guide. ``triton_backend/all_models/llmapi/tensorrt_llm/
+  config.pbtxt`` declares no ``guided_decoding_guide_type``/``guided_decoding_guide`` (nor any guide) input on
+  release/1.2.1 (:data:`specbuild.runtimes.tensorrt_llm_llmapi.contract.LLMAPI_INPUTS`) or on main at commit
+  0a71057313ec0626527e164a8fc0205c5822e2f5, so a guided request is refused naming the line (``requests.py``).
 * Both: ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`` reads ``triton_config["decoupled"]`` and
   ``["max_batch_size"]`` (both required); ``trtllm-serve``'s ``--extra_llm_api_options`` (``tensorrt_llm/commands/
   serve.py``) reads the same arguments through ``update_llm_args_with_extra_options``.

@@ -165,7 +165,8 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
     adapter = LLMAPIAdapterParameters(num_draft_tokens=spec.speculation.num_draft_tokens,
                                       end_id=tokenizer_end_id(tokenizer_dir),
                                       streams=LINES[spec.triton.tensorrt_llm].streams,
-                                      max_request_seconds=spec.triton.max_request_seconds)
+                                      max_request_seconds=spec.triton.max_request_seconds,
+                                      tensorrt_llm=spec.triton.tensorrt_llm)
     models = {
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         ADAPTER_MODEL: python_model_config(ADAPTER_MODEL, spec, contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS,

@@ -21,6 +21,7 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPIAdapterParameters
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models import public_rows
@@ -125,10 +126,13 @@ def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[Adapte
                           "leave bad_words out")
         _refuse_unavailable(public)
         _refuse_unexact_penalties(public, settings)
-        if public.guide is not None:
-            raise _refuse("guided_decoding_guide_type", public.guide.type, "this release serves TensorRT-LLM 1.2.1's "
-                          "LLM-API Triton model, whose config.pbtxt (contract.LLMAPI_INPUTS) has no guided decoding "
-                          "input", "leave guided_decoding_guide_type out, or serve a torch release for guided output")
+        if public.guide is not None:  # no line's LLM-API model has a guide input (lines.py)
+            raise _refuse("guided_decoding_guide_type", public.guide.type, "this release serves TensorRT-LLM "
+                          f"{LINES[settings.tensorrt_llm].tensorrt_llm}'s LLM-API Triton model (line "
+                          f"{settings.tensorrt_llm}), whose config.pbtxt has no guided decoding input "
+                          "(guided_decoding_guide_type, guided_decoding_guide)",
+                          "leave guided_decoding_guide_type out, or serve a torch or tensorrt-llm release for guided "
+                          "output")
         rows.append(AdapterRow(
             llm=LLMAPIRequest(prompt=prompt, max_tokens=public.max_tokens, seed=public.seed,
                               streaming=public.stream and settings.streams, **sampling_values(public.sampling)),

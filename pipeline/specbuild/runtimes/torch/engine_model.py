@@ -28,6 +28,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.backend_contract import ENGINE_INPUTS, GUIDE_MASKS  # noqa: E402
+from specbuild.package.backend_guides import guided_decoding_configured  # noqa: E402
 from specbuild.runtimes.torch.parameters import TorchEngineParameters  # noqa: E402
 from specbuild.package.build_record import BUILD_INFO, BuildRecord  # noqa: E402
 from specbuild.triton_models.engine_io import decode_requests, encode_outputs  # noqa: E402
@@ -37,6 +38,7 @@ from specbuild.triton_models.common import (  # noqa: E402
     request_arrays,
     response,
 )
+from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine  # noqa: E402
 from specbuild.runtimes.torch.engine import TorchEngine, resolve_device, threads  # noqa: E402
 
 def resolve_engine_dir(value: str, release_root: Path) -> Path:
@@ -89,14 +91,20 @@ class TritonPythonModel:
                               record.head_vocabulary.sha256 if record.head_vocabulary else None,
                               self.parameters.head_vocabulary_sha256)
         self.engine.warm_up()  # before Triton reports the model ready: the first request costs what later ones do
+        # the tensorrtllm backend's own guided decoding, when the parameters turn it on (a bad file fails the load)
+        self.guided = guided_decoding_configured(self.parameters.guided_decoding_backend,
+                                                 self.parameters.xgrammar_tokenizer_info_path)
+        self.runner = BackendGuidedEngine(self.engine, release_root / self.parameters.xgrammar_tokenizer_info_path) \
+            if self.guided else self.engine
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
                 rows = decode_requests(request_arrays(request, ENGINE_INPUTS + (GUIDE_MASKS,)),
-                                       exclude_input_default=self.parameters.exclude_input_in_output)
-                outputs = [self.engine.run(row.request) for row in rows]
+                                       exclude_input_default=self.parameters.exclude_input_in_output,
+                                       guided_decoding=self.guided)
+                outputs = [self.runner.run(row.request) for row in rows]
                 responses.append(response(encode_outputs(rows, outputs, self.engine.vocab_size)))
             except (RequestError, ValueError) as exc:
                 responses.append(error_response(str(exc)))
