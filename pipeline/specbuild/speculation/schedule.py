@@ -14,6 +14,8 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+TUNED_LOADS = (1, 2, 4, 8, 16)  # the in-flight counts `specbuild tune --concurrency-schedule` measures K at
+
 
 @dataclass(frozen=True)
 class DraftLenSchedule:
