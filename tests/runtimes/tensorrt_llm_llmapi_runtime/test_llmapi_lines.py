@@ -162,6 +162,7 @@ def test_a_schedule_renders_as_each_line_reads_it(line: str, expected: dict[int,
         update={"num_draft_tokens": 4, "draft_len_schedule": SCHEDULE.as_mapping()})})
     schedule = runtime_for(spec.runtime).load_policy(spec)
     text = model_yaml_text(spec, TARGET, CONTEXT, schedule)
+    assert yaml.safe_load(text)["speculative_config"]["draft_len_schedule"] == expected  # integer keys, as written
     parsed = config.parse(config.ModelYaml, text, "model.yaml", LINES[line])
     assert parsed.speculative_config.draft_len_schedule == expected
     assert parsed.speculative_config.max_concurrency is None  # main refuses both together

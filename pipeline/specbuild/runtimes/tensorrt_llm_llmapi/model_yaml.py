@@ -113,7 +113,7 @@ class ServeConfig(LLMArgs):
 
 def to_yaml(config: LLMArgs, header: str = "") -> str:
     """``config`` as YAML (unset optional keys left out), after ``header`` comment lines."""
-    body = yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    body = yaml.safe_dump(config.model_dump(exclude_none=True), sort_keys=False)  # python mode: int keys stay ints
     return "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + body
 
 
