@@ -12,7 +12,7 @@ from specbuild.errors import SpecError, UsageError
 from specbuild.spec import SpeculationSpec, load_spec, render_spec, starter_spec
 from checkpoint_factory import package_gpu_release, release_spec
 from specbuild.bench.tune import (candidate_ks, load_schedule, pick, release_max_draft_len, set_section_values, tune,
-                                  write_choice)
+                                  tune_schedule, write_choice)
 
 
 def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,
@@ -49,6 +49,8 @@ def test_the_k_values_tried_are_bounded_by_the_release_engine_not_the_spec_file(
     assert load_spec(spec_file).speculation.max_draft_len == 8
     with pytest.raises(UsageError, match=r"K=6 is above the engine's max_draft_len \(4\)"):
         tune(spec_file, "latency", [], ks=(2, 6), write=False)  # refused before any server starts
+    with pytest.raises(UsageError, match=r"K=6 is above the engine's max_draft_len \(4\)"):
+        tune_schedule(spec_file, "latency", [], ks=(2, 6), write=False)  # and before any packaging
 
 
 def test_set_section_values_edits_only_the_scalars_and_keeps_comments():

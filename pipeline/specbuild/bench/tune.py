@@ -222,7 +222,8 @@ def tune_schedule(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, 
 
     spec = load_spec(spec_path)
     repository = Path(spec.outputs.repository_dir)
-    candidates = tuple(ks or candidate_ks(_checked_ks(repository, ks)))
+    max_draft_len = _checked_ks(repository, ks)
+    candidates = tuple(ks or candidate_ks(max_draft_len))
     unloaded = spec.model_copy(update={
         "speculation": spec.speculation.model_copy(update={"busy_in_flight": 0, "draft_len_schedule": None})})
     reports = []
