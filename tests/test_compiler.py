@@ -220,6 +220,17 @@ def test_verify_and_serve_dry_run_show_the_release_cost_model_measured_or_not(sp
         assert document["cost_model"]["measured"] is bool(speculation) and document["cost_model"]["break_even"]
 
 
+def test_verify_and_serve_dry_run_show_the_release_load_schedule(spec: BuildSpec) -> None:
+    scheduled = spec.model_copy(update={"speculation": spec.speculation.model_copy(
+        update={"num_draft_tokens": 3, "draft_len_schedule": {1: 3, 4: 1, 8: 0}})})
+    result = compiler.run(scheduled, json_mode=True)
+    for command in (["verify", str(result.repository)], ["serve", str(result.repository), "--dry-run"]):
+        output = CliRunner().invoke(main, command)
+        assert "K by load: K=3 from 1 in flight, K=1 from 4 in flight, K=0 from 8 in flight" in output.output, command
+    document = json.loads(CliRunner().invoke(main, ["verify", str(result.repository), "--json"]).stdout)
+    assert document["cost_model"]["draft_len_schedule"] == {"1": 3, "4": 1, "8": 0}
+
+
 def test_a_sub_vocabulary_draft_carries_its_head_vocabulary_through_the_release(
         tmp_path: Path, checkpoints: Checkpoints) -> None:
     """The draft's head_vocabulary.json goes into its engine folder, its size and checksum into the build record,

@@ -20,6 +20,7 @@ from specbuild.errors import SpecError
 from specbuild.runtimes.names import RUNTIME_NAMES
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
+from specbuild.speculation.schedule import DraftLenSchedule
 
 RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
 RuntimeChoice = Literal[RUNTIME_CHOICES]  # type: ignore[valid-type]  # the registry's names, and auto
@@ -86,7 +87,12 @@ class SpeculationSpec(_Strict):
         "specbuild_requests_in_flight gauge), rounds run without drafts, as K=0 (speculation spends compute a busy "
         "server lacks; seeded sampled requests keep their K, so their text does not depend on the load); 0: draft "
         "at any load; unset: the runtime's default (torch 2, measured on CPU; TensorRT-LLM 16, where NVIDIA "
-        "measures draft-target at about 1x)")
+        "measures draft-target at about 1x); the simplest draft_len_schedule, {N: 0} (set one of the two)")
+    draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="K per load: {in_flight: K}, from that many requests in flight at an orchestrator instance "
+        "rounds draft at most K tokens (until the next key; a request's own K caps it; seeded sampled requests keep "
+        "theirs); K must not rise with load; written by `specbuild tune --concurrency-schedule`; unset: "
+        "busy_in_flight")
     prompt_lookup: PromptLookupSpec = Field(PromptLookupSpec(), description="prompt lookup drafting: propose what "
                                             "followed the context's last n-gram earlier in the request (no model call)")
     verify_cost: dict[Annotated[int, Field(ge=1, le=64)], Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
@@ -111,6 +117,14 @@ class SpeculationSpec(_Strict):
                          verify_cost=dict(self.verify_cost), acceptance=self.measured_acceptance,
                          measured=self.draft_cost is not None)
 
+    def load_schedule(self, default_busy_in_flight: int) -> DraftLenSchedule:
+        """The load policy: draft_len_schedule, else busy_in_flight (unset: ``default_busy_in_flight``, the
+        runtime's) as its simplest schedule."""
+        if self.draft_len_schedule is not None:
+            return DraftLenSchedule.from_mapping(self.draft_len_schedule)
+        busy = self.busy_in_flight
+        return DraftLenSchedule.from_threshold(default_busy_in_flight if busy is None else busy)
+
     @model_validator(mode="after")
     def _k_within_engine(self) -> SpeculationSpec:
         if self.num_draft_tokens > self.max_draft_len:
@@ -118,6 +132,24 @@ class SpeculationSpec(_Strict):
                 f"num_draft_tokens ({self.num_draft_tokens}) is larger than max_draft_len ({self.max_draft_len}); "
                 "raise max_draft_len or lower num_draft_tokens"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_load_policy(self) -> SpeculationSpec:
+        schedule = self.draft_len_schedule
+        if schedule is None:
+            return self
+        if self.busy_in_flight is not None:
+            raise ValueError("busy_in_flight and draft_len_schedule are both set; busy_in_flight N is the schedule "
+                             "{N: 0}: keep one of them")
+        too_long = {count: k for count, k in schedule.items() if k > self.max_draft_len}
+        if too_long:
+            raise ValueError(f"draft_len_schedule {too_long} asks for more than max_draft_len ({self.max_draft_len}) "
+                             "draft tokens; lower those K or raise max_draft_len")
+        try:
+            DraftLenSchedule.from_mapping(schedule)
+        except ValueError as exc:
+            raise ValueError(f"draft_len_schedule: {exc}; make K fall (or stay) as the in-flight count rises") from None
         return self
 
 

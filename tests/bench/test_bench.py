@@ -483,6 +483,50 @@ def test_tune_writes_the_choice_into_the_spec_and_the_repository(bench_release: 
     assert verified.exit_code == 0, verified.output  # the manifest was re-written with the new configs
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_tune_measures_k_per_load_and_ships_it(bench_release: Path, tmp_path: Path):
+    """K per load on the tiny pair: every level's cells drafted the K they asked for (the release's own load policy,
+    torch's {2: 0}, is off while measuring), the schedule is written into the spec and the orchestrator's
+    parameters, and verify shows it."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from specbuild.cli import main
+    from specbuild.spec import load_spec
+    from specbuild.speculation.schedule import TUNED_LOADS
+
+    release = tmp_path / "release"
+    shutil.copytree(bench_release.parent, release, symlinks=True)
+    spec_file = release / "specbuild.yaml"
+    spec_file.write_text(spec_file.read_text().replace(str(bench_release.parent), str(release)))
+    result = CliRunner().invoke(main, ["tune", "--spec", str(spec_file), "--concurrency-schedule", "--goal",
+                                       "throughput", "--k", "0,2", "--num-prompts", "2", "--requests", "2",
+                                       "--max-tokens", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout[result.stdout.index("{"):])
+    levels = sorted({cell["concurrency"] for cell in document["cells"]})
+    assert levels == list(TUNED_LOADS)
+    for cell in document["cells"]:  # each level ran at least one full block, and K=2 drafted at every load
+        assert cell["requests"] >= cell["concurrency"] and cell["errors"] == 0
+        if cell["k"]:
+            assert (cell["draft_tokens_per_round"] or 0) > 0, cell
+    speculation = load_spec(spec_file).speculation
+    schedule = speculation.draft_len_schedule
+    assert schedule == {int(key): k for key, k in document["draft_len_schedule"].items()}
+    assert min(schedule) == 1 and schedule[1] == speculation.num_draft_tokens and speculation.busy_in_flight is None
+    config = text_format.Parse((release / "triton_repo" / "orchestrator" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    assert config.parameters["draft_len_schedule"].string_value == ",".join(f"{c}:{k}" for c, k in schedule.items())
+    verified = CliRunner().invoke(main, ["verify", str(release / "triton_repo")])
+    assert verified.exit_code == 0 and "K by load: " in verified.output, verified.output
+    assert not [path.name for path in release.iterdir() if path.name.startswith(".tune-")]  # the copy is gone
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "either --url"),
     (["--url", "127.0.0.1:1", "--repository", "."], "either --url"),

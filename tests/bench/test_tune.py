@@ -11,13 +11,13 @@ from specbuild.bench.metrics import Cell, percentiles
 from specbuild.errors import SpecError, UsageError
 from specbuild.spec import SpeculationSpec, load_spec, render_spec, starter_spec
 from checkpoint_factory import package_gpu_release, release_spec
-from specbuild.bench.tune import (candidate_ks, measured_verify_cost, pick, release_max_draft_len, set_section_values,
-                                  tune, write_choice)
+from specbuild.bench.tune import (candidate_ks, load_schedule, measured_verify_cost, pick, release_max_draft_len,
+                                  set_section_values, tune, tune_schedule, write_choice)
 
 
 def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,
-         matches: float | None = 1.0) -> Cell:
-    return Cell(k=k, concurrency=1, adaptive=adaptive, requests=4, errors=errors, output_tokens=100,
+         matches: float | None = 1.0, concurrency: int = 1) -> Cell:
+    return Cell(k=k, concurrency=concurrency, adaptive=adaptive, requests=4, errors=errors, output_tokens=100,
                 wall_seconds=100 / tokens_per_second, tokens_per_second=tokens_per_second, ttft=percentiles([]),
                 tpot=percentiles([]), itl=percentiles([]), e2e=percentiles([e2e]), acceptance_rate=None,
                 mean_acceptance_length=None, matches_baseline=matches)
@@ -57,6 +57,8 @@ def test_the_k_values_tried_are_bounded_by_the_release_engine_not_the_spec_file(
     assert load_spec(spec_file).speculation.max_draft_len == 8
     with pytest.raises(UsageError, match=r"K=6 is above the engine's max_draft_len \(4\)"):
         tune(spec_file, "latency", [], ks=(2, 6), write=False)  # refused before any server starts
+    with pytest.raises(UsageError, match=r"K=6 is above the engine's max_draft_len \(4\)"):
+        tune_schedule(spec_file, "latency", [], ks=(2, 6), write=False)  # and before any packaging
 
 
 def test_set_section_values_edits_only_the_scalars_and_keeps_comments():
@@ -113,3 +115,37 @@ def test_missing_keys_are_added_when_the_section_ends_with_a_nested_block():
     data = yaml.safe_load(updated)
     assert data["speculation"] == {**yaml.safe_load(text)["speculation"], "adaptive": True}
     assert data["limits"] == yaml.safe_load(text)["limits"]
+
+
+def test_the_load_schedule_takes_the_best_k_per_level_never_rising_with_load():
+    speeds = {1: {0: 10, 2: 14, 4: 16}, 2: {0: 18, 2: 22, 4: 21}, 4: {0: 30, 2: 29, 4: 31},  # 4 at c=4: noise
+              8: {0: 40, 2: 35, 4: 33}, 16: {0: 50, 2: 40, 4: 38, 6: 60}}
+    cells = [cell(k, speed, 1.0, concurrency=c) for c, row in speeds.items() for k, speed in row.items()]
+    cells.append(cell(6, 99, 0.1, concurrency=2, matches=0.5))  # a wrong K never wins
+    assert load_schedule(cells, "throughput") == {1: 4, 2: 2, 8: 0}
+    assert load_schedule([cell(3, 20, 1.0, concurrency=c) for c in (1, 2)] + [cell(0, 10, 2.0, concurrency=c)
+                                                                           for c in (1, 2)], "latency") == {1: 3}
+
+
+def test_write_choice_writes_the_schedule_in_place_of_busy_in_flight(tmp_path: Path):
+    path = tmp_path / "specbuild.yaml"
+    path.write_text(starter_spec(str(tmp_path / "t"), str(tmp_path / "d"),
+                                 speculation=SpeculationSpec(busy_in_flight=2)), encoding="utf-8")
+    write_choice(path, 4, False, schedule={1: 4, 2: 2, 8: 0})
+    speculation = load_spec(path).speculation
+    assert speculation.draft_len_schedule == {1: 4, 2: 2, 8: 0} and speculation.busy_in_flight is None
+    assert speculation.load_schedule(16).as_mapping() == {1: 4, 2: 2, 8: 0}
+    write_choice(path, 2, False, schedule={1: 2})  # measured again: replaced in place
+    assert load_spec(path).speculation.draft_len_schedule == {1: 2}
+    assert path.read_text(encoding="utf-8").count("draft_len_schedule:") == 1
+
+
+def test_the_schedule_is_measured_on_a_server_of_its_own():
+    """A running server serves its release's load policy, which would turn the K measured at load into K=0."""
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    result = CliRunner().invoke(main, ["tune", "--concurrency-schedule", "--url", "127.0.0.1:1", "--num-prompts", "1"])
+    assert result.exit_code != 0 and "drop --url and --concurrency" in result.output
+    assert "Traceback" not in result.output

@@ -42,14 +42,14 @@ def speculator(request, tiny, target):
 
 
 def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, *, health=None,
-             lookup_draft_fallback=True, on_draft_failure=None, busy=None) -> list[Round]:
+             lookup_draft_fallback=True, on_draft_failure=None, load_cap=None) -> list[Round]:
     stats = stats if stats is not None else SpeculationStats()
     drafts = draft_sources(request, draft_call, max_draft_len=MAX_DRAFT_LEN, stats=stats,
                            health=health or DraftHealth(), lookup_draft_fallback=lookup_draft_fallback,
                            on_failure=on_draft_failure)
 
     async def collect():
-        return [r async for r in speculate(request, target_call, drafts, stats=stats, busy=busy)]
+        return [r async for r in speculate(request, target_call, drafts, stats=stats, load_cap=load_cap)]
     return asyncio.run(collect())
 
 
@@ -161,16 +161,16 @@ def test_target_only_chunk_streams_token_by_token(target, alone):
 
 
 def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
-    """The load policy's hook: a busy round calls no draft and asks the target alone for its chunk; drafting
-    resumes when the load falls; the output stays the target's own."""
+    """The load policy's hook: a round capped at 0 calls no draft and asks the target alone for its chunk;
+    drafting resumes when the load falls; the output stays the target's own."""
     draft = TorchEngine(tiny.perturbed)
     prompt = PROMPTS[4]
     expected = alone.generate(GenerationRequest(prompt, 12)).tokens
-    load = iter([False, True, True, False] + [False] * 12)
+    load = iter([None, 0, 0, None] + [None] * 12)
     targets: list[EngineRequest] = []
     drafts: list[EngineRequest] = []
     rounds = run_loop(GenerationRequest(prompt, 12, num_draft_tokens=3, target_only_chunk=1),
-                      engine_call(target, targets), engine_call(draft, drafts), busy=lambda: next(load))
+                      engine_call(target, targets), engine_call(draft, drafts), load_cap=lambda: next(load))
     assert [t for r in rounds for t in r.tokens] == expected
     assert [bool(r.draft_tokens) for r in targets[:4]] == [True, False, False, True]
     assert [r.max_new_tokens for r in targets[1:3]] == [1, 1]
@@ -179,9 +179,23 @@ def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
     targets.clear()
     drafts.clear()
     rounds = run_loop(GenerationRequest(prompt, 12, num_draft_tokens=3), engine_call(target, targets),
-                      engine_call(draft, drafts), busy=lambda: True)
+                      engine_call(draft, drafts), load_cap=lambda: 0)
     assert [t for r in rounds for t in r.tokens] == expected
     assert drafts == [] and len(targets) == 1 and targets[0].max_new_tokens == 12  # as K=0 runs
+
+
+def test_a_load_cap_shortens_the_rounds_it_lowers_and_counts_them(tiny, target, alone):
+    """The schedule's K below the request's: those rounds draft the cap (counted, but not the rounds max_tokens cuts
+    to the cap anyway); one above it changes nothing."""
+    draft = TorchEngine(tiny.perturbed)
+    prompt, request = PROMPTS[4], GenerationRequest(PROMPTS[4], 12, num_draft_tokens=3)
+    for cap, asked, lowered in ((1, 1, True), (5, 3, False)):
+        drafts: list[EngineRequest] = []
+        stats = SpeculationStats()
+        rounds = run_loop(request, engine_call(target), engine_call(draft, drafts), stats, load_cap=lambda: cap)
+        assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 12)).tokens
+        assert max(r.max_new_tokens for r in drafts) == asked  # the last ones may be cut by max_tokens
+        assert stats.drafts > 0 and (0 < stats.load_rounds <= stats.drafts if lowered else stats.load_rounds == 0)
 
 
 def test_a_seeded_sampled_request_keeps_its_k_when_the_server_is_busy(tiny, target):
@@ -191,7 +205,7 @@ def test_a_seeded_sampled_request_keeps_its_k_when_the_server_is_busy(tiny, targ
                                 num_draft_tokens=3)
     quiet = run_loop(request, engine_call(target), engine_call(draft))
     drafts: list[EngineRequest] = []
-    busy = run_loop(request, engine_call(target), engine_call(draft, drafts), busy=lambda: True)
+    busy = run_loop(request, engine_call(target), engine_call(draft, drafts), load_cap=lambda: 0)
     assert [t for r in busy for t in r.tokens] == [t for r in quiet for t in r.tokens]
     assert drafts
 

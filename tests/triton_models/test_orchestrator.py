@@ -69,26 +69,34 @@ def test_bad_lookup_parameters_fail_the_load_with_a_clear_error(tmp_path, max_ng
 
 # --- client requests ------------------------------------------------------------------------------------------
 SETTINGS = OrchestratorParameters(max_draft_len=8, num_draft_tokens=4, use_draft_logits=True, adaptive_draft=False,
-                                  busy_in_flight=2, prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
+                                  draft_len_schedule="2:0", prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=64, max_seq_len=128,
                                   vocab_size=320, max_request_seconds=600.0, break_even=True, draft_cost=0.18,
                                   verify_costs=(1.15,) * 8, cost_measured=True, measured_acceptance=0.49)
 
 
-@pytest.mark.parametrize(("limit", "in_flight", "busy"), [
-    (2, 1, False), (2, 2, True), (2, 9, True), (1, 1, True), (0, 1, False), (0, 64, False),
+@pytest.mark.parametrize(("schedule", "in_flight", "cap"), [
+    ("2:0", 1, None), ("2:0", 2, 0), ("2:0", 9, 0), ("1:0", 1, 0), ("", 64, None), ("1:4,3:2,8:0", 4, 2),
 ])
-def test_load_policy_drafts_below_the_busy_threshold(limit, in_flight, busy):
-    assert replace(SETTINGS, busy_in_flight=limit).busy(in_flight) is busy
+def test_the_load_schedule_caps_k_from_its_in_flight_counts(schedule, in_flight, cap):
+    assert replace(SETTINGS, draft_len_schedule=schedule).load_schedule.cap(in_flight) == cap
+
+
+def test_a_malformed_schedule_fails_the_load(tmp_path):
+    parameters = {**rendered_parameters(tmp_path), "draft_len_schedule": "2:0,4:1"}
+    with pytest.raises(SpecError, match="must not rise"):
+        OrchestratorParameters.from_parameters(parameters)
 
 
 @pytest.mark.parametrize("runtime, default", [("torch", 2), ("tensorrt-llm", 16)])
 def test_the_load_policy_is_compiled_from_the_spec_or_the_runtime(tmp_path, runtime, default):
-    def compiled(**speculation: object) -> int:
-        return OrchestratorParameters.from_parameters(rendered_parameters(tmp_path, runtime, **speculation)).busy_in_flight
+    def compiled(**speculation: object) -> str:
+        return OrchestratorParameters.from_parameters(
+            rendered_parameters(tmp_path, runtime, **speculation)).draft_len_schedule
 
-    assert compiled() == default  # unset: the runtime's threshold (CPU cores saturate long before a GPU)
-    assert compiled(busy_in_flight=0) == 0 and compiled(busy_in_flight=5) == 5
+    assert compiled() == f"{default}:0"  # unset: the runtime's threshold (CPU cores saturate long before a GPU)
+    assert compiled(busy_in_flight=0) == "" and compiled(busy_in_flight=5) == "5:0"
+    assert compiled(draft_len_schedule={4: 2, 1: 4, 8: 0}) == "1:4,4:2,8:0"
 
 
 def request(**arrays: object) -> dict[str, np.ndarray]:

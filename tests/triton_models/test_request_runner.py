@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pytest
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.speculation.engine import EngineOutput, EngineRequest
@@ -18,7 +19,7 @@ from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.request_runner import RequestRunner
 
 SETTINGS = OrchestratorParameters(max_draft_len=4, num_draft_tokens=2, use_draft_logits=True, adaptive_draft=False,
-                                  busy_in_flight=0, prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
+                                  draft_len_schedule="", prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=32, max_seq_len=64,
                                   vocab_size=16, max_request_seconds=600.0, break_even=False, draft_cost=0.1,
                                   verify_costs=(1.0,) * 4, cost_measured=False)
@@ -109,6 +110,7 @@ class Engines:
         self.fail_target_on = fail_target_on or []  # prompts (their first token) whose target calls fail
         self.delay = delay
         self.calls: list[tuple[str, int]] = []  # (role, the prompt's first token)
+        self.draft_lengths: list[int] = []  # what each draft call asked for
 
     async def target(self, request: EngineRequest) -> EngineOutput:
         self.calls.append(("target", request.input_ids[0]))
@@ -119,6 +121,7 @@ class Engines:
 
     async def draft(self, request: EngineRequest) -> EngineOutput:
         self.calls.append(("draft", request.input_ids[0]))
+        self.draft_lengths.append(request.max_new_tokens)
         await asyncio.sleep(self.delay)
         return self.draft_engine.run(request)
 
@@ -134,10 +137,12 @@ def request(prompts: list[list[int]], max_tokens: int = 12, **arrays: Any) -> di
 
 
 def serve(engines: Engines, arrays: dict[str, np.ndarray], settings: OrchestratorParameters = SETTINGS,
-          cancel_after: int | None = None, linger: float = 0.5) -> tuple[Exchange, Recorder, Log]:
-    """Serve one request, then keep the event loop running ``linger`` seconds, as Triton's does for the next
-    requests: work a request left running would show up in the engine calls."""
-    metrics, log = Recorder(), Log()
+          cancel_after: int | None = None, linger: float = 0.5, others_in_flight: int = 0
+          ) -> tuple[Exchange, Recorder, Log]:
+    """Serve one request (beside ``others_in_flight`` requests the gauge counts), then keep the event loop running
+    ``linger`` seconds, as Triton's does for the next requests: work a request left running would show up in the
+    engine calls."""
+    metrics, log = Recorder(in_flight_now=others_in_flight), Log()
     exchange = Exchange(arrays, metrics, cancel_after)
 
     async def run() -> None:
@@ -155,6 +160,18 @@ def test_each_row_answers_once_and_only_the_last_response_is_final(tiny):
     assert all(int(sent.arrays["output_token_count"][0, 0]) == 12 for sent in exchange.sent)
     assert metrics.counts["requests"] == 2 and metrics.counts["output_tokens"] == 24
     assert metrics.in_flight_now == 0 and metrics.peak_in_flight == 1
+
+
+@pytest.mark.parametrize(("others", "asked"), [(0, 2), (2, 1), (3, 1), (4, 0)])
+def test_each_round_drafts_what_the_schedule_allows_at_the_in_flight_count(tiny, others, asked):
+    """The load policy reads the gauge (this request and ``others``): K=2 asked, at most 1 from 3 in flight,
+    none from 5; the output is the target's either way."""
+    settings = replace(SETTINGS, draft_len_schedule="3:1,5:0")
+    engines = Engines(tiny)
+    exchange, _, _ = serve(engines, request([[3, 4, 5]], max_tokens=10), settings, others_in_flight=others)
+    expected, _, _ = serve(Engines(tiny), request([[3, 4, 5]], max_tokens=10), replace(SETTINGS, num_draft_tokens=0))
+    assert max(engines.draft_lengths, default=0) == asked  # (the last rounds may be cut by max_tokens)
+    assert exchange.sent[-1].arrays["output_ids"].tolist() == expected.sent[-1].arrays["output_ids"].tolist()
 
 
 def test_each_finished_row_observes_its_latencies_in_order(tiny):

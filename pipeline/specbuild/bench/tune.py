@@ -4,6 +4,11 @@ repository re-packaged from that spec (the orchestrator's ``num_draft_tokens`` /
 parameters, validated configs and a new manifest; engines are unchanged, so only packaging re-runs).
 Prompt lookup is not swept: every cell runs with the spec's own ``speculation.prompt_lookup.enabled``, so
 the choice is measured as the release serves it.
+
+With ``concurrency_schedule`` it measures K per load instead (:func:`tune_schedule`): the best fixed K at each of
+:data:`TUNED_LOADS`, on a copy of the release packaged without its load policy (so each cell drafts the
+K it asks for), written as ``speculation.draft_len_schedule`` (K falling, or staying, as load rises), its K at one
+request in flight as ``num_draft_tokens``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import yaml
 from specbuild.bench.metrics import Cell
 from specbuild.errors import SpecError, UsageError
 from specbuild.spec import load_spec, yaml_scalar
+from specbuild.speculation.schedule import TUNED_LOADS
 
 Goal = Literal["latency", "throughput"]
 CANDIDATE_KS = (0, 1, 2, 3, 4, 6, 8)
@@ -96,6 +102,19 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
     return text
 
 
+def load_schedule(cells: Sequence[Cell], goal: Goal) -> dict[int, int]:
+    """K per load from cells at several concurrencies: the best K at each (:func:`pick`), never above the K chosen
+    at a lower load (a K that rose with load would be measurement noise, and the orchestrator drafts less as load
+    rises), as ``{concurrency: K}`` where K changes, from concurrency 1 (or the least measured) on."""
+    schedule: dict[int, int] = {}
+    for concurrency in sorted({cell.concurrency for cell in cells}):
+        best = pick([cell for cell in cells if cell.concurrency == concurrency], goal).k
+        previous = list(schedule.values())[-1] if schedule else None
+        if previous is None or best < previous:
+            schedule[concurrency] = best
+    return schedule
+
+
 def measured_verify_cost(cells: Sequence[Cell]) -> dict[int, float]:
     """V(K) as the bench measured it through the server, per fixed K (adaptive cells vary K round by round), at least
     1: a verification cheaper than a step is the load drifting between cells (bench warns of it), not a cost."""
@@ -118,14 +137,20 @@ def _fixed_k(cells: Sequence[Cell]) -> list[Cell]:
 
 
 def write_choice(spec_path: str | Path, num_draft_tokens: int, adaptive: bool,
-                 measured: dict[str, Any] | None = None) -> None:
-    """Set the choice (and the cost model measured, its V(K) over those measured before: :func:`measured_costs`)
-    in the spec file (atomically), then check that the file still validates."""
+                 measured: dict[str, Any] | None = None, schedule: dict[int, int] | None = None) -> None:
+    """Set the choice (and the cost model measured, its V(K) over those measured before: :func:`measured_costs`;
+    and K per load, ``schedule``, replacing a ``busy_in_flight``) in the spec file (atomically), then check that
+    the file still validates."""
     path = Path(spec_path)
     original = path.read_text(encoding="utf-8")
+    current = load_spec(path).speculation
     values: dict[str, Any] = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, **(measured or {})}
     if values.get("verify_cost"):
-        values["verify_cost"] = {**load_spec(path).speculation.verify_cost, **values["verify_cost"]}
+        values["verify_cost"] = {**current.verify_cost, **values["verify_cost"]}
+    if schedule is not None:
+        values["draft_len_schedule"] = schedule
+        if current.busy_in_flight is not None:  # its simplest case: the schedule replaces it
+            values["busy_in_flight"] = None
     updated = set_section_values(original, "speculation", values)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w", encoding="utf-8") as file:
@@ -144,6 +169,7 @@ class TuneResult:
     choice: Cell
     spec_path: Path
     compiled: Any  # compiler.CompileResult, None when --dry-run
+    schedule: dict[int, int] | None = None  # K per load (tune_schedule), {concurrency: K}
 
 
 def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Sequence[int] | None = None,
@@ -158,11 +184,7 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
 
     spec = load_spec(spec_path)
     repository = Path(spec.outputs.repository_dir)
-    max_draft_len = release_max_draft_len(repository)
-    too_long = [k for k in ks or () if k > max_draft_len]
-    if too_long:
-        raise UsageError(f"K={too_long[0]} is above the engine's max_draft_len ({max_draft_len})",
-                         "choose K values up to max_draft_len, or rebuild with a larger one")
+    max_draft_len = _checked_ks(repository, ks)
     plan = BenchPlan(ks=tuple(ks or candidate_ks(max_draft_len)), adaptive=tuple(adaptive),
                      lookup=(spec.speculation.prompt_lookup.enabled,),
                      concurrencies=(concurrency or (1 if goal == "latency" else min(4, spec.limits.max_batch_size)),),
@@ -176,3 +198,57 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
         write_choice(spec_path, choice.k, choice.adaptive, measured_costs(report.cells))
         compiled = compiler.run(load_spec(spec_path), console=console)
     return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled)
+
+
+def _checked_ks(repository: Path, ks: Sequence[int] | None) -> int:
+    """The release's max_draft_len, after refusing a K in ``ks`` above it."""
+    max_draft_len = release_max_draft_len(repository)
+    too_long = [k for k in ks or () if k > max_draft_len]
+    if too_long:
+        raise UsageError(f"K={too_long[0]} is above the engine's max_draft_len ({max_draft_len})",
+                         "choose K values up to max_draft_len, or rebuild with a larger one")
+    return max_draft_len
+
+
+def tune_schedule(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Sequence[int] | None = None,
+                  concurrencies: Sequence[int] = TUNED_LOADS, max_tokens: int = 64, requests: int = 8,
+                  max_seconds: float = 300.0, write: bool = True, console: Any = None) -> TuneResult:
+    """Measure K per load: every fixed K at each of ``concurrencies`` (``requests`` per cell, at least one block
+    of the level's concurrency; no cell runs on past ``max_seconds``), on a server started on a copy of the
+    release packaged without its load policy (engines shared, so only packaging runs); the best for ``goal`` at
+    each level makes the schedule (:func:`load_schedule`), and (``write``) it becomes the spec's and repository's,
+    with the cost model measured at the lowest level. ``TuneResult.choice``: the best cell at the lowest level."""
+    from specbuild import compiler
+    from specbuild.bench.runner import BenchPlan, BenchReport, bench_server, repository_tokenizer, run_bench
+
+    spec = load_spec(spec_path)
+    repository = Path(spec.outputs.repository_dir)
+    max_draft_len = _checked_ks(repository, ks)
+    candidates = tuple(ks or candidate_ks(max_draft_len))
+    unloaded = spec.model_copy(update={
+        "speculation": spec.speculation.model_copy(update={"busy_in_flight": 0, "draft_len_schedule": None})})
+    reports = []
+    with tempfile.TemporaryDirectory(prefix=".tune-", dir=repository.parent) as scratch:
+        measuring = unloaded.model_copy(update={"outputs": unloaded.outputs.model_copy(
+            update={"repository_dir": str(Path(scratch) / repository.name)})})
+        measured_on = compiler.run(measuring, console=console).repository
+        with bench_server(None, measured_on) as (grpc_url, metrics_url):
+            for level in sorted(set(concurrencies)):
+                plan = BenchPlan(ks=candidates, concurrencies=(level,), max_tokens=max_tokens,
+                                 requests=max(requests, level), max_seconds=max_seconds,
+                                 lookup=(spec.speculation.prompt_lookup.enabled,))
+                reports.append(run_bench(grpc_url, prompts, plan, metrics_url=metrics_url,
+                                         tokenizer_dir=repository_tokenizer(measured_on), console=console))
+    cells = [cell for report in reports for cell in report.cells]
+    first = reports[0]
+    report = BenchReport(plan=first.plan.model_copy(update={"concurrencies": tuple(sorted(set(concurrencies))),
+                                                            "requests": requests}),
+                         url=first.url, prompts=first.prompts, cells=cells, metrics=first.metrics,
+                         environment=first.environment, warnings=[w for r in reports for w in r.warnings])
+    schedule = load_schedule(cells, goal)
+    choice = pick(first.cells, goal)
+    compiled = None
+    if write:
+        write_choice(spec_path, choice.k, False, measured_costs(first.cells), schedule)
+        compiled = compiler.run(load_spec(spec_path), console=console)
+    return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled, schedule=schedule)

@@ -10,8 +10,9 @@ import click
 
 from specbuild.cli.common import console, json_option, main, print_json, reports_errors
 from specbuild.drafts.distill_options import ANSWERS, DEVICES, PRECISIONS, TEACHERS, DraftOptions
-from specbuild.errors import SpecbuildError
+from specbuild.errors import SpecbuildError, UsageError
 from specbuild.spec import DEFAULT_SPEC_FILE, LOCAL_GRPC_URL, TRITON_DEFAULTS
+from specbuild.speculation.schedule import TUNED_LOADS
 
 DRAFT = DraftOptions()  # `specbuild draft`'s defaults
 
@@ -191,35 +192,54 @@ def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, j
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="[default: 1 for latency, min(4, max_batch_size) for throughput]")
 @click.option("--url", default=None, help="benchmark this running server instead of starting one")
+@click.option("--concurrency-schedule", is_flag=True,
+              help=f"measure K per load instead: the best fixed K at concurrency {', '.join(map(str, TUNED_LOADS))} "
+              "(each cell --requests, at least one block; adaptive K not swept), written as "
+              "speculation.draft_len_schedule, on a server it starts on a copy of the release without its load policy")
 @workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="also write the bench report")
 @click.option("--dry-run", is_flag=True, help="measure and show the choice; change nothing")
 @json_option
 @reports_errors
 def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, concurrency: int | None,
-         url: str | None, prompts_file: str | None, workload: str, categories: tuple[str, ...], num_prompts: int | None,
-         max_tokens: int, requests: int, max_seconds: float, out_dir: str | None, dry_run: bool,
-         json_mode: bool) -> None:
-    """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default."""
+         url: str | None, concurrency_schedule: bool, prompts_file: str | None, workload: str,
+         categories: tuple[str, ...], num_prompts: int | None, max_tokens: int, requests: int, max_seconds: float,
+         out_dir: str | None, dry_run: bool, json_mode: bool) -> None:
+    """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default (or, with
+    --concurrency-schedule, K per load)."""
     from specbuild.bench.prompts import load_prompts
     from specbuild.bench.tune import tune as run_tune
+    from specbuild.bench.tune import tune_schedule
 
     prompts = load_prompts(prompts_file, workload=workload, categories=categories or None,  # type: ignore[arg-type]
                            limit=num_prompts)
-    result = run_tune(spec_file, goal, prompts, ks=ks, adaptive=ADAPTIVE_CHOICES[adaptive],  # type: ignore[arg-type]
-                      concurrency=concurrency, max_tokens=max_tokens, requests=requests, max_seconds=max_seconds,
-                      url=url, write=not dry_run, console=console)
+    bounds = {"max_tokens": max_tokens, "requests": requests, "max_seconds": max_seconds, "write": not dry_run,
+              "console": console}
+    if concurrency_schedule:
+        if url is not None or concurrency is not None:
+            raise UsageError("--concurrency-schedule measures its own levels on a server it starts (without the "
+                             "release's load policy, which would turn the K it measures into K=0)",
+                             "drop --url and --concurrency")
+        result = tune_schedule(spec_file, goal, prompts, ks=ks, **bounds)  # type: ignore[arg-type]
+    else:
+        result = run_tune(spec_file, goal, prompts, ks=ks, adaptive=ADAPTIVE_CHOICES[adaptive],  # type: ignore[arg-type]
+                          concurrency=concurrency, url=url, **bounds)
     _show_bench(result.report, out_dir, True, json_mode)
     choice = result.choice
     if json_mode:
         print_json({**result.report.to_dict(), "goal": goal, "choice": choice.to_dict(), "spec": spec_file,
+                    "draft_len_schedule": result.schedule,
                     "repository": str(result.compiled.repository) if result.compiled is not None else None})
     console.print(f"best for {goal}: [bold]{choice.label}[/] ({choice.tokens_per_second:.1f} tokens/s, "
                   f"speedup {choice.speedup or 1.0:.2f}x at concurrency {choice.concurrency})", highlight=False)
-    if result.compiled is not None:
-        console.print(f"wrote speculation.num_draft_tokens={choice.k}, adaptive={str(choice.adaptive).lower()} "
-                      f"into {spec_file}; re-packaged {result.compiled.repository} (restart its server to use it)",
+    if result.schedule is not None:
+        console.print(f"K per load: {', '.join(f'K={k} from {c} in flight' for c, k in result.schedule.items())}",
                       highlight=False)
+    if result.compiled is not None:
+        written = f", draft_len_schedule={result.schedule}" if result.schedule is not None else ""
+        console.print(f"wrote speculation.num_draft_tokens={choice.k}, adaptive={str(choice.adaptive).lower()}"
+                      f"{written} into {spec_file}; re-packaged {result.compiled.repository} (restart its server to "
+                      "use it)", highlight=False)
 
 
 @main.command("demo-models")

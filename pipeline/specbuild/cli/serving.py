@@ -47,8 +47,8 @@ def verify(directory: str, json_mode: bool) -> None:
 
 
 def _cost_model(repository: Path) -> tuple[str, dict[str, Any]] | None:
-    """The release's cost model, in words and as data, from its orchestrator's parameters (None: no orchestrator,
-    as where TensorRT-LLM speculates inside its engine)."""
+    """The release's cost model and load policy (K by requests in flight), in words and as data, from its
+    orchestrator's parameters (None: no orchestrator, as where TensorRT-LLM speculates inside its engine)."""
     from specbuild.package.parameters import ParameterError
     from specbuild.package.repository import orchestrator_settings
 
@@ -58,10 +58,12 @@ def _cost_model(repository: Path) -> tuple[str, dict[str, Any]] | None:
         return f"cost model: not readable from the orchestrator's parameters ({exc.message}; {exc.fix})", {}
     if settings is None:
         return None
-    cost = settings.cost_model
+    cost, schedule = settings.cost_model, settings.load_schedule
     state = "on" if settings.break_even else "off"
-    line = f"{cost.describe(settings.max_draft_len)}; per-request break-even {state} by default"
-    return line, {**cost.to_dict(), "break_even": settings.break_even}
+    line = (f"{cost.describe(settings.max_draft_len)}; per-request break-even {state} by default; "
+            f"K by load: {schedule.describe(settings.num_draft_tokens)}")
+    return line, {**cost.to_dict(), "break_even": settings.break_even,
+                  "draft_len_schedule": {str(count): k for count, k in schedule.steps}}
 
 
 @main.command()

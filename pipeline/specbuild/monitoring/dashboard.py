@@ -155,9 +155,11 @@ def specbuild_dashboard() -> Dashboard:
               "target's own token of each round.", tuple(Query(expr, name) for name, expr in by_source.items()),
               stacked=True),
         Panel("Speculation's share of rounds", "Rounds that verified drafts (the rest ran the target alone: "
-              "K=0, load policy, penalties), and those each draft source drafted.",
+              "K=0, load policy, penalties), those each draft source drafted, and those whose K the load policy "
+              "lowered (draft_len_schedule).",
               (Query(s.share_of_rounds(METRIC["drafts"]), "drafted"),
-               Query(s.share_of_rounds(BY_SOURCE["drafts"], "source"), "by {{source}}")), unit="percentunit",
+               Query(s.share_of_rounds(BY_SOURCE["drafts"], "source"), "by {{source}}"),
+               Query(s.share_of_rounds(METRIC["load_rounds"]), "K lowered by load")), unit="percentunit",
               share=True),
         Panel("Tokens per round", "Tokens per target call over every round: 1 + accepted / rounds.",
               (Query(s.tokens_per_round(), "tokens per round"),)),

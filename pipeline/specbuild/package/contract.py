@@ -22,6 +22,7 @@ from typing import ClassVar
 from specbuild.package.parameters import OPTIONAL, ModelParameters
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
+from specbuild.speculation.schedule import DraftLenSchedule
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ class OrchestratorParameters(ModelParameters):
     num_draft_tokens: int
     use_draft_logits: bool
     adaptive_draft: bool
-    busy_in_flight: int  # the load policy: from this many requests in flight, rounds run as K=0 (0: never)
+    draft_len_schedule: str  # the load policy: K per requests in flight (speculation.schedule's "in_flight:K,...")
     prompt_lookup: bool
     lookup_max_ngram: int
     lookup_min_ngram: int
@@ -219,10 +220,11 @@ class OrchestratorParameters(ModelParameters):
         if not self.max_request_seconds >= 0:
             raise ValueError(f"max_request_seconds must be 0 (no limit) or more, got {self.max_request_seconds}")
         self.lookup  # noqa: B018 - validates the n-gram range
+        self.load_schedule  # noqa: B018 - validates the schedule
 
-    def busy(self, in_flight: int) -> bool:
-        """The load policy: whether a round drafts nothing with ``in_flight`` requests being served."""
-        return 0 < self.busy_in_flight <= in_flight
+    @property
+    def load_schedule(self) -> DraftLenSchedule:
+        return DraftLenSchedule.parse(self.draft_len_schedule)
 
     @property
     def cost_model(self) -> CostModel:

@@ -30,6 +30,7 @@ from specbuild.package.parameters import ModelParameters
 from specbuild.package.vendor import vendor
 from specbuild.spec import BuildSpec
 from specbuild.speculation.cost import CostModel
+from specbuild.speculation.schedule import DraftLenSchedule
 
 # The ensemble's python models (preprocessing, orchestrator, postprocessing), shipped as files.
 ENSEMBLE_MODELS_DIR = Path(__file__).resolve().parents[1] / "triton_models"
@@ -121,11 +122,11 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     return config
 
 
-def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int,
+def orchestrator_parameters(spec: BuildSpec, target: Engine, load_schedule: DraftLenSchedule,
                             cost: CostModel, guided_decoding: bool = False,
                             engine_guides: bool = False) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the target engine's build record (what it can do);
-    ``busy_in_flight`` the load policy's threshold (the spec's, or the runtime's default); ``cost`` the release's
+    ``load_schedule`` the load policy (the spec's, or the runtime's default); ``cost`` the release's
     cost model (V(K) for every K a request may ask for); ``guided_decoding`` whether the engine models take guide
     masks, ``engine_guides`` whether the target engine applies NVIDIA's guide inputs itself."""
     s, record = spec.speculation, target.record
@@ -137,7 +138,7 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int
         num_draft_tokens=s.num_draft_tokens,
         use_draft_logits=s.acceptance == "draft-logits",
         adaptive_draft=s.adaptive,
-        busy_in_flight=busy_in_flight,
+        draft_len_schedule=str(load_schedule),
         prompt_lookup=s.prompt_lookup.enabled,
         lookup_max_ngram=s.prompt_lookup.max_ngram,
         lookup_min_ngram=s.prompt_lookup.min_ngram,
@@ -152,11 +153,11 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, busy_in_flight: int
     )
 
 
-def orchestrator_config(spec: BuildSpec, target: Engine, busy_in_flight: int, cost: CostModel,
+def orchestrator_config(spec: BuildSpec, target: Engine, load_schedule: DraftLenSchedule, cost: CostModel,
                         guided_decoding: bool = False, engine_guides: bool = False) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
                                contract.ORCHESTRATOR_OUTPUTS,
-                               orchestrator_parameters(spec, target, busy_in_flight, cost, guided_decoding,
+                               orchestrator_parameters(spec, target, load_schedule, cost, guided_decoding,
                                                        engine_guides),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
@@ -209,7 +210,8 @@ def tokenizer_end_id(tokenizer_dir: Path) -> int:
 
 
 def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_models: Mapping[str, EngineModel],
-                      tokenizer_dir: Path, output_dir: Path, busy_in_flight: int, cost: CostModel) -> None:
+                      tokenizer_dir: Path, output_dir: Path, load_schedule: DraftLenSchedule,
+                      cost: CostModel) -> None:
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic): the ensemble, its
     python models, and the ``engine_models`` serving ``engines``."""
     target = engines[contract.TARGET_MODEL]
@@ -221,7 +223,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
             PreprocessingParameters(max_input_len=target.record.limits.max_input_len,
                                     end_id=tokenizer_end_id(tokenizer_dir))),
         contract.ORCHESTRATOR_MODEL: orchestrator_config(
-            spec, target, busy_in_flight, cost, all(model.guide_masks for model in engine_models.values()),
+            spec, target, load_schedule, cost, all(model.guide_masks for model in engine_models.values()),
             guided_decoding_configured(target_parameters.guided_decoding_backend,
                                        target_parameters.xgrammar_tokenizer_info_path)),
         contract.POSTPROCESSING_MODEL: python_model_config(

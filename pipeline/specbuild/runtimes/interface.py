@@ -25,6 +25,7 @@ from specbuild.package.build_record import BUILD_INFO, BuildLimits, BuildRecord,
 from specbuild.package.contract import ORCHESTRATOR_MODEL
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LAUNCH_SETTINGS, BundledPlan, LaunchPlan
 from specbuild.spec import ROLES
+from specbuild.speculation.schedule import DraftLenSchedule
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
@@ -43,9 +44,9 @@ ReadsOf = Literal["check", "convert", "build", "package", "plan"]
 # package/repository.py's ensemble, orchestrator and preprocessing configs), besides the engine models'.
 RENDER_READS: tuple[str, ...] = (
     "launch.fast_logits", "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
-    "speculation.num_draft_tokens", "speculation.prompt_lookup", "triton.max_request_seconds",
-    "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost", "speculation.verify_cost",
-    "speculation.measured_acceptance")
+    "speculation.draft_len_schedule", "speculation.num_draft_tokens", "speculation.prompt_lookup",
+    "triton.max_request_seconds", "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost",
+    "speculation.verify_cost", "speculation.measured_acceptance")
 
 
 @dataclass(frozen=True)
@@ -158,10 +159,10 @@ class Runtime(abc.ABC):
         """What the engine of ``role`` is built for: the spec's (resolved) limits and its draft positions."""
         return BuildLimits(**spec.limits.model_dump(), max_draft_len=self.draft_positions(spec, role))
 
-    def load_policy(self, spec: BuildSpec) -> int:
-        """The load policy's threshold: ``speculation.busy_in_flight``, or this runtime's default when unset."""
-        configured = spec.speculation.busy_in_flight
-        return self.busy_in_flight if configured is None else configured
+    def load_policy(self, spec: BuildSpec) -> DraftLenSchedule:
+        """The load policy: ``speculation.draft_len_schedule``, else ``busy_in_flight`` (this runtime's default
+        when unset) as its simplest schedule."""
+        return spec.speculation.load_schedule(self.busy_in_flight)
 
     def _no_engines(self) -> UsageError:
         return UsageError(f"the {self.name} runtime builds no engines", "run `specbuild compile` (check and package)")

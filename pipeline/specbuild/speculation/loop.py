@@ -45,18 +45,20 @@ def _stop_index(generated: list[int], start: int, stop_words: list[list[int]]) -
 
 async def speculate(request: GenerationRequest, target: EngineCall, drafts: Drafts | None, *,
                     stats: SpeculationStats | None = None,
-                    busy: Callable[[], bool] | None = None) -> AsyncIterator[Round]:
+                    load_cap: Callable[[], int | None] | None = None) -> AsyncIterator[Round]:
     """Run the loop for one request, yielding each round's new tokens; ``stats`` is updated in place.
 
     ``drafts`` None runs the target alone; see :func:`~specbuild.speculation.drafting.draft_sources` (which also
     says how many tokens a round drafts, and learns each round's outcome).
-    ``busy``, asked before each round: while true, rounds run as K=0 does (no draft call, the target makes
-    ``target_only_chunk`` tokens or the rest), since on a busy server drafting and verifying cost more of the
-    shared compute than they save (the orchestrator's load policy). Not for a seeded sampled request: its
-    output depends on K, and the same seed must give the same text at any load.
+    ``load_cap``, asked before each round that would draft: the most draft tokens the load allows now (the
+    orchestrator's load policy, :class:`~specbuild.speculation.schedule.DraftLenSchedule`; None: no cap), since on
+    a busy server drafting and verifying cost more of the shared compute than they save. A cap below the round's K
+    shortens it (counted in ``stats.load_rounds``); 0 runs the round as K=0 does (no draft call, the target makes
+    ``target_only_chunk`` tokens or the rest). Not for a seeded sampled request: its output depends on K, and
+    the same seed must give the same text at any load.
     """
-    if busy is not None and not request.sampling.is_greedy and request.seed is not None:
-        busy = None  # K=0 rounds would change a seeded request's random draws: it keeps its K to stay reproducible
+    if load_cap is not None and not request.sampling.is_greedy and request.seed is not None:
+        load_cap = None  # another K would change a seeded request's random draws: it keeps its K to be reproducible
     stats = stats if stats is not None else SpeculationStats()
     guide = request.guide  # its masks go with every call (speculation/guide.py); the draft's: draft_sources
     if guide is not None:
@@ -69,8 +71,12 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         context = request.prompt_ids + generated
         # Until min_tokens, the target alone: only it knows its distribution without the end token there.
         unfinished = min(max(0, request.min_tokens - len(generated)), remaining)
-        sources = drafts if busy is None or not busy() else None
-        k = min(sources.round_length, remaining - 1) if sources is not None and not unfinished else 0
+        k = min(drafts.round_length, remaining - 1) if drafts is not None and not unfinished else 0
+        cap = load_cap() if load_cap is not None and k > 0 else None
+        if cap is not None and cap < k:
+            stats.load_rounds += 1
+            k = cap
+        sources = None if cap == 0 else drafts
         draft = await sources.propose(context, k, round_index) if k > 0 else None
         if draft is not None and guide is not None:
             draft = draft.cut(guide.admissible(draft.tokens))  # a proposal the grammar forbids from here: cut

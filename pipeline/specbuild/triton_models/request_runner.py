@@ -155,13 +155,14 @@ class RequestRunner:
         sees it: a client that went away stops costing engine time within one round)."""
         settings = self.settings
         generation, limit = row.row.generation, row.row.max_seconds
+        schedule = settings.load_schedule
         row.scheduled_ns = time.time_ns()
         drafts = draft_sources(generation, self.draft, max_draft_len=settings.max_draft_len, stats=row.stats,
                                health=self.health,
                                lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed)
         try:
             async for step in speculate(generation, self.target, drafts, stats=row.stats,
-                                        busy=lambda: settings.busy(self.metrics.requests_in_flight)):
+                                        load_cap=lambda: schedule.cap(self.metrics.requests_in_flight)):
                 if exchange.cancelled():
                     raise RequestCancelled
                 late = limit is not None and self.clock() - started >= limit

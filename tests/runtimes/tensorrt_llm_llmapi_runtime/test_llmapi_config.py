@@ -16,6 +16,7 @@ from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES
 from specbuild.runtimes.tensorrt_llm_llmapi.repository import model_yaml, model_yaml_text, serve_config, serve_config_text
 from specbuild.package.build_record import BuildLimits, BuildRecord, Engine
 from specbuild.spec import BuildSpec
+from specbuild.speculation.schedule import DraftLenSchedule
 from locations import DATA
 
 GOLDEN = DATA / "llmapi"
@@ -36,7 +37,7 @@ TARGET = Engine(Path("/unused"), BuildRecord(
     runtime="tensorrt-llm-llmapi", role="target", dtype="bfloat16", vocab_size=128256, architecture="LlamaForCausalLM",
     limits=BuildLimits(max_batch_size=16, max_input_len=3072, max_seq_len=4096, max_draft_len=5)))
 CONTEXT = PackageContext(kv_fractions={"target": 0.8164, "draft": 0.0835}, kv_tokens={"target": 65664, "draft": 65664})
-BUSY = 16  # the load policy: drafts nothing from 16 requests in flight (the runtime's default)
+BUSY = DraftLenSchedule.from_threshold(16)  # the load policy: no drafts from 16 in flight (the runtime's)
 
 
 @pytest.mark.parametrize(("model", "upstream"), [
@@ -80,7 +81,7 @@ def test_golden_values_come_from_the_spec_and_the_memory_plan() -> None:
     # one KV configuration for both models: the two shares of the plan, and the tokens each holds
     assert typed.kv_cache_config == config.KvCacheConfig(free_gpu_memory_fraction=0.8999, max_tokens=65664)
     assert typed.speculative_config.max_draft_len == 5
-    assert typed.speculative_config.max_concurrency == BUSY - 1  # the load policy, as TensorRT-LLM's cutoff
+    assert typed.speculative_config.max_concurrency == 15  # the load policy, as TensorRT-LLM's cutoff
     assert typed.triton_config == config.TritonConfig(max_batch_size=0, decoupled=True)
     spec_total = model_yaml(golden_spec(kv_cache_free_gpu_mem_fraction=0.7), TARGET, CONTEXT, BUSY)
     assert spec_total.kv_cache_config.free_gpu_memory_fraction == 0.7

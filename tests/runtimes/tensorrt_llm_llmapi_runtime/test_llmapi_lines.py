@@ -1,6 +1,7 @@
 """The rule tables of the TensorRT-LLM lines (runtimes/tensorrt_llm_llmapi/lines.py): one test per rule showing the
 stand-in's reading of a model.yaml refusing what that line's parser refuses, the renderer writing what each line
-accepts, K=0 rendering no speculative_config, and the load policy reaching the release as max_concurrency."""
+accepts, K=0 rendering no speculative_config, and the load policy reaching the release as max_concurrency (a single
+cutoff) or as each line's draft_len_schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import yaml
 from specbuild.errors import SpecbuildError
 from specbuild.runtimes.registry import runtime_for
 from specbuild.runtimes.tensorrt_llm_llmapi import model_yaml as config
-from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, max_concurrency
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, load_keys
+from specbuild.speculation.schedule import DraftLenSchedule
 from specbuild.runtimes.tensorrt_llm_llmapi.repository import model_yaml, model_yaml_text
 from test_llmapi_config import BUSY, CONTEXT, TARGET, golden_spec
 
@@ -120,7 +122,8 @@ def test_k_0_renders_no_speculative_config(line: str) -> None:
 def test_the_load_policy_becomes_max_concurrency(busy: int, cutoff: int | None) -> None:
     # specbuild drafts nothing from `busy` requests in flight; TensorRT-LLM speculates while its batch holds at
     # most max_concurrency requests: batches of busy - 1 still speculate, batches of busy do not
-    assert max_concurrency(busy) == cutoff
+    keys = load_keys(DraftLenSchedule.from_threshold(busy), 4, 8, LINES["1.2"])
+    assert keys == ({} if cutoff is None else {"max_concurrency": cutoff})
     spec = golden_spec(tensorrt_llm="1.2")
     spec = spec.model_copy(update={"speculation": spec.speculation.model_copy(update={"busy_in_flight": busy})})
     rendered_config = model_yaml(spec, TARGET, CONTEXT, runtime_for(spec.runtime).load_policy(spec))
@@ -132,7 +135,8 @@ def test_the_runtime_s_default_load_policy_reaches_the_release() -> None:
     runtime = runtime_for(spec.runtime)
     assert spec.speculation.busy_in_flight is None
     busy = runtime.load_policy(spec)
-    assert model_yaml(spec, TARGET, CONTEXT, busy).speculative_config.max_concurrency == busy - 1
+    assert busy == DraftLenSchedule.from_threshold(runtime.busy_in_flight)
+    assert model_yaml(spec, TARGET, CONTEXT, busy).speculative_config.max_concurrency == runtime.busy_in_flight - 1
 
 
 def test_a_cutoff_main_refuses_is_a_spec_finding_naming_the_fix() -> None:
@@ -142,3 +146,61 @@ def test_a_cutoff_main_refuses_is_a_spec_finding_naming_the_fix() -> None:
     assert finding.blocking and "max_concurrency 0" in finding.message and "busy_in_flight to 2" in finding.fix
     assert not [f for f in runtime_for(spec.runtime).spec_findings(golden_spec(tensorrt_llm="1.2"))
                 if f.code == "load-policy"]
+
+
+# --- K per load as draft_len_schedule --------------------------------------------------------------------
+SCHEDULE = DraftLenSchedule.from_mapping({1: 4, 3: 2, 6: 0})  # K=4 for 1-2 in flight, 2 for 3-5, none from 6
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("1.2", {1: 4, 3: 2, 6: 0}),  # a key is where its K starts (largest key <= the batch size)
+    ("main", {2: 4, 5: 2}),  # a key is where its K ends (first key >= the batch size; 0 above the last)
+])
+def test_a_schedule_renders_as_each_line_reads_it(line: str, expected: dict[int, int]) -> None:
+    spec = golden_spec(tensorrt_llm=line)
+    spec = spec.model_copy(update={"speculation": spec.speculation.model_copy(
+        update={"num_draft_tokens": 4, "draft_len_schedule": SCHEDULE.as_mapping()})})
+    schedule = runtime_for(spec.runtime).load_policy(spec)
+    text = model_yaml_text(spec, TARGET, CONTEXT, schedule)
+    assert yaml.safe_load(text)["speculative_config"]["draft_len_schedule"] == expected  # integer keys, as written
+    parsed = config.parse(config.ModelYaml, text, "model.yaml", LINES[line])
+    assert parsed.speculative_config.draft_len_schedule == expected
+    assert parsed.speculative_config.max_concurrency is None  # main refuses both together
+    assert not [f for f in runtime_for(spec.runtime).spec_findings(spec) if f.code == "load-policy"]
+
+
+def test_a_schedule_that_never_reaches_zero_covers_the_whole_batch_on_main() -> None:
+    schedule = DraftLenSchedule.from_mapping({1: 4, 3: 1})
+    assert load_keys(schedule, 4, 8, LINES["main"]) == {"draft_len_schedule": {2: 4, 8: 1}}
+    assert load_keys(schedule, 4, 8, LINES["1.2"]) == {"draft_len_schedule": {1: 4, 3: 1}}
+    assert load_keys(schedule, 1, 8, LINES["main"]) == {}  # a release drafting 1 is never lowered
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_a_schedule_starting_below_the_release_k_is_a_spec_finding_naming_the_fix(line: str) -> None:
+    spec = golden_spec(tensorrt_llm=line)
+    spec = spec.model_copy(update={"speculation": spec.speculation.model_copy(
+        update={"num_draft_tokens": 4, "draft_len_schedule": {1: 2, 4: 0}})})
+    [finding] = [f for f in runtime_for(spec.runtime).spec_findings(spec) if f.code == "load-policy"]
+    assert finding.blocking and "K=2 at one request in flight" in finding.message
+    assert "num_draft_tokens to 2" in finding.fix
+
+
+def test_1_2_refuses_a_schedule_without_batch_size_1() -> None:
+    refused("1.2", {"decoding_type": "DraftTarget", **GOOD, "draft_len_schedule": {2: 4, 8: 0}}, "draft-len-schedule")
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_each_line_refuses_a_schedule_whose_smallest_key_is_not_max_draft_len(line: str) -> None:
+    decoding = LINES[line].decoding_type
+    message = refused(line, {"decoding_type": decoding, **GOOD, "draft_len_schedule": {1: 2, 8: 0}},
+                      "draft-len-schedule")
+    assert "draft_len_schedule[1] (2) must equal max_draft_len (4)" in message
+    refused(line, {"decoding_type": decoding, **GOOD, "draft_len_schedule": {1: 4, 8: 6}}, "draft-len-schedule")
+
+
+def test_main_takes_a_schedule_without_batch_size_1() -> None:
+    text = yaml.safe_dump({**rendered("main"), "speculative_config": {
+        "decoding_type": "Draft_Target", **GOOD, "draft_len_schedule": {2: 4, 8: 1}}})
+    assert config.parse(config.ModelYaml, text, "model.yaml", LINES["main"]).speculative_config.draft_len_schedule \
+        == {2: 4, 8: 1}

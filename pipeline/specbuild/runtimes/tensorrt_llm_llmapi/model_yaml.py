@@ -38,7 +38,8 @@ UPSTREAM_FIELDS: dict[str, dict[str, str]] = {
     "KvCacheConfig": {"free_gpu_memory_fraction": "KvCacheConfig", "max_tokens": "KvCacheConfig",
                       "enable_block_reuse": "KvCacheConfig"},
     "DraftTargetConfig": {"decoding_type": "DraftTargetDecodingConfig", "max_draft_len": "DecodingBaseConfig",
-                          "speculative_model": "DecodingBaseConfig", "max_concurrency": "DecodingBaseConfig"},
+                          "speculative_model": "DecodingBaseConfig", "max_concurrency": "DecodingBaseConfig",
+                          "draft_len_schedule": "DecodingBaseConfig"},
     "TritonConfig": {"max_batch_size": "all_models/llmapi/tensorrt_llm/1/model.py",
                      "decoupled": "all_models/llmapi/tensorrt_llm/1/model.py"},
 }
@@ -66,6 +67,8 @@ class DraftTargetConfig(_Typed):
     speculative_model: str  # the draft checkpoint as the container sees it
     # the load policy: speculation off above this batch size (TensorRT-LLM counts its batch, not requests in flight)
     max_concurrency: int | None = Field(None, ge=0)
+    # or K per batch size (the load policy as a schedule; keys read as the line's LineRules.schedule_keys says)
+    draft_len_schedule: dict[int, int] | None = None
 
 
 class LLMArgs(_Typed):
@@ -110,7 +113,7 @@ class ServeConfig(LLMArgs):
 
 def to_yaml(config: LLMArgs, header: str = "") -> str:
     """``config`` as YAML (unset optional keys left out), after ``header`` comment lines."""
-    body = yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    body = yaml.safe_dump(config.model_dump(exclude_none=True), sort_keys=False)  # python mode: int keys stay ints
     return "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + body
 
 

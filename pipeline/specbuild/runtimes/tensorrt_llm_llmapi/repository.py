@@ -51,10 +51,11 @@ from specbuild.runtimes.tensorrt_llm_llmapi.contract import (
     LLMAPIAdapterParameters,
 )
 from specbuild.runtimes.tensorrt_llm_llmapi.launch import container_checkpoint
-from specbuild.runtimes.tensorrt_llm_llmapi.lines import DRAFT_KEY, LINES, LineRules, max_concurrency
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import DRAFT_KEY, LINES, LineRules, load_keys
 from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml, ServeConfig, TritonConfig, to_yaml
 from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
 from specbuild.spec import BuildSpec
+from specbuild.speculation.schedule import DraftLenSchedule
 
 if TYPE_CHECKING:
     from specbuild.runtimes.interface import PackageContext
@@ -87,16 +88,15 @@ def llmapi_model_config(model_yaml: ModelYaml) -> mc.ModelConfig:
     return config
 
 
-def speculative_config(spec: BuildSpec, line: LineRules, busy_in_flight: int) -> dict[str, object] | None:
+def speculative_config(spec: BuildSpec, line: LineRules, schedule: DraftLenSchedule
+                       ) -> dict[str, object] | None:
     """``speculative_config`` as ``line`` dispatches it, or None for K=0 (the target alone: nothing to draft)."""
     k = spec.speculation.num_draft_tokens
     if k == 0:
         return None
     config = {"decoding_type": line.decoding_type, "max_draft_len": k,
-              DRAFT_KEY: container_checkpoint(spec, contract.DRAFT_MODEL)}
-    cutoff = max_concurrency(busy_in_flight)
-    if cutoff is not None:
-        config["max_concurrency"] = cutoff
+              DRAFT_KEY: container_checkpoint(spec, contract.DRAFT_MODEL),
+              **load_keys(schedule, k, spec.limits.max_batch_size, line)}
     refused = line.refusals(config)
     if refused:  # spec_findings refuses what a user can cause, so this is a bug
         raise StageError("package", f"TensorRT-LLM {line.tensorrt_llm} would refuse the rendered speculative_config:"
@@ -104,10 +104,10 @@ def speculative_config(spec: BuildSpec, line: LineRules, busy_in_flight: int) ->
     return config
 
 
-def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int
+def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule
                   ) -> dict[str, object]:
     """The ``LLM()`` arguments of the release. KV cache: the memory plan's share of both models (or the spec's
-    total), capped at the planned tokens each model holds; ``busy_in_flight``: the runtime's load policy."""
+    total), capped at the planned tokens each model holds; ``schedule``: the runtime's load policy."""
     limits = spec.limits
     fraction = spec.triton.kv_cache_free_gpu_mem_fraction or sum(context.kv_fractions.values())
     return {
@@ -117,18 +117,18 @@ def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext, busy
         "max_seq_len": target.record.limits.max_seq_len, "max_num_tokens": MAX_NUM_TOKENS,
         "kv_cache_config": {"free_gpu_memory_fraction": round(fraction, 4),
                             "max_tokens": context.kv_tokens[contract.TARGET_MODEL]},
-        "speculative_config": speculative_config(spec, LINES[spec.triton.tensorrt_llm], busy_in_flight),
+        "speculative_config": speculative_config(spec, LINES[spec.triton.tensorrt_llm], schedule),
     }
 
 
-def model_yaml(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> ModelYaml:
+def model_yaml(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> ModelYaml:
     return ModelYaml(model=container_checkpoint(spec, contract.TARGET_MODEL),
-                     **llm_arguments(spec, target, context, busy_in_flight),
+                     **llm_arguments(spec, target, context, schedule),
                      triton_config=TritonConfig(max_batch_size=0, decoupled=True))
 
 
-def serve_config(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> ServeConfig:
-    return ServeConfig(**llm_arguments(spec, target, context, busy_in_flight))
+def serve_config(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> ServeConfig:
+    return ServeConfig(**llm_arguments(spec, target, context, schedule))
 
 
 def _header(spec: BuildSpec, reader: str) -> str:
@@ -137,17 +137,17 @@ def _header(spec: BuildSpec, reader: str) -> str:
             "Written from typed values; package again rather than edit.")
 
 
-def model_yaml_text(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> str:
+def model_yaml_text(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> str:
     """``tensorrt_llm/1/model.yaml`` as the release holds it."""
-    return to_yaml(model_yaml(spec, target, context, busy_in_flight),
+    return to_yaml(model_yaml(spec, target, context, schedule),
                    _header(spec, "read by TensorRT-LLM's LLM-API model (model.py beside it)"))
 
 
-def serve_config_text(spec: BuildSpec, target: Engine, context: PackageContext, busy_in_flight: int) -> str:
+def serve_config_text(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> str:
     """``trtllm-serve.yaml`` as the release holds it."""
     flag = LINES[spec.triton.tensorrt_llm].serve_flag
     command = f"trtllm-serve {container_checkpoint(spec, contract.TARGET_MODEL)} {flag} {SERVE_CONFIG}"
-    return to_yaml(serve_config(spec, target, context, busy_in_flight),
+    return to_yaml(serve_config(spec, target, context, schedule),
                    _header(spec, f"the same LLM arguments for `{command}` (TensorRT-LLM's server, without Triton)"))
 
 
@@ -158,9 +158,9 @@ def _link_image_model(version_dir: Path) -> None:
 
 
 def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path, output_dir: Path,
-                      context: PackageContext, busy_in_flight: int) -> None:
+                      context: PackageContext, schedule: DraftLenSchedule) -> None:
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic);
-    ``busy_in_flight``: the runtime's load policy."""
+    ``schedule``: the runtime's load policy."""
     target = engines[contract.TARGET_MODEL]
     adapter = LLMAPIAdapterParameters(num_draft_tokens=spec.speculation.num_draft_tokens,
                                       end_id=tokenizer_end_id(tokenizer_dir),
@@ -171,7 +171,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         ADAPTER_MODEL: python_model_config(ADAPTER_MODEL, spec, contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS,
                                            adapter, decoupled=True, instances=spec.triton.orchestrator_instances),
-        LLMAPI_MODEL: llmapi_model_config(model_yaml(spec, target, context, busy_in_flight)),
+        LLMAPI_MODEL: llmapi_model_config(model_yaml(spec, target, context, schedule)),
     }
     for name, config in models.items():
         write_config(output_dir / name, config)
@@ -180,9 +180,9 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
     ship_tokenizer(tokenizer_dir, output_dir / ADAPTER_MODEL)
     llmapi_version = output_dir / LLMAPI_MODEL / "1"
     llmapi_version.mkdir()
-    (llmapi_version / MODEL_YAML).write_text(model_yaml_text(spec, target, context, busy_in_flight), encoding="utf-8")
+    (llmapi_version / MODEL_YAML).write_text(model_yaml_text(spec, target, context, schedule), encoding="utf-8")
     _link_image_model(llmapi_version)
-    (output_dir / SERVE_CONFIG).write_text(serve_config_text(spec, target, context, busy_in_flight), encoding="utf-8")
+    (output_dir / SERVE_CONFIG).write_text(serve_config_text(spec, target, context, schedule), encoding="utf-8")
     problems = validate_repository(output_dir, LLMAPI_MODEL_NAMES)
     if problems:
         raise StageError("package", "the rendered repository is inconsistent:\n  " + "\n  ".join(problems),

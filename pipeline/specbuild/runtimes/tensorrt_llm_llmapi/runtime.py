@@ -4,7 +4,8 @@ TensorRT-LLM removed the TensorRT engine flow on main in July 2026 (PRs #15763, 
 ``tensorrtllm`` Triton backend and ``trtllm-build`` are gone, and what remains on Triton is the LLM-API model
 (``triton_backend/all_models/llmapi``), a Python model around ``LLM()`` of the PyTorch backend, configured by
 a ``model.yaml``. Draft-target speculation runs inside TensorRT-LLM's scheduler, with in-flight batching
-(``speculative_config: {decoding_type, max_draft_len, speculative_model, max_concurrency}``, spelled as each line's
+(``speculative_config: {decoding_type, max_draft_len, speculative_model, max_concurrency or draft_len_schedule}``,
+spelled as each line's
 parser wants it: :mod:`specbuild.runtimes.tensorrt_llm_llmapi.lines`); K=0 renders none, the target alone.
 
 So this runtime converts and builds nothing (its steps are check and package): the release
@@ -31,7 +32,7 @@ from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM_LLMAPI
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
 from specbuild.runtimes.tensorrt_llm_llmapi.launch import check_compiled_config, container_checkpoint, launch_plan
-from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, max_concurrency
+from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, load_keys
 from specbuild.runtimes.trtllm_image import ImageRuntime, installed_package_dir, resolve_dtype
 from specbuild.spec import BuildSpec, Role
 
@@ -59,11 +60,13 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     auto_priority = 10  # after the engine flow (what the 1.2 images run), before embedded torch
     serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
     reads = {"check": ("launch", "speculation.adaptive", "speculation.num_draft_tokens",
-                       "speculation.prompt_lookup.enabled", "speculation.busy_in_flight", "triton.tensorrt_llm"),
+                       "speculation.prompt_lookup.enabled", "speculation.busy_in_flight",
+                       "speculation.draft_len_schedule", "limits.max_batch_size", "triton.tensorrt_llm"),
              "plan": ("target.dtype", "draft.dtype", "speculation.num_draft_tokens"),
              "package": ("name", "target", "draft.dtype", "speculation.num_draft_tokens", "triton.checkpoint_mount",
                          "triton.kv_cache_free_gpu_mem_fraction", "triton.orchestrator_instances",
-                         "triton.tensorrt_llm", "triton.max_request_seconds", "speculation.busy_in_flight")}
+                         "triton.tensorrt_llm", "triton.max_request_seconds", "speculation.busy_in_flight",
+                         "speculation.draft_len_schedule")}
 
     def available(self) -> bool:
         package = installed_package_dir()
@@ -105,16 +108,31 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
         """The draft length fixed at load (``speculative_config.max_draft_len``): requests cannot choose another."""
         return spec.speculation.num_draft_tokens if role == "target" else 0
 
+    def _load_policy_findings(self, spec: BuildSpec) -> list[SpecFinding]:
+        """What the line cannot take of the load policy: a cutoff below its least max_concurrency, or a schedule
+        whose K at one request in flight is not the draft length fixed at load (its max_draft_len)."""
+        k, line, schedule = spec.speculation.num_draft_tokens, LINES[spec.triton.tensorrt_llm], self.load_policy(spec)
+        if not k:
+            return []
+        cutoff = load_keys(schedule, k, spec.limits.max_batch_size, line).get("max_concurrency")
+        if cutoff is not None and cutoff < line.min_max_concurrency:
+            return [SpecFinding("load-policy", f"speculation.busy_in_flight {cutoff + 1} would render "
+                                f"max_concurrency {cutoff}, which TensorRT-LLM {line.tensorrt_llm} refuses "
+                                f"(at least {line.min_max_concurrency})", "set speculation.busy_in_flight to "
+                                f"{line.min_max_concurrency + 1} or more, 0 (draft at any load), or "
+                                "speculation.num_draft_tokens to 0 (the target alone)")]
+        alone = schedule.draft_len(k, 1)
+        if cutoff is None and alone != k:
+            return [SpecFinding("load-policy", f"speculation.draft_len_schedule gives K={alone} at one request in "
+                                f"flight, below num_draft_tokens ({k}): TensorRT-LLM {line.tensorrt_llm}'s "
+                                "draft_len_schedule must start at max_draft_len, which is num_draft_tokens here",
+                                f"set speculation.num_draft_tokens to {alone}, or the schedule's K at 1 to {k}")]
+        return []
+
     def spec_findings(self, spec: BuildSpec) -> list[SpecFinding]:
         s, findings = spec.speculation, []
         k_fix = "or use --runtime torch (or tensorrt-llm), whose orchestrator runs it"
-        line, cutoff = LINES[spec.triton.tensorrt_llm], max_concurrency(self.load_policy(spec))
-        if s.num_draft_tokens and cutoff is not None and cutoff < line.min_max_concurrency:
-            findings.append(SpecFinding("load-policy", f"speculation.busy_in_flight {cutoff + 1} would render "
-                                        f"max_concurrency {cutoff}, which TensorRT-LLM {line.tensorrt_llm} refuses "
-                                        f"(at least {line.min_max_concurrency})", "set speculation.busy_in_flight to "
-                                        f"{line.min_max_concurrency + 1} or more, 0 (draft at any load), or "
-                                        "speculation.num_draft_tokens to 0 (the target alone)"))
+        findings.extend(self._load_policy_findings(spec))
         if s.adaptive:
             findings.append(SpecFinding("adaptive", "speculation.adaptive: the LLM API fixes the draft length at "
                                         "load (no per-request K)", f"set speculation.adaptive: false, {k_fix}"))
