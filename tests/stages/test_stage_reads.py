@@ -143,6 +143,8 @@ def other_value(spec: BuildSpec, path: str, elsewhere: dict[str, str]) -> Any:
         return {1: 1.5} if not value else {}
     if isinstance(value, (int, float)):
         return value + 1
+    if value is None and any(get_origin(option) is dict for option in get_args(annotation)):  # the K by load
+        return {8: 0}
     if value is None:  # optional numbers: a count, or a share of GPU memory
         return 0.5 if float in get_args(annotation) else 3
     if path.endswith("_mount"):

@@ -372,7 +372,7 @@ class TensorRTLLMRuntime(ImageRuntime):
     reads = {"check": ("triton.tensorrt_llm",), "convert": ("target", "draft", "triton.image"),
              "build": BUILD_READS, "plan": (*BUILD_READS, "target.dtype", "draft.dtype"),
              "package": (*RENDER_READS, "target.tp_size", "target.pp_size", "draft.tp_size", "draft.pp_size", "launch",
-                         "triton.engine_mount", "triton.kv_cache_free_gpu_mem_fraction")}
+                         "triton.engine_mount", "triton.repository_mount", "triton.kv_cache_free_gpu_mem_fraction")}
 
     def available(self) -> bool:
         return engine_flow_installed()
