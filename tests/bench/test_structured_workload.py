@@ -32,7 +32,7 @@ def test_the_structured_workload_sends_each_prompt_with_its_schema_and_without()
 
 def test_every_bundled_schema_passes_the_public_guide_rules_and_compiles():
     xgrammar = pytest.importorskip("xgrammar")
-    from specbuild.speculation.guide import GuideSpec
+    from specbuild.speculation.guide_spec import GuideSpec
 
     for prompt in load_prompts(workload="structured")[0::2]:
         guide = prompt.guide

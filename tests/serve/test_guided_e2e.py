@@ -31,7 +31,7 @@ def guides(tokenizer, tiny_release):
 
 def test_a_json_schema_answer_parses_matches_and_is_the_targets_alone_at_every_k(tiny_server, target_alone,
                                                                                   tokenizer, guides):
-    from specbuild.speculation.guide import GuideSpec
+    from specbuild.speculation.guide_spec import GuideSpec
 
     guide = guides.guide(GuideSpec("json_schema", json.dumps(SCHEMA)), tokenizer.eos_token_id)
     expected = target_alone(PROMPT, 96, guide=guide)
@@ -47,7 +47,7 @@ def json_so_far(guides, text: str) -> bool:
     """Whether ``text`` is JSON, or the start of some (an answer cut by max_tokens), by xgrammar's JSON grammar."""
     import xgrammar
 
-    from specbuild.speculation.guide import GuideSpec
+    from specbuild.speculation.guide_spec import GuideSpec
 
     return xgrammar.GrammarMatcher(guides.compile(GuideSpec("json"))).accept_string(text)
 

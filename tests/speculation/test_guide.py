@@ -12,7 +12,8 @@ import torch
 
 from specbuild.errors import RequestError
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.guide import MAX_GUIDE_BYTES, GuideCompiler, GuideSpec
+from specbuild.speculation.guide import GuideCompiler
+from specbuild.speculation.guide_spec import MAX_GUIDE_BYTES, GuideSpec
 from specbuild.speculation.rules import allowed_tokens
 
 SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],

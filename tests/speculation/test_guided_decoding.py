@@ -21,7 +21,8 @@ import torch
 from random_llama import END, TOKENS, VOCAB
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.runtimes.torch.inprocess import InProcessSpeculator
-from specbuild.speculation.guide import GuideCompiler, GuideSpec
+from specbuild.speculation.guide import GuideCompiler
+from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.rules import SamplingParams, allowed_tokens, probabilities, restrict

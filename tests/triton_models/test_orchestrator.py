@@ -20,7 +20,7 @@ from specbuild.triton_models.engine_io import decode_output, decode_requests, en
 from specbuild.triton_models.orchestration import RowProgress, parse_rows
 from specbuild.spec import load_spec
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.guide import GuideSpec
+from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.stats import SpeculationStats

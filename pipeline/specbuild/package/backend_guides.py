@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specbuild.errors import RequestError, StageError
-
-if TYPE_CHECKING:
-    from specbuild.speculation.guide import GuideSpec
+from specbuild.speculation.guide_spec import GUIDE_INPUT, GUIDE_TYPES, TYPE_INPUT, GuideSpec
 
 XGRAMMAR = "xgrammar"  # the only guided_decoding_backend the C++ executor takes
 TOKENIZER_INFO_FILE = "xgrammar_tokenizer_info.json"  # generate_xgrammar_tokenizer_info.py's file name
@@ -106,8 +104,6 @@ def backend_guide(guide_type: str | None, guide: str | None, *, configured: bool
                   draft_tokens: bool) -> GuideSpec | None:
     """A request's guide as the backend takes it, or None without one; raises a :class:`RequestError` where the
     backend refuses, and where it would silently run the request unconstrained (see the module notes)."""
-    from specbuild.speculation.guide import GUIDE_INPUT, GUIDE_TYPES, TYPE_INPUT, GuideSpec  # torch: not at packaging
-
     if guide_type is None:
         if guide is not None:
             raise RequestError(f"{GUIDE_INPUT} without {TYPE_INPUT}: the tensorrtllm backend drops it silently "

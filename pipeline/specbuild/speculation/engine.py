@@ -11,14 +11,12 @@ for :class:`~specbuild.runtimes.torch.engine.TorchEngine`, and the in-process sp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import torch
 
+from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.rules import GREEDY, SamplingParams
-
-if TYPE_CHECKING:
-    from specbuild.speculation.guide import GuideSpec
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specbuild.speculation.cost import CostModel
-from specbuild.speculation.guide import Guide, GuideSpec
+from specbuild.speculation.guide import Guide
+from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 

@@ -21,7 +21,7 @@ from specbuild.package.backend_contract import ENGINE_INPUTS, GUIDE_MASKS
 from specbuild.package.backend_guides import backend_guide
 from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.guide import GUIDE_INPUT, TYPE_INPUT
+from specbuild.speculation.guide_spec import GUIDE_INPUT, TYPE_INPUT
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models.batch import row_value
 from specbuild.triton_models.text import decode_utf8, decode_word_list, encode_word_list

@@ -15,7 +15,7 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
-from specbuild.speculation.guide import TYPE_INPUT, GuideSpec
+from specbuild.speculation.guide_spec import TYPE_INPUT, GuideSpec
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models import public_rows

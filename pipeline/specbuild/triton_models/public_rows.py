@@ -20,7 +20,7 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.package.contract import ENSEMBLE_OUTPUTS, NUMPY_DTYPES, by_name
-from specbuild.speculation.guide import GUIDE_INPUT, TYPE_INPUT, GuideSpec
+from specbuild.speculation.guide_spec import GUIDE_INPUT, TYPE_INPUT, GuideSpec
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models.batch import finite, renamed_value, row_value
 from specbuild.triton_models.text import decode_utf8

@@ -21,7 +21,8 @@ from specbuild.errors import RequestError
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.speculation.drafting import DraftHealth, draft_sources
 from specbuild.speculation.engine import EngineCall
-from specbuild.speculation.guide import Guide, GuideSpec
+from specbuild.speculation.guide import Guide
+from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.loop import speculate
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.orchestration import RowProgress, parse_rows

@@ -19,7 +19,8 @@ from specbuild.package.contract import OrchestratorParameters
 from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.speculation.engine import EngineOutput, EngineRequest
-from specbuild.speculation.guide import GuideCompiler, GuideSpec
+from specbuild.speculation.guide import GuideCompiler
+from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.engine_io import decode_output, decode_requests, encode_outputs, encode_request
 from specbuild.triton_models.request_runner import RequestRunner

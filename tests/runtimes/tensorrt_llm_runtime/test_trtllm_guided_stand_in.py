@@ -16,7 +16,7 @@ from specbuild.package.backend_guides import backend_guide, write_tokenizer_info
 from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.speculation.engine import EngineRequest
-from specbuild.speculation.guide import GuideSpec
+from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.triton_models.engine_io import decode_requests, encode_request
 
 REGEX = r"[ab]+c|[0-3]{2}x?"
