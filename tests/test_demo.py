@@ -11,6 +11,7 @@ from rich.console import Console
 
 from specbuild.demo import DEMO_PROMPTS, KINDS, run_demo
 from specbuild.drafts.model_pairs import CACHE_ENV, pair_dir
+from specbuild.spec import load_spec
 
 
 @pytest.mark.slow
@@ -31,6 +32,8 @@ def test_demo_measures_compiles_serves_and_compares_each_kind_with_the_target_al
     assert sum(kind.speculative.sources.get("model", {}).get("share", 0) for kind in result.kinds) > 0
     assert result.overall is not None and result.overall > 0
     assert (tmp_path / "triton_repo" / "manifest.json").is_file()
+    written = load_spec(tmp_path / "demo.yaml")  # the spec it compiled, for `specbuild tune --spec demo.yaml`
+    assert written.speculation.num_draft_tokens == 3 and written.outputs.repository_dir.endswith("triton_repo")
     log = " ".join(console.export_text().split())
     assert "server ready" in log and "identical" in log and "overall" in log
     assert f"the pair's folder: {pair_dir('tiny', tmp_path)}" in log

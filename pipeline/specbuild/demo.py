@@ -51,6 +51,7 @@ DEMO_PROMPTS = (
            "remit the outstanding payment forthwith.\""),
 )
 KINDS = tuple(dict.fromkeys(prompt.category for prompt in DEMO_PROMPTS))
+SPEC_FILE = "demo.yaml"  # the compiled spec, beside the release (not specbuild.yaml: that may be the user's own)
 MEASURE = {"prompts": 2, "new_tokens": 24, "repeats": 6}  # the in-process cost measurement, kept short
 
 
@@ -138,6 +139,7 @@ def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_token
     from specbuild.runtimes.names import TORCH
     from specbuild.serve.server import TritonServer
     from specbuild.spec import load_spec
+    from specbuild.stages.atomic import atomic_write_text
 
     console = console or make_console()
     workdir = Path(workdir).resolve()
@@ -177,6 +179,9 @@ def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_token
         raise UsageError("the demo compares the release's speculation with K=0, so its K must be 1 or more",
                          "pass --num-draft-tokens 1 or more, or leave it out")
     result = compiler.run(spec, console=console)
+    spec_file = atomic_write_text(workdir / SPEC_FILE, spec.to_yaml())
+    console.print(f"the release's spec: {spec_file} (`specbuild tune --spec {SPEC_FILE}` measures its cost model "
+                  "through the server, interleaved, and re-packages it)", highlight=False)
     console.rule("[bold]3/4 serve (Triton, loopback)")
     kinds = []
     with contextlib.ExitStack() as running:
