@@ -3,41 +3,18 @@ upstream argument names, round-tripped, and pinned by golden files (``tests/data
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from specbuild.runtimes.interface import PackageContext
 from specbuild.errors import SpecbuildError
 from specbuild.runtimes.tensorrt_llm_llmapi import model_yaml as config
 from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES
 from specbuild.runtimes.tensorrt_llm_llmapi.repository import model_yaml, model_yaml_text, serve_config, serve_config_text
-from specbuild.package.build_record import BuildLimits, BuildRecord, Engine
-from specbuild.spec import BuildSpec
-from specbuild.speculation.schedule import DraftLenSchedule
 from locations import DATA
+from llmapi_golden import BUSY, CONTEXT, TARGET, golden_spec
 
 GOLDEN = DATA / "llmapi"
-
-
-def golden_spec(**triton: str) -> BuildSpec:
-    return BuildSpec.model_validate({
-        "name": "golden", "runtime": "tensorrt-llm-llmapi",
-        "target": {"checkpoint": "/models/llama-70b", "dtype": "bfloat16", "tp_size": 4},
-        "draft": {"checkpoint": "/models/llama-1b", "dtype": "bfloat16", "tp_size": 4},
-        "speculation": {"num_draft_tokens": 5, "acceptance": "token-match"},
-        "limits": {"max_batch_size": 16, "max_input_len": 3072, "max_seq_len": 4096},
-        "triton": triton,
-    })
-
-
-TARGET = Engine(Path("/unused"), BuildRecord(
-    runtime="tensorrt-llm-llmapi", role="target", dtype="bfloat16", vocab_size=128256, architecture="LlamaForCausalLM",
-    limits=BuildLimits(max_batch_size=16, max_input_len=3072, max_seq_len=4096, max_draft_len=5)))
-CONTEXT = PackageContext(kv_fractions={"target": 0.8164, "draft": 0.0835}, kv_tokens={"target": 65664, "draft": 65664})
-BUSY = DraftLenSchedule.from_threshold(16)  # the load policy: no drafts from 16 in flight (the runtime's)
 
 
 @pytest.mark.parametrize(("model", "upstream"), [

@@ -14,7 +14,7 @@ from specbuild.runtimes.tensorrt_llm_llmapi import model_yaml as config
 from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, load_keys
 from specbuild.speculation.schedule import DraftLenSchedule
 from specbuild.runtimes.tensorrt_llm_llmapi.repository import model_yaml, model_yaml_text
-from test_llmapi_config import BUSY, CONTEXT, TARGET, golden_spec
+from llmapi_golden import BUSY, CONTEXT, TARGET, golden_spec
 
 GOOD = {"max_draft_len": 4, "speculative_model": "/checkpoints/draft"}
 
