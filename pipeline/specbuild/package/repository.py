@@ -181,9 +181,14 @@ def ship_model_source(source: Path, model_dir: Path) -> None:
 PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 
+def shipped_tokenizer(model_dir: Path) -> Path:
+    """Where :func:`ship_tokenizer` puts a model's portable tokenizer copy."""
+    return model_dir / "1" / "tokenizer"
+
+
 def ship_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
     """The target's tokenizer files into the model's folder, its class named so that every image loads it."""
-    destination = model_dir / "1" / "tokenizer"
+    destination = shipped_tokenizer(model_dir)
     if not copy_tokenizer(tokenizer_dir, destination):
         raise StageError("package", f"no tokenizer files in {tokenizer_dir}",
                          "the target checkpoint must ship tokenizer.json or its tokenizer files")
@@ -202,7 +207,7 @@ def tokenizer_end_id(tokenizer_dir: Path) -> int:
 
     with tempfile.TemporaryDirectory() as scratch:
         ship_tokenizer(tokenizer_dir, Path(scratch))
-        tokenizer = AutoTokenizer.from_pretrained(str(Path(scratch) / "1" / "tokenizer"), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(str(shipped_tokenizer(Path(scratch))), trust_remote_code=False)
     if tokenizer.eos_token_id is None:
         raise StageError("package", f"the tokenizer in {tokenizer_dir} defines no eos token",
                          "set eos_token in tokenizer_config.json")

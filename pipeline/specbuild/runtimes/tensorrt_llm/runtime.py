@@ -44,7 +44,8 @@ from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageEr
 from specbuild.package.backend_contract import EngineModel, EngineParameters
 from specbuild.package.backend_guides import TOKENIZER_INFO_FILE, XGRAMMAR, write_tokenizer_info
 from specbuild.package.build_record import BuildLimits, BuildRecord, Engine, GpuInfo
-from specbuild.package.contract import TARGET_MODEL
+from specbuild.package.contract import ORCHESTRATOR_MODEL, TARGET_MODEL
+from specbuild.package.repository import shipped_tokenizer
 from specbuild.runtimes.interface import RENDER_READS, ModelPlan, PackageContext, SpecFinding
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM
@@ -445,9 +446,10 @@ class TensorRTLLMRuntime(ImageRuntime):
     def render_repository(self, spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_dir: Path,
                           output_dir: Path, context: PackageContext) -> None:
         """The engine-model repository, and the target's tokenizer info beside its config (what its
-        ``xgrammar_tokenizer_info_path`` names inside the container)."""
+        ``xgrammar_tokenizer_info_path`` names inside the container), made from the portable tokenizer copy the
+        release ships (one saved by transformers 5 does not load as it is in the image's transformers 4.57)."""
         super().render_repository(spec, engines, tokenizer_dir, output_dir, context)
-        write_tokenizer_info(tokenizer_dir, output_dir / TARGET_MODEL)
+        write_tokenizer_info(shipped_tokenizer(output_dir / ORCHESTRATOR_MODEL), output_dir / TARGET_MODEL)
 
     def check_compiled_layout(self, repository: Path, spec: BuildSpec) -> None:
         check_engine_configs(repository, spec)
