@@ -406,19 +406,25 @@ def test_bench_against_a_real_server(bench_release: Path, tmp_path: Path):
     assert data["metrics"] is True
     cells = {(c["k"], c["lookup"], c["concurrency"]): c for c in data["cells"]}
     assert set(cells) == {(0, False, 1), (2, False, 1), (2, True, 1), (0, False, 2), (2, False, 2), (2, True, 2)}
-    for (k, lookup, _), cell in cells.items():
-        assert ("lookup" in cell["sources"]) == lookup and ("model" in cell["sources"]) == (k > 0)
+    for (k, lookup, concurrency), cell in cells.items():
+        # Which rounds draft at 2 in flight depends on timing (torch's load policy: no drafts from 2 in flight), and
+        # the per-request break-even may then switch the model off where lookup still proposes: only at 1 in flight
+        # must every source that was asked for draft.
+        assert set(cell["sources"]) <= ({"model", "lookup"} if lookup else {"model"} if k else set())
+        if concurrency == 1:
+            assert ("lookup" in cell["sources"]) == lookup and ("model" in cell["sources"]) == (k > 0)
         for figures in cell["sources"].values():
             assert 0.0 < figures["share"] <= 1.0
         assert cell["requests"] == 3 and cell["errors"] == 0 and cell["output_tokens"] > 0
         assert cell["source"] == "metrics"
         assert cell["matches_baseline"] == 1.0  # greedy: speculation never changes the text
-        if k:
+        if cell["sources"]:
             assert 0.0 <= cell["acceptance_rate"] <= 1.0
             assert 1.0 <= cell["mean_acceptance_length"] <= 3.0
             assert cell["draft_tokens_per_round"] <= 2
             assert all(0.0 <= a <= 1.0 for a in cell["acceptance_per_position"])
-            assert cell["expected_speedup"] > 0 and cell["verify_cost"] > 0 and cell["cost_ratio"] > 0
+            assert cell["expected_speedup"] > 0 and cell["verify_cost"] > 0
+            assert cell["cost_ratio"] > 0 or "model" not in cell["sources"]  # lookup makes no draft calls
         # the server's latency histograms over the cell, beside what the client measured
         assert set(cell["server_latency"]) == {"ttft", "tpot", "e2e", "queue"}
         for quantiles in cell["server_latency"].values():
