@@ -4,8 +4,8 @@ A draft whose output head covers only the N token ids the target uses most stays
 verifies every token, and rejection sampling would use the draft's own distribution, zero outside the N
 ids), but it can never propose the other ids. This measures both sides on one target and its drafts:
 
-- **ranking**: the target's greedy answers to local distillation prompts (never the benchmark set); ids
-  ranked by how often they occur in those answers, then by id (byte-level BPE ids rise with merge order);
+- **ranking**: as ``specbuild head-vocabulary`` ranks (:mod:`specbuild.drafts.head_ranking`): the target's
+  greedy answers to local distillation prompts (never the benchmark set), ids by their count, then by id;
 - **agreement**: teacher-forced on the target's greedy answers to the bundled benchmark prompts, the share
   of positions where the draft's argmax equals the target's token, over the full head and over each
   sub-vocabulary (plus the share of the target's tokens the sub-vocabulary contains at all), and the
@@ -29,25 +29,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from specbuild.bench.prompts import load_prompts
 from specbuild.bench.runner import chat_prompts
-from specbuild.drafts.distill import DraftOptions, compute_dtype
-from specbuild.drafts.distill_data import encode_prompts, target_answers
+from specbuild.drafts.distill import DraftOptions
+from specbuild.drafts.distill_data import target_answers
+from specbuild.drafts.head_ranking import rank_for_target
 from specbuild.drafts.model_pairs import acceptance_by_k
 
 CONTEXT = 200
-
-
-def ranked_ids(target, tokenizer, prompts: int, max_new_tokens: int) -> tuple[torch.Tensor, dict[str, int]]:
-    """Vocabulary ids by their count in the target's greedy answers (ties: lower id first), and how many
-    answer tokens and distinct ids were counted."""
-    options = DraftOptions(prompts=prompts + 1, held_out=1, max_new_tokens=max_new_tokens, generate_batch=32)
-    dtype = compute_dtype("auto")
-    teacher = target if dtype == torch.float32 else AutoModelForCausalLM.from_pretrained(
-        target.name_or_path, dtype=dtype, use_safetensors=True).eval()
-    sequences = target_answers(teacher, tokenizer, encode_prompts(tokenizer, options), options, float("inf"), None)
-    answers = torch.tensor([token for sequence, prompt_len in sequences for token in sequence[prompt_len:]])
-    counts = torch.bincount(answers, minlength=target.config.vocab_size)
-    ranking = torch.sort(-counts, stable=True).indices  # stable: equal counts keep the lower id first
-    return ranking, {"answer_tokens": len(answers), "distinct_ids": int((counts > 0).sum())}
 
 
 def held_out_answers(target, tokenizer, prompts: int, max_new_tokens: int) -> list[tuple[torch.Tensor, int]]:
@@ -130,10 +117,14 @@ def main(target: Path, drafts: tuple[str, ...], sizes: str, rank_prompts: int, e
     loaded = {name: AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True).eval()
               for name, folder in (item.split("=", 1) for item in drafts)}
     started = time.perf_counter()
-    ranking, counted = ranked_ids(model, tokenizer, rank_prompts, max_new_tokens)
+    cuts = [int(size) for size in sizes.split(",")]
+    ranking = rank_for_target(target, max(cuts), prompts=rank_prompts, max_new_tokens=max_new_tokens,
+                              threads=threads)
     rank_seconds = time.perf_counter() - started
-    heads = {"full": None, **{f"{size // 1024}k": ranking[:size].sort().values for size in map(int, sizes.split(","))}}
+    ids = torch.tensor(ranking.ids)
+    heads = {"full": None, **{f"{size // 1024}k": ids[:size].sort().values for size in cuts}}
     answers = held_out_answers(model, tokenizer, eval_prompts, max_new_tokens)
+    counted = {key: ranking.provenance[key] for key in ("answer_tokens", "distinct_ids")}
     report = {"ranking": {"prompts": rank_prompts, **counted, "seconds": round(rank_seconds, 1)},
               "held_out": {"prompts": eval_prompts, "positions": sum(len(s) - p for s, p in answers)},
               "agreement": {name: agreement(draft, answers, heads) for name, draft in loaded.items()},

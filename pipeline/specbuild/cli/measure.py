@@ -299,12 +299,16 @@ def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
 @click.option("--teacher", type=click.Choice(TEACHERS), default=DRAFT.teacher, show_default=True,
               help="labels: the target's top-k stored once; joint: the target runs in every training step and the "
                    "loss is the KL divergence from its full-vocabulary distribution")
+@click.option("--head-vocabulary", type=click.IntRange(min=1), default=DRAFT.head_vocabulary, metavar="N",
+              help="give the draft a head over the N ids the target uses most, ranked from the answers it distils "
+                   "from (a cheaper draft step; the torch runtime serves it)")
 @click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
 @json_option
 @reports_errors
 def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
                   held_out: int, max_new_tokens: int, seed: int, precision: str, device: str, generate_batch: int,
-                  batch_tokens: int, answers: str, teacher: str, resume: bool, json_mode: bool) -> None:
+                  batch_tokens: int, answers: str, teacher: str, head_vocabulary: int | None, resume: bool,
+                  json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
     from specbuild.drafts.distill import make_draft
     from specbuild.drafts.model_pairs import progress_display
@@ -312,14 +316,47 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
                            held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision,
                            device=device, generate_batch=generate_batch, batch_tokens=batch_tokens, answers=answers,
-                           teacher=teacher)
+                           teacher=teacher, head_vocabulary=head_vocabulary)
     with progress_display(console) as progress:
         summary = make_draft(target, out, options, resume=resume, progress=progress)
     if json_mode:
         print_json(summary)
     acceptance = " ".join(f"K={k}: {rate:.2f}" for k, rate in summary["held_out_acceptance"].items())
+    head = summary.get("head_vocabulary")
+    if head:
+        acceptance += f" (a {head['size']}-id head, holding {head['held_out_coverage']:.1%} of the held-out answers)"
     console.print(f"draft: {out} ({summary['parameters'] / 1e6:.1f}M parameters, {summary['steps_done']} steps)\n"
                   f"held-out acceptance {acceptance}\n"
                   f"draft step {summary['draft_step_ms']} ms, target step {summary['target_step_ms']} ms; "
                   f"expected speedup {summary['expected_speedup'][str(summary['best_k'])]:.2f}x at K={summary['best_k']}",
                   highlight=False)
+
+
+@main.command("head-vocabulary")
+@click.argument("target", type=click.Path(file_okay=False))
+@click.argument("draft", type=click.Path(file_okay=False))
+@click.option("--size", type=click.IntRange(min=1), default=16384, show_default=True, help="ids the draft's head keeps")
+@click.option("--prompts", type=click.IntRange(min=2), default=256, show_default=True,
+              help="distillation prompts the target answers to rank the ids")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=DRAFT.max_new_tokens, show_default=True)
+@click.option("--seed", type=int, default=DRAFT.seed, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=DRAFT.threads, show_default=True)
+@click.option("--replace", is_flag=True, help="rank again over an existing head_vocabulary.json")
+@json_option
+@reports_errors
+def head_vocabulary_command(target: str, draft: str, size: int, prompts: int, max_new_tokens: int, seed: int,
+                            threads: int, replace: bool, json_mode: bool) -> None:
+    """Give DRAFT a head over the SIZE ids TARGET uses most (head_vocabulary.json): a cheaper draft step."""
+    from specbuild.drafts.head_ranking import write_for_draft
+    from specbuild.drafts.model_pairs import progress_display
+
+    with progress_display(console) as progress:
+        vocabulary = write_for_draft(target, draft, size, replace=replace, prompts=prompts,
+                                     max_new_tokens=max_new_tokens, seed=seed, threads=threads, progress=progress)
+    if json_mode:
+        print_json({**vocabulary.summary(), "provenance": vocabulary.provenance})
+        return
+    figures = vocabulary.provenance
+    console.print(f"{draft}/head_vocabulary.json: {vocabulary.size} ids (sha256 {vocabulary.sha256[:12]}), covering "
+                  f"{figures['coverage']:.1%} of {figures['answer_tokens']} answer tokens to {figures['answers']} "
+                  f"prompts", highlight=False)

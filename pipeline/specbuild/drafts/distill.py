@@ -50,10 +50,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
 from specbuild.bench.estimate import COST_REPEATS, measure_step_costs, predicted_speedups
 from specbuild.drafts.distill_data import DistillData, load_or_make_data
 from specbuild.drafts.distill_options import DraftOptions
 from specbuild.drafts.distill_training import Trainer, student_from_target
+from specbuild.drafts.head_ranking import coverage, rank_head_vocabulary
 from specbuild.drafts.model_pairs import (
     acceptance_by_k,
     draft_matches,
@@ -68,6 +70,7 @@ from specbuild.stages.atomic import atomic_output_dir, atomic_write_bytes
 
 if TYPE_CHECKING:
     import torch
+    from specbuild.checkpoint.head_vocabulary import HeadVocabulary
     from rich.progress import Progress
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
@@ -99,7 +102,7 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
     device = resolve_device(options.device)
     with torch_threads(options.threads):
         torch.manual_seed(options.seed)
-        target, tokenizer = _load_target(Path(target_dir), device)
+        target, tokenizer = load_target(Path(target_dir), device)
         dtype = compute_dtype(options.precision, device)
         teacher = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)  # fp32 needs no copy
         data = load_or_make_data(teacher, tokenizer, work, options, data_deadline, progress)
@@ -112,7 +115,8 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
             trainer.load(work / TRAIN_FILE)
         resumed_from = trainer.step
         trainer.run(train_deadline, work / TRAIN_FILE, progress)
-        figures = evaluate(target, student, data, progress)
+        vocabulary = head_vocabulary(data, int(target.config.vocab_size), options)
+        figures = evaluate(target, student, data, progress, vocabulary)
     summary = {
         "target": str(target_dir), "options": asdict(options), "device": str(device),
         "compute_dtype": str(dtype).removeprefix("torch."),
@@ -122,6 +126,8 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
     }
     with atomic_output_dir(out) as scratch:
         save_checkpoint(student.cpu(), tokenizer, scratch)
+        if vocabulary is not None:
+            vocabulary.write(scratch)
         summary["bytes"] = folder_bytes(scratch)
         (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
@@ -131,6 +137,10 @@ def _check_paths(target: Path, out: Path, work: Path, resume: bool, options: Dra
     if not (target / "config.json").is_file():
         raise CheckpointError(f"{target} is not a Hugging Face checkpoint folder (no config.json)",
                               "pass the target's checkpoint folder")
+    vocab_size = read_json(target / "config.json", MAX_CONFIG_JSON).get("vocab_size")
+    if options.head_vocabulary is not None and isinstance(vocab_size, int) and options.head_vocabulary >= vocab_size:
+        raise UsageError(f"--head-vocabulary {options.head_vocabulary} is not below the target's vocabulary "
+                         f"({vocab_size} ids)", "pass a smaller size, or leave it out for the full head")
     if out.resolve() == target.resolve() or target.resolve() in out.resolve().parents:
         raise UsageError(f"output {out} would overwrite or nest inside the target", "choose a folder outside it")
     if out.exists() and any(out.iterdir()) and not (out / SUMMARY_FILE).is_file():
@@ -148,7 +158,7 @@ def _check_paths(target: Path, out: Path, work: Path, resume: bool, options: Dra
     atomic_write_bytes(recorded, json.dumps(options.architecture(), indent=2).encode("utf-8"))
 
 
-def _load_target(folder: Path, device: torch.device) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+def load_target(folder: Path, device: torch.device) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -188,24 +198,46 @@ def compute_dtype(precision: str, device: torch.device | None = None) -> torch.d
     return torch.bfloat16 if precision == "bfloat16" else torch.float32
 
 
+def head_vocabulary(data: DistillData, vocab_size: int, options: DraftOptions) -> HeadVocabulary | None:
+    """The sub-vocabulary head ``options.head_vocabulary`` asks for, ranked from the training answers only (the
+    held-out ones measure it)."""
+    if options.head_vocabulary is None:
+        return None
+    answers = data.answers(range(data.held_out, data.count))
+    vocabulary = rank_head_vocabulary(answers, vocab_size, options.head_vocabulary, {
+        "ranked_from": "the target's answers that specbuild draft distilled from", "seed": options.seed})
+    held_out = coverage(vocabulary, data.answers(range(data.held_out)))
+    return vocabulary.model_copy(update={"provenance": {**vocabulary.provenance, "held_out_coverage": held_out}})
+
+
 # --- evaluation ------------------------------------------------------------------------------------------
-def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillData,
-             progress: Progress | None) -> dict[str, Any]:
-    """Held-out greedy acceptance at K=1..4, step costs, V(K) and the expected speedup per K."""
+def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillData, progress: Progress | None,
+             vocabulary: HeadVocabulary | None = None) -> dict[str, Any]:
+    """Held-out greedy acceptance at K=1..4, step costs, V(K) and the expected speedup per K, all with the
+    sub-vocabulary head where there is one (as the torch engine serves it)."""
     import torch
 
+    from specbuild.runtimes.torch.engine import SubVocabularyHead
+
+    if vocabulary is not None:
+        student = copy.deepcopy(student)
+        head = SubVocabularyHead(student, vocabulary, int(target.config.vocab_size))
     matches = []
     with stage(progress, "draft: held-out acceptance", data.held_out) as advance, torch.no_grad():
         for start, end, prompt_len in data.rows(range(data.held_out)):
             sequence = data.ids[start:end].to(student.device)
-            matches.append(draft_matches(student(input_ids=sequence[None]).logits[0], sequence, prompt_len))
+            logits = student(input_ids=sequence[None]).logits[0]
+            matches.append(draft_matches(logits if vocabulary is None else head.scatter(logits), sequence,
+                                         prompt_len))
             advance(1)
     acceptance = acceptance_by_k(matches, MAX_K)
     with stage(progress, "draft: step costs", COST_REPEATS) as advance:
         costs = measure_step_costs(target, student, MAX_K, advance=advance)
     expected = {str(k): round(speedup, 3) for k, speedup in predicted_speedups(acceptance, costs).items()}
     best = max(expected, key=lambda k: expected[k])
-    return {"held_out_acceptance": acceptance, "target_step_ms": round(costs.target_step_ms, 2),
+    head_figures = {} if vocabulary is None else {"head_vocabulary": {**vocabulary.summary(), **{
+        key: vocabulary.provenance[key] for key in ("coverage", "held_out_coverage")}}}
+    return {"held_out_acceptance": acceptance, **head_figures, "target_step_ms": round(costs.target_step_ms, 2),
             "draft_step_ms": round(costs.draft_step_ms, 2), "cost_ratio": round(costs.cost_ratio, 3),
             "verify_cost": {str(k): round(v, 3) for k, v in costs.verify_cost.items()}, "expected_speedup": expected,
             "best_k": int(best)}

@@ -51,6 +51,10 @@ class DistillData:
         """(start, end, prompt length) of the given sequences."""
         return [(int(self.offsets[i]), int(self.offsets[i + 1]), int(self.prompt_lens[i])) for i in indices]
 
+    def answers(self, indices: range) -> list[list[int]]:
+        """The target's answer tokens (prompts left out) of the given sequences."""
+        return [self.ids[start + prompt_len:end].tolist() for start, end, prompt_len in self.rows(indices)]
+
     @property
     def count(self) -> int:
         return len(self.prompt_lens)

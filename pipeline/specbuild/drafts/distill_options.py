@@ -38,6 +38,7 @@ class DraftOptions:
     answers: str = "greedy"  # "greedy+sampled": a sampled answer to every training prompt as well
     sample_temperature: float = 0.7
     teacher: str = "labels"  # "joint": the target's full distribution computed in each training step
+    head_vocabulary: int | None = None  # a sub-vocabulary head of this many ids, ranked from the target's answers
 
     def validate(self) -> None:
         checks = [(self.layers >= 1, "--layers must be at least 1"), (self.minutes > 0, "--minutes must be > 0"),
@@ -49,7 +50,8 @@ class DraftOptions:
                   (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}"),
                   (self.answers in ANSWERS, f"--answers must be one of {', '.join(ANSWERS)}"),
                   (self.sample_temperature > 0, "the sampling temperature must be > 0"),
-                  (self.teacher in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}")]
+                  (self.teacher in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}"),
+                  (self.head_vocabulary is None or self.head_vocabulary >= 1, "--head-vocabulary must be positive")]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message, "see `specbuild draft --help`")
