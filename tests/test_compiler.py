@@ -263,3 +263,19 @@ def test_a_sub_vocabulary_draft_carries_its_head_vocabulary_through_the_release(
     (engine / HEAD_VOCABULARY).unlink()  # hard-linked to the converted copy: replace, never edit in place
     HeadVocabulary.of([2, 0, 7]).write(engine)
     assert not manifest.verify(again.repository).ok
+
+
+def test_the_engine_free_runtime_packages_a_sub_vocabulary_draft_with_its_full_head(
+        tmp_path: Path, checkpoints: Checkpoints) -> None:
+    """The demo pair ships a head vocabulary: every runtime must package it. One that cannot cut a head serves the
+    full one, says so in the check, and records no head vocabulary."""
+    from specbuild.checkpoint.head_vocabulary import HeadVocabulary
+
+    draft = copy_checkpoint(checkpoints.draft, tmp_path / "draft")
+    HeadVocabulary.of([2, 0, 7, 5, 11, 3, 1]).write(draft)
+    spec = pair_spec(tmp_path, checkpoints.target, draft, runtime="tensorrt-llm-llmapi")
+    result = compiler.run(spec, json_mode=True)
+    assert set(statuses(result).values()) == {"ok"} and manifest.verify(result.repository).ok
+    assert "draft-head-vocabulary-unused" in {warning["code"] for warning in result.check["compatibility"]["warnings"]}
+    recorded = json.loads(result.manifest.read_text())["extra"]["build_info"]
+    assert recorded["draft"]["head_vocabulary"] is None

