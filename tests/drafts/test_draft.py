@@ -1,4 +1,4 @@
-"""specbuild draft: a distilled draft for a target (specbuild.drafts.distill, specbuild.drafts.prompts, the CLI command).
+"""specbuild draft: a distilled draft for a target (specbuild.drafts.distill, the CLI command; prompts: test_prompts).
 
 The command runs on the tiny pair with a handful of prompts and steps: fast, and real (no mocks).
 """
@@ -17,7 +17,6 @@ from specbuild.drafts.distill import SUMMARY_FILE, TRAIN_FILE, compute_dtype, re
 from specbuild.drafts.distill_options import DraftOptions
 from specbuild.drafts.distill_data import DATA_FILE, label
 from specbuild.drafts.distill_training import Trainer, learning_rate, spread_layers, student_from_target
-from specbuild.drafts.prompts import distillation_prompts
 from specbuild.errors import UsageError
 
 SMALL = ["--prompts", "6", "--held-out", "2", "--max-new-tokens", "8", "--minutes", "5"]
@@ -208,19 +207,6 @@ def test_learning_rate_warms_up_then_decays():
     rates = [learning_rate(step, 100, 1.0) for step in range(100)]
     assert rates[0] < rates[4] == pytest.approx(1.0)
     assert rates[5:] == sorted(rates[5:], reverse=True) and rates[-1] == pytest.approx(0.1, abs=0.01)
-
-
-def test_distillation_prompts_are_seeded_distinct_and_exclude_the_benchmark():
-    from specbuild.bench.prompts import load_prompts
-
-    benchmark = frozenset(prompt.prompt for prompt in load_prompts())
-    prompts = distillation_prompts(500, seed=3, exclude=benchmark)
-    assert prompts == distillation_prompts(500, seed=3, exclude=benchmark) != distillation_prompts(500, seed=4)
-    assert len(set(prompts)) == 500 and not benchmark & set(prompts)
-    kinds = {"Write a Python", "Summarize this documentation", "Extract the names", "Explain"}
-    assert all(any(p.startswith(kind) for p in prompts) for kind in kinds)
-    excluded = distillation_prompts(10_000, seed=0, exclude=frozenset({prompts[0]}))
-    assert prompts[0] not in excluded
 
 
 def test_in_process_comparison_is_exact_at_every_k(tiny_pair):

@@ -22,10 +22,10 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from specbuild.bench import BUNDLED
 from specbuild.errors import UsageError
 
 Workload = Literal["general", "structured"]
-BUNDLED: dict[str, str] = {"general": "bundled_prompts.jsonl", "structured": "structured_prompts.jsonl"}
 CATEGORIES = ("chat", "code", "summarization", "reasoning", "extraction")
 SCHEMA_SUFFIX = "+schema"  # the category of a structured prompt sent with its schema
 

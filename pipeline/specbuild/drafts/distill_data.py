@@ -94,12 +94,14 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
-    """The distillation prompts, held-out ones first, in the target's chat template when it has one."""
-    from specbuild.bench.prompts import load_prompts
+    """The distillation prompts (never a benchmark prompt), held-out ones first, encoded by :func:`chat_encode`."""
     from specbuild.drafts.prompts import distillation_prompts
 
-    benchmark = frozenset(prompt.prompt for prompt in load_prompts())
-    texts = distillation_prompts(options.prompts, options.seed, exclude=benchmark)
+    return chat_encode(tokenizer, distillation_prompts(options.prompts, options.seed))
+
+
+def chat_encode(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """Each text as a user's message in the target's chat template (the plain text where it has none)."""
     if not getattr(tokenizer, "chat_template", None):
         return [tokenizer(text)["input_ids"] for text in texts]
     rendered = (tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,

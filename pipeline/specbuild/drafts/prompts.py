@@ -1,18 +1,38 @@
-"""Distillation prompts for ``specbuild draft``, made locally: never hub data, never the benchmark set.
+"""Distillation prompts for ``specbuild draft``, made locally: never hub data, never a benchmark prompt.
 
-The target answers these prompts and a draft learns from its answers. They cover the same kinds of
-request as the bundled benchmark (chat, code, summarization, reasoning, extraction) but are composed here
-from templates, topics and seeded numbers, plus passages and functions from the Python standard library's
-own source (local text every machine has). Any prompt that equals a bundled benchmark prompt is dropped,
-so the benchmark stays held out.
+The target answers these prompts and a draft learns from its answers, so their variety bounds how well the
+draft agrees on requests it never saw (GPU-distilled drafts agreed far less on held-out prompts than on their
+own). The pool crosses instruction templates of many kinds (:data:`KINDS`: chat, follow-ups, e-mails, how-to
+steps, brainstorming, comparisons, summaries and one-sentence summaries, rewriting, translation, extraction,
+classification, questions on a passage, code, reasoning) with topics, seeded numbers and names, and passages
+of local text (:mod:`specbuild.drafts.passages`: the standard library, installed packages, Debian's docs).
+
+Every benchmark prompt is held out (:func:`benchmark_prompts`: the bundled general and structured sets and the
+repository's held-out set), and so is every pool prompt too similar to one (:func:`too_similar`). The pool is
+deduplicated and, for a seed, the same on a given machine; a short run sees every kind (:func:`distillation_prompts`).
 """
 
 from __future__ import annotations
 
-import ast
+import json
 import random
-import sysconfig
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
+
+from specbuild.bench import BUNDLED
+from specbuild.drafts.passages import DEBIAN_DOC, Passage, local_passages, stdlib_functions
+
+HELDOUT_FILE = Path(__file__).resolve().parents[3] / "benchmarks" / "heldout_prompts.jsonl"  # in a checkout
+SIMILAR_WORDS = 3
+SIMILAR = 0.5  # word-trigram Jaccard similarity to a benchmark prompt that makes a prompt too similar
+CONTAINED = 0.8  # ... or the share of a benchmark prompt's trigrams it contains
+KINDS_PER_PASSAGE = 2
 
 TOPICS = (
     "photosynthesis", "the water cycle", "volcanoes", "black holes", "the Roman Empire", "vaccines",
@@ -35,6 +55,12 @@ TOPICS = (
     "version control with git", "unit testing", "APIs", "web browsers", "video games", "electric bikes",
     "trains", "airplanes", "the Moon", "Mars", "the Sun", "the ocean", "rivers", "forests", "wolves",
     "elephants", "penguins", "bread", "cheese", "chocolate", "vegetables", "a birthday party",
+    "public libraries", "museums", "composting", "bird watching", "knitting", "podcasts", "city parks",
+    "public transport", "first aid", "fire safety", "saving energy at home", "online shopping", "inflation",
+    "small businesses", "customer service", "negotiating a salary", "mentoring", "onboarding new staff",
+    "project deadlines", "meetings", "working from a café", "learning to code", "debugging", "spam e-mail",
+    "backups", "Wi-Fi at home", "operating systems", "the Linux command line", "regular expressions",
+    "the metric system", "leap years", "time zones", "maps", "volcanic islands", "the Arctic", "soil",
 )
 CHAT = (
     "What is {t}?", "Explain {t} in simple terms.", "Give me three interesting facts about {t}.",
@@ -46,7 +72,144 @@ CHAT = (
     "Write a short story that involves {t}.", "Summarize what people usually get wrong about {t}.",
     "What is the history of {t}, briefly?", "List five questions a student might ask about {t}.",
     "Suggest a name for a blog about {t}.", "How do experts think about {t}?",
+    "Hi! I have a quick question about {t}: why do people care about it?", "Tell me something surprising about {t}.",
+    "I only have a minute. What is the one thing to know about {t}?", "Is {t} overrated? Give a balanced view.",
 )
+FOLLOW_UP = (
+    "You explained {t} to me earlier, but I still don't get it. Can you try again with an everyday example?",
+    "Thanks for the tips on {t}. Which one should I try first, and why?",
+    "My friend says {t} is overrated. How could I answer that politely?",
+    "Earlier you said {t} is complicated. Can you break it into three simple parts?",
+    "Following up on our chat about {t}: what is one small thing I can do about it today?",
+    "Okay, that makes sense. Now can you explain {t} in one short paragraph for my notes?",
+    "Here is our conversation so far:\nMe: What is {t}?\nYou: It is a big subject, but the basics are simple.\n"
+    "Me: Great, give me the basics in three sentences.",
+    "I asked about {t} yesterday and got a long answer. Can you give me the short version?",
+    "Wait, I think I misunderstood {t}. What is the most common mistake people make about it?",
+    "That was helpful, thanks! One more question about {t}: where can a beginner learn more?",
+)
+BRAINSTORM = (
+    "Brainstorm ten ideas for a school project about {t}.", "Give me five creative titles for an article about {t}.",
+    "List six questions I could ask an expert on {t}.", "Suggest three ways a small town could get involved in {t}.",
+    "Come up with five fun weekend activities related to {t}.", "Brainstorm names for a podcast about {t}.",
+    "Give me three ideas for a short video that explains {t}.", "Suggest a few gift ideas for someone who loves {t}.",
+    "List five ways to make {t} more interesting for teenagers.", "Brainstorm slogans for a campaign about {t}.",
+)
+PAIRS = (
+    ("tea", "coffee"), ("trains", "airplanes"), ("cats", "dogs"), ("Python", "JavaScript"),
+    ("renting", "buying a home"),
+    ("running", "swimming"), ("e-books", "paper books"), ("solar power", "wind power"), ("a laptop", "a tablet"),
+    ("working from home", "working in an office"), ("lists", "dictionaries in Python"), ("SQL", "NoSQL databases"),
+    ("meditation", "exercise"), ("saving", "investing"), ("a city", "the countryside"), ("weather", "climate"),
+    ("viruses", "bacteria"), ("bicycles", "electric scooters"), ("git merge", "git rebase"), ("TCP", "UDP"),
+    ("a debit card", "a credit card"), ("baking", "frying"), ("chess", "checkers"), ("the piano", "the guitar"),
+    ("hiking", "cycling"), ("Mars", "Venus"), ("owls", "hawks"), ("butter", "olive oil"),
+    ("e-mail", "instant messaging"),
+    ("threads", "processes"), ("Linux", "Windows"), ("HTTP", "HTTPS"),
+    ("a résumé", "a cover letter"), ("frogs", "toads"), ("rivers", "canals"), ("glaciers", "icebergs"),
+    ("compilers", "interpreters"), ("unit tests", "integration tests"), ("a budget airline", "a night train"),
+)
+COMPARISON = (
+    "Compare {a} and {b}.", "What is the difference between {a} and {b}? Keep it brief.",
+    "{A} or {b}: which would you recommend for a beginner, and why?", "Make a short table comparing {a} and {b}.",
+    "What do {a} and {b} have in common?", "Give two advantages of {a} over {b}, and two of {b} over {a}.",
+    "In a few sentences, when should I choose {a} instead of {b}?",
+)
+HOWTO_TASKS = (
+    "make a good cup of tea", "change a flat bicycle tyre", "plan a small birthday party", "start a vegetable garden",
+    "write a cover letter", "prepare for a job interview", "back up the photos on my phone", "learn to touch type",
+    "clean a cast-iron pan", "set up a monthly budget", "train for a 5 km run", "make bread without a machine",
+    "organise a messy wardrobe", "write a good bug report", "set up a Python virtual environment",
+    "undo my last git commit", "make a simple website", "cook rice on the stove", "repot a houseplant",
+    "prepare a short presentation", "pack a suitcase efficiently", "learn a new language on my own",
+    "keep a houseplant alive while on holiday", "choose a strong password", "hang a picture straight",
+    "write a thank-you note", "brew cold coffee at home", "fix a dripping tap", "make a study timetable",
+    "plan a road trip", "host a board game night", "start journaling", "reduce food waste at home",
+    "give constructive feedback to a colleague", "run a short team meeting", "negotiate a lower phone bill",
+    "make a paper airplane that flies far", "install a program on Linux", "read a nutrition label",
+)
+HOWTO = (
+    "How do I {h}? Give step-by-step instructions.", "What are the steps to {h}?",
+    "Explain how to {h}, for a complete beginner.", "I want to {h}. Where do I start?",
+    "Write a short checklist for how to {h}.", "What mistakes should I avoid when I {h}?",
+    "Can you walk me through how to {h}, one step at a time?",
+)
+RECIPIENTS = ("my manager", "a colleague", "my landlord", "a customer", "my child's teacher", "a neighbour",
+              "a friend", "the IT help desk", "a new client", "my team", "a hotel", "a job recruiter")
+PURPOSES = (
+    "asking to move our meeting to Thursday", "thanking them for their help last week", "apologising for a late reply",
+    "declining an invitation to dinner", "asking for a day off next Monday", "reporting a broken heater",
+    "confirming the details of an order", "following up on an unanswered question", "introducing myself",
+    "asking for feedback on a report", "sharing the agenda for tomorrow", "asking for a refund",
+    "saying I will be ten minutes late", "inviting them to a small farewell party", "requesting a copy of an invoice",
+)
+EMAIL = (
+    "Write a short e-mail to {r} {p}.", "Draft a polite message to {r} {p}.",
+    "Write a brief, friendly text message to {r} {p}.", "Write a formal e-mail to {r} {p}. Keep it under 100 words.",
+    "Help me write a two-sentence note to {r} {p}.", "Write an e-mail with a clear subject line to {r} {p}.",
+)
+SUMMARY = (
+    "Summarize the following text in two sentences.\n\n{text}",
+    "Summarize this documentation in two sentences:\n\n{text}",
+    "What are the key points of this text? Use a short list.\n\n{text}",
+    "Give three bullet points that summarize this text:\n\n{text}",
+    "Summarize the main points of this text for someone who has no time to read it:\n\n{text}",
+    "TL;DR this for me:\n\n{text}", "Summarize this passage for a beginner, in plain words:\n\n{text}",
+    "Write a short summary of this text and say who it is useful for.\n\n{text}",
+)
+ONE_SENTENCE = (
+    "Write a one-sentence summary of this passage.\n\n{text}",
+    "In one sentence, what is this paragraph about?\n\n{text}",
+    "Summarize in one sentence: {text}", "Give a one-line summary of this text:\n\n{text}",
+    "What is the main idea of this text? Answer in one sentence.\n\n{text}",
+    "Sum this up in a single sentence:\n\n{text}", "Write a headline for this paragraph.\n\n{text}",
+)
+REWRITE = (
+    "Rewrite this text in plain English for a beginner:\n\n{text}",
+    "Make this paragraph shorter without losing any information:\n\n{text}",
+    "Rewrite this passage as a friendly note to a colleague:\n\n{text}",
+    "Fix any grammar or style problems in this text and give the improved version:\n\n{text}",
+    "Rewrite this in a more formal tone:\n\n{text}", "Turn this paragraph into a numbered list of points:\n\n{text}",
+    "Rewrite this as a short e-mail to my team:\n\n{text}",
+    "Explain this text as if talking to a ten-year-old:\n\n{text}",
+)
+EXTRACT = (
+    "List the technical terms used in this text:\n\n{text}",
+    "Extract every function, option or file name mentioned in this text, as a list:\n\n{text}",
+    "What does this text tell the reader to do or not to do? List each point.\n\n{text}",
+    "Extract the key facts from this passage as a bullet list.\n\n{text}",
+    "Which names, numbers or values appear in this text? List them.\n\n{text}",
+    "Turn the main facts of this text into a JSON object.\n\n{text}",
+)
+CLASSIFY = (
+    "Which topic best describes this text: programming, networking, security, files, mathematics, text or "
+    "something else? Answer with the topic and one reason.\n\n{text}",
+    "Is the tone of this passage formal or informal? Explain in one sentence.\n\n{text}",
+    "Who is this text written for: beginners, experienced users or developers? Explain briefly.\n\n{text}",
+    "Is this text a description, an instruction or a warning? Answer in one word, then explain.\n\n{text}",
+    "Label this text with three keywords.\n\n{text}",
+)
+QUESTIONS = ("What is this text mainly about?", "What problem does the described thing solve?",
+             "What happens by default, according to the text?", "What should the reader be careful about?",
+             "Who would need this?", "What is the most important detail here?", "What example does the text give?")
+GROUNDED = (
+    "Answer using only the passage below.\n\nPassage: {text}\n\nQuestion: {q}",
+    "Read this text and answer: {q}\n\n{text}",
+    "{text}\n\nBased on the text above: {q}", "Write two questions a reader could answer from this text, and answer "
+    "them.\n\n{text}", "Here is a passage:\n\n{text}\n\n{q} Quote the part of the passage that supports your answer.",
+)
+LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese", "Dutch")
+TRANSLATE = ("Translate into {lang}: {s}", "How would you say this in {lang}?\n\n{s}",
+             "Translate this sentence into {lang} and explain one word choice:\n\n{s}",
+             "Translate to {lang}, keeping the tone: {s}")
+EVERYDAY = ("{name} will be late for the meeting in {city} because the train was delayed.",
+            "Could you send me the {item} before Friday, please?",
+            "The shop on the corner sells fresh {item} every morning.",
+            "{name} moved to {city} last year and loves the food there.",
+            "We need {n} more {item} for the party tonight.",
+            "Thank you for your help, {name}; the trip to {city} was wonderful.",
+            "Please remember to close the window when you leave the office.",
+            "My flight to {city} leaves at {h}:30, so I will take a taxi.")
 CODE_TASKS = (
     "reverses a string", "counts the vowels in a string", "checks whether a number is prime",
     "returns the n-th Fibonacci number", "flattens a nested list", "removes duplicates from a list while "
@@ -56,41 +219,210 @@ CODE_TASKS = (
     "are anagrams", "capitalizes every word in a sentence", "computes the factorial of n iteratively",
     "groups words by their first letter", "finds the second smallest number in a list",
     "validates an email address with a simple check", "merges two dictionaries", "transposes a matrix",
+    "counts how often each character appears in a text", "checks whether brackets in a string are balanced",
+    "converts a date string from DD/MM/YYYY to YYYY-MM-DD", "returns the longest common prefix of a list of words",
+    "splits a list into chunks of size n", "rotates a list by k positions", "finds all pairs in a list that sum to "
+    "a target", "removes punctuation from a sentence", "converts a number to Roman numerals", "checks if a year is "
+    "a leap year", "parses a query string into a dictionary", "returns the median of a list",
 )
 CODE = (
     "Write a Python function that {task}.", "Write a short Python program that {task}, with a docstring.",
     "How would you write a function in Python that {task}? Explain briefly.",
     "Write a JavaScript function that {task}.", "In Python, how do I write code that {task}?",
     "Write a Python function that {task}, and add two test cases.",
-    "Give me a one-line Python expression or function that {task}.",
+    "Give me a one-line Python expression or function that {task}.", "Write a Go function that {task}.",
+    "Write a TypeScript function that {task}, with types.", "Write a Rust function that {task}.",
 )
-NAMES = ("Alice", "Ben", "Chloe", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kenji", "Lena")
-CITIES = ("Lisbon", "Oslo", "Nairobi", "Toronto", "Osaka", "Lyon", "Dublin", "Austin", "Krakow", "Perth")
-ITEMS = ("books", "pencils", "oranges", "tickets", "cookies", "stamps", "marbles", "plants")
+EXPLAIN_CODE = (
+    "Explain what this Python function does:\n\n{code}", "What does this code do? Answer briefly.\n\n{code}",
+    "Suggest one improvement to this Python function:\n\n{code}", "Write a docstring for this function:\n\n{code}",
+    "Add type hints to this function and explain them:\n\n{code}",
+    "What would be a good unit test for this function?\n\n{code}",
+    "Rewrite this function to be easier to read:\n\n{code}",
+)
+NAMES = ("Alice", "Ben", "Chloe", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kenji", "Lena",
+         "Mateo", "Nadia", "Omar", "Priya", "Quentin", "Rosa", "Sven", "Yuki")
+CITIES = ("Lisbon", "Oslo", "Nairobi", "Toronto", "Osaka", "Lyon", "Dublin", "Austin", "Krakow", "Perth", "Porto",
+          "Seoul", "Lima", "Cairo", "Vienna", "Hanoi")
+ITEMS = ("books", "pencils", "oranges", "tickets", "cookies", "stamps", "marbles", "plants", "candles", "bottles")
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+PRODUCTS = ("headphones", "coffee machine", "backpack", "phone case", "desk lamp", "running shoes", "kettle",
+            "keyboard", "tent", "blender")
+PRAISE = ("works well", "looks great", "arrived quickly", "is easy to use", "is very quiet", "feels sturdy")
+COMPLAINTS = ("broke after a week", "is too heavy", "came without instructions", "is louder than expected",
+              "was hard to set up", "costs too much for what it does")
 
 
 def distillation_prompts(count: int, seed: int = 0, exclude: frozenset[str] = frozenset()) -> list[str]:
-    """``count`` distinct user prompts (fewer if the templates run out), shuffled with ``seed``."""
+    """``count`` distinct prompts (fewer if the pool runs out): each kind shuffled with ``seed``, then taken in
+    turn, so even a short run sees every kind. Benchmark prompts, and prompts too similar to one, are never
+    among them; nor is anything in ``exclude``."""
     rng = random.Random(seed)
-    pool = {prompt for prompt in (_chat() + _code() + _reasoning(rng) + _extraction(rng) + _from_stdlib(rng))
-            if prompt not in exclude}
-    ordered = sorted(pool)
-    rng.shuffle(ordered)
+    queues = []
+    for prompts in prompt_pool(seed).values():
+        queue = [prompt for prompt in prompts if prompt not in exclude]
+        rng.shuffle(queue)
+        queues.append(queue)
+    ordered = [queue[index] for index in range(max(map(len, queues))) for queue in queues if index < len(queue)]
     return ordered[:count]
 
 
-def _chat() -> list[str]:
-    return [template.format(t=topic) for topic in TOPICS for template in CHAT]
+@lru_cache(maxsize=4)
+def prompt_pool(seed: int = 0, doc_root: Path = DEBIAN_DOC) -> Mapping[str, tuple[str, ...]]:
+    """Every prompt by kind, made with ``seed`` (sorted, deduplicated across kinds, benchmark-like ones dropped)."""
+    rng = random.Random(seed)
+    passages = local_passages(doc_root)
+    shares: dict[str, list[Passage]] = {kind: [] for kind in PASSAGE_KINDS}
+    for passage in passages:  # each passage to a few kinds, so passages spread over kinds instead of repeating
+        for kind in rng.sample(PASSAGE_KINDS, KINDS_PER_PASSAGE):
+            shares[kind].append(passage)
+    made = {kind: make(rng, shares.get(kind, passages)) for kind, make in KINDS.items()}
+    held_out = benchmark_prompts()
+    seen: set[str] = set()
+    pool = {}
+    for kind, prompts in made.items():
+        kept = []
+        for prompt in sorted(set(prompts)):
+            key = " ".join(prompt.lower().split())
+            if key not in seen and not too_similar(prompt, held_out):
+                seen.add(key)
+                kept.append(prompt)
+        pool[kind] = tuple(kept)
+    return MappingProxyType(pool)
 
 
-def _code() -> list[str]:
+@dataclass(frozen=True)
+class HeldOut:
+    """The word trigrams of every benchmark prompt, and which prompts hold each trigram."""
+
+    trigrams: tuple[frozenset[str], ...]
+    index: Mapping[str, tuple[int, ...]]
+
+
+def benchmark_texts() -> dict[str, list[str]]:
+    """The benchmark prompts by set: the bundled ``general`` and ``structured`` workloads and ``heldout``, the
+    repository's ``benchmarks/heldout_prompts.jsonl`` (empty in an installed package, which has no copy of it).
+    Read as plain JSON lines: a GPU machine's bare environment may lack the pydantic that
+    :mod:`specbuild.bench.prompts` needs."""
+    bench = resources.files("specbuild.bench")
+    texts = {name: bench.joinpath(BUNDLED[name]).read_text(encoding="utf-8") for name in ("general", "structured")}
+    texts["heldout"] = HELDOUT_FILE.read_text(encoding="utf-8") if HELDOUT_FILE.is_file() else ""
+    return {name: [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+            for name, text in texts.items()}
+
+
+@lru_cache(maxsize=1)
+def benchmark_prompts() -> HeldOut:
+    """Every benchmark prompt's trigrams (:func:`benchmark_texts`), indexed."""
+    prompts = [trigrams(prompt) for texts in benchmark_texts().values() for prompt in texts]
+    index: dict[str, list[int]] = {}
+    for number, grams in enumerate(prompts):
+        for gram in grams:
+            index.setdefault(gram, []).append(number)
+    return HeldOut(tuple(prompts), {gram: tuple(numbers) for gram, numbers in index.items()})
+
+
+def too_similar(prompt: str, held_out: HeldOut) -> bool:
+    """Whether ``prompt`` nearly equals a benchmark prompt (:data:`SIMILAR`) or contains most of one
+    (:data:`CONTAINED`): a template that is a benchmark prompt with one word changed is held out too."""
+    mine = trigrams(prompt)
+    shared = Counter(number for gram in mine for number in held_out.index.get(gram, ()))
+    return any(count >= min(SIMILAR * len(mine | held_out.trigrams[number]), CONTAINED * len(held_out.trigrams[number]))
+               for number, count in shared.items())
+
+
+def trigrams(text: str) -> frozenset[str]:
+    words = re.sub(r"[^\w\s]", " ", text.lower()).split()
+    return frozenset(" ".join(words[i:i + SIMILAR_WORDS]) for i in range(max(1, len(words) - SIMILAR_WORDS + 1)))
+
+
+# --- the kinds -------------------------------------------------------------------------------------------
+def _topics(templates: tuple[str, ...]) -> Callable[[random.Random, Sequence[Passage]], list[str]]:
+    return lambda rng, passages: [template.format(t=topic) for topic in TOPICS for template in templates]
+
+
+def _comparisons(rng: random.Random, passages: Sequence[Passage]) -> list[str]:
+    return [template.format(a=a, b=b, A=a[0].upper() + a[1:]) for a, b in PAIRS for template in COMPARISON]
+
+
+def _howto(rng: random.Random, passages: Sequence[Passage]) -> list[str]:
+    return [template.format(h=task) for task in HOWTO_TASKS for template in HOWTO]
+
+
+def _email(rng: random.Random, passages: Sequence[Passage]) -> list[str]:
+    return [rng.choice(EMAIL).format(r=recipient, p=purpose) for recipient in RECIPIENTS for purpose in PURPOSES
+            for _ in range(2)]
+
+
+def _on_passages(templates: tuple[str, ...]) -> Callable[[random.Random, Sequence[Passage]], list[str]]:
+    return lambda rng, passages: [rng.choice(templates).format(text=p.text, q=rng.choice(QUESTIONS))
+                                  for p in passages]
+
+
+def _translation(rng: random.Random, passages: Sequence[Passage]) -> list[str]:
+    sentences = [s for p in passages if 40 <= len(s := re.split(r"(?<=[.!?])\s", p.text)[0]) <= 160]
+    sentences += [template.format(name=rng.choice(NAMES), city=rng.choice(CITIES), item=rng.choice(ITEMS),
+                                  n=rng.randint(2, 30), h=rng.randint(6, 21))
+                  for template in EVERYDAY for _ in range(40)]
+    return [rng.choice(TRANSLATE).format(lang=rng.choice(LANGUAGES), s=sentence) for sentence in sentences]
+
+
+def _extraction(rng: random.Random, passages: Sequence[Passage], count: int = 800) -> list[str]:
+    prompts = _on_passages(EXTRACT)(rng, passages)
+    for _ in range(count):
+        first, second, third = rng.sample(NAMES, 3)
+        city, item, month = rng.choice(CITIES), rng.choice(ITEMS), rng.choice(MONTHS)
+        day, year = rng.randint(1, 28), rng.randint(2015, 2026)
+        text = rng.choice((
+            f"On {day} {month}, {first} met {second} in {city} and sold {rng.randint(2, 90)} {item} for "
+            f"{rng.randint(5, 400)} euros.",
+            f"{first} is {rng.randint(18, 80)}, {second} is {rng.randint(5, 60)} and their friend {third} turned "
+            f"{rng.randint(20, 90)} in {month}.",
+            f"The lease started on {day} {month} {year}, was extended on {rng.randint(1, 28)} "
+            f"{rng.choice(MONTHS)} {year + 1} and ends on {rng.randint(1, 28)} {rng.choice(MONTHS)} {year + 3}.",
+            f"Order {rng.randint(1000, 99999)}: {rng.randint(1, 9)} {item} shipped to {first} in {city}, total "
+            f"{rng.randint(5, 300)}.{rng.randint(10, 99)} euros, delivery on {day} {month}.",
+        ))
+        prompts.append(rng.choice((
+            f"Extract the names, the places and the numbers from this text:\n\n{text}",
+            f"List every person mentioned in this text and what we learn about them:\n\n{text}",
+            f"Turn this text into JSON with one field per fact:\n\n{text}",
+            f"Extract the names of all people mentioned in this text, as a comma-separated list:\n\n{text}",
+            f"List every date mentioned in this text: {text}",
+            f"Extract the names and ages from: {text}",
+        )))
+    return prompts
+
+
+def _classification(rng: random.Random, passages: Sequence[Passage], count: int = 500) -> list[str]:
+    prompts = _on_passages(CLASSIFY)(rng, passages)
+    for _ in range(count):
+        product, good, bad = rng.choice(PRODUCTS), rng.choice(PRAISE), rng.choice(COMPLAINTS)
+        review = rng.choice((f"The {product} {good}. Really happy with it.", f"The {product} {bad}. Disappointed.",
+                             f"The {product} {good}, but it {bad.split(' ', 1)[1] if bad.startswith('is ') else bad}."))
+        ticket = f"My {product} {bad} and I need it for work on {rng.choice(MONTHS)} {rng.randint(1, 28)}."
+        prompts.append(rng.choice((
+            f"Classify the sentiment of this review as positive, negative or mixed:\n\n{review}",
+            f"Is this customer review positive or negative? Explain in one sentence.\n\n{review}",
+            f"Label this support ticket with a category and a priority from 1 to 5:\n\n{ticket}",
+            f"Which team should handle this message: sales, support or billing? Why?\n\n{ticket}",
+        )))
+    return prompts
+
+
+def _code(rng: random.Random, passages: Sequence[Passage]) -> list[str]:
     return [template.format(task=task) for task in CODE_TASKS for template in CODE]
 
 
-def _reasoning(rng: random.Random, count: int = 600) -> list[str]:
+def _explain_code(rng: random.Random, passages: Sequence[Passage]) -> list[str]:
+    return [rng.choice(EXPLAIN_CODE).format(code=code) for code in stdlib_functions()]
+
+
+def _reasoning(rng: random.Random, passages: Sequence[Passage], count: int = 900) -> list[str]:
     prompts = []
     for _ in range(count):
-        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        name, other, item = *rng.sample(NAMES, 2), rng.choice(ITEMS)
         a, b, c = rng.randint(3, 60), rng.randint(2, 12), rng.randint(2, 9)
         prompts.append(rng.choice((
             f"{name} has {a} {item}, buys {b} more and then gives away {c}. How many {item} are left? "
@@ -100,64 +432,26 @@ def _reasoning(rng: random.Random, count: int = 600) -> list[str]:
             f"If {name} saves {b} dollars a week, how many weeks until {name} has {a * b} dollars?",
             f"What is {a} multiplied by {b}, minus {c}? Think it through.",
             f"A meeting starts at {b}:{c}0 and lasts {a} minutes. When does it end? Explain your steps.",
-            f"{name} is older than {rng.choice(NAMES)}, who is older than {rng.choice(NAMES)}. Who is the "
-            "youngest? Explain.",
+            f"{name} is older than {other}, who is older than {rng.choice(NAMES)}. Who is the youngest? Explain.",
             f"A shop sells {item} at {b} for {a} euros. How much do {b * c} {item} cost?",
             f"If {c} people share {a * c} {item} equally, how many does each get? Explain.",
+            f"A bus leaves at {b + 6}:{c}5 and the ride takes {c} hours and {a % 50 + 5} minutes. When does it "
+            "arrive? Show your steps.",
+            f"A coat costs {a * 5} euros and is reduced by {c * 5} percent. What is the new price? Explain.",
+            f"If today is {rng.choice(('Monday', 'Tuesday', 'Friday', 'Sunday'))}, what day will it be in "
+            f"{a * 3} days?",
+            f"What is the next number: {c}, {c + b}, {c + 2 * b}, {c + 3 * b}, ...? Explain the pattern.",
+            f"{name} reads {b * 5} pages a day. A book has {a * 20} pages. How many days does {name} need?",
         )))
     return prompts
 
 
-def _extraction(rng: random.Random, count: int = 500) -> list[str]:
-    prompts = []
-    for _ in range(count):
-        first, second = rng.sample(NAMES, 2)
-        city, item = rng.choice(CITIES), rng.choice(ITEMS)
-        text = (f"On {rng.randint(1, 28)} March, {first} met {second} in {city} and sold "
-                f"{rng.randint(2, 90)} {item} for {rng.randint(5, 400)} euros.")
-        prompts.append(rng.choice((
-            f"Extract the names, the city and the numbers from this sentence:\n\n{text}",
-            f"List every person mentioned in this text and what they did:\n\n{text}",
-            f"Turn this sentence into JSON with the fields date, people, city, quantity and price:\n\n{text}",
-            f"Extract the names of all people mentioned in this text, as a comma-separated list:\n\n{text}",
-            f"What city and what date are mentioned in this text?\n\n{text}",
-        )))
-    return prompts
-
-
-SUMMARIZE = ("Summarize this documentation in two sentences:\n\n{text}",
-             "Summarize the following text in two sentences.\n\n{text}",
-             "Write a one-sentence summary of this passage.\n\n{text}",
-             "What are the key points of this text? Use a short list.\n\n{text}")
-EXPLAIN = ("Explain what this Python function does:\n\n{code}", "What does this code do? Answer briefly.\n\n{code}",
-           "Suggest one improvement to this Python function:\n\n{code}")
-
-
-def _from_stdlib(rng: random.Random, limit: int = 2500) -> list[str]:
-    """Summaries of docstrings (modules, classes, functions) and explanations of short functions from the
-    standard library, subpackages included (tests skipped)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prompts: list[str] = []
-    for path in sorted(stdlib.rglob("*.py")):
-        if {"test", "tests", "site-packages", "idle_test"} & set(path.relative_to(stdlib).parts):
-            continue
-        try:
-            source = path.read_text(encoding="utf-8", errors="replace")
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        documented = [tree, *(node for node in ast.walk(tree)
-                               if isinstance(node, (ast.ClassDef, ast.FunctionDef)))]
-        for node in documented:
-            docstring = ast.get_docstring(node) or ""
-            if 200 <= len(docstring) <= 900:
-                prompts.append(rng.choice(SUMMARIZE).format(text=docstring))
-        functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
-                     and node.end_lineno is not None and 3 <= node.end_lineno - node.lineno <= 12]
-        for node in rng.sample(functions, min(3, len(functions))):
-            segment = ast.get_source_segment(source, node)
-            if segment:
-                prompts.append(rng.choice(EXPLAIN).format(code=segment))
-        if len(prompts) >= limit:
-            break
-    return prompts
+PASSAGE_KINDS = ("summary", "one_sentence", "rewrite", "extraction", "classification", "grounded_qa")
+KINDS: dict[str, Callable[[random.Random, Sequence[Passage]], list[str]]] = {
+    "chat": _topics(CHAT), "follow_up": _topics(FOLLOW_UP), "brainstorm": _topics(BRAINSTORM),
+    "comparison": _comparisons, "howto": _howto, "email": _email,
+    "summary": _on_passages(SUMMARY), "one_sentence": _on_passages(ONE_SENTENCE),
+    "rewrite": _on_passages(REWRITE), "grounded_qa": _on_passages(GROUNDED),
+    "translation": _translation, "extraction": _extraction, "classification": _classification,
+    "code": _code, "explain_code": _explain_code, "reasoning": _reasoning,
+}
