@@ -52,13 +52,13 @@ def test_the_tiny_run_writes_a_layers_file_its_checksum_and_figures(tiny_pair, t
     assert f"IMPORTED {KNOWN_IMPORTED}" in done.stdout
     from transformers import AutoModelForCausalLM
 
-    from specbuild.drafts.demo_models import assemble_draft
+    from specbuild.drafts.demo_models import AssetFile, assemble_draft
 
     figures = json.loads((out / "figures.json").read_text(encoding="utf-8"))
     layers, sha256 = out / figures["layers_file"], figures["sha256"]
     assert (out / "SHA256SUMS").read_text(encoding="utf-8") == f"{sha256}  {layers.name}\n"
     target = AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir)
-    draft = assemble_draft(target, layers, sha256=sha256)  # the demo's format: the target adds embeddings and head
+    draft = assemble_draft(target, AssetFile(layers, sha256).verified())  # the demo's format: the target adds embeddings and head
     assert draft.config.num_hidden_layers == 2
     assert set(figures["agreement"]) == {"general", "heldout"}
     assert all(0 <= row["agreement"] <= 1 and row["positions"] > 0 for row in figures["agreement"].values())
