@@ -4,7 +4,7 @@ A draft whose output head covers only the N token ids the target uses most stays
 verifies every token, and rejection sampling would use the draft's own distribution, zero outside the N
 ids), but it can never propose the other ids. This measures both sides on one target and its drafts:
 
-- **ranking**: as ``specbuild head-vocabulary`` ranks (:mod:`specbuild.drafts.head_ranking`): the target's
+- **ranking**: as ``specbuild head-vocabulary`` ranks (:mod:`specbuild.drafts.target_ranking`): the target's
   greedy answers to local distillation prompts (never the benchmark set), ids by their count, then by id;
 - **agreement**: teacher-forced on the target's greedy answers to the bundled benchmark prompts, the share
   of positions where the draft's argmax equals the target's token, over the full head and over each
@@ -31,7 +31,7 @@ from specbuild.bench.prompts import load_prompts
 from specbuild.bench.runner import chat_prompts
 from specbuild.drafts.distill import DraftOptions
 from specbuild.drafts.distill_data import target_answers
-from specbuild.drafts.head_ranking import rank_for_target
+from specbuild.drafts.target_ranking import rank_for_target
 from specbuild.drafts.model_pairs import acceptance_by_k
 
 CONTEXT = 200

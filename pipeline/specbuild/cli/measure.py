@@ -347,7 +347,7 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
 def head_vocabulary_command(target: str, draft: str, size: int, prompts: int, max_new_tokens: int, seed: int,
                             threads: int, replace: bool, json_mode: bool) -> None:
     """Give DRAFT a head over the SIZE ids TARGET uses most (head_vocabulary.json): a cheaper draft step."""
-    from specbuild.drafts.head_ranking import write_for_draft
+    from specbuild.drafts.target_ranking import write_for_draft
     from specbuild.drafts.model_pairs import progress_display
 
     with progress_display(console) as progress:

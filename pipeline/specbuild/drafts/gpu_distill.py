@@ -9,7 +9,7 @@ the full-distribution joint teacher) at 4 layers, on the distillation prompt poo
 - ``layers<N>.safetensors``: the draft's decoder layers and final norm in bfloat16 (the format of
   ``drafts/assets/demo-draft/``: :func:`specbuild.drafts.demo_models.assemble_draft` adds the target's own
   embeddings and head), and its ``SHA256SUMS`` line;
-- ``head_vocabulary.json``, when the run made one (a draft option of newer specbuild versions);
+- ``head_vocabulary.json``, ranked from the run's answers (not for ``--tiny``), with its ``SHA256SUMS`` line;
 - ``figures.json``: the run's summary (``specbuild-draft.json``), the draft's agreement with the target on the
   benchmark prompts (:mod:`specbuild.drafts.agreement`), the prompt pool's size by kind, timings, versions.
 
@@ -24,7 +24,6 @@ code on the tiny pair with a few prompts and steps, on the CPU in well under a m
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Any
 from specbuild.errors import CheckpointError, SpecbuildError, UsageError
 
 LAYERS = 4
-HEAD_VOCABULARY = 16384  # ids in the draft's sub-vocabulary head, where specbuild has the option
+HEAD_VOCABULARY = 16384  # ids in the draft's sub-vocabulary head, as the demo draft ships it
 MINUTES = 4.0  # make_draft's budget: converting and loading the target, the export and the agreement fit in 1 more
 RECIPE = {"answers": "greedy+sampled", "teacher": "joint", "prompts": 16000, "held_out": 64, "max_new_tokens": 128,
           "generate_batch": 512, "batch_tokens": 16384, "steps": 900, "threads": 8}
@@ -46,14 +45,12 @@ TARGET_FIX = ("the device machine has no network: copy a target there and pass -
 
 
 def draft_options(device: str, minutes: float, tiny: bool) -> Any:
-    """The recipe's :class:`DraftOptions`, with the sub-vocabulary head where this specbuild has the option."""
+    """The recipe's :class:`DraftOptions`, with the sub-vocabulary head (not on the tiny pair's small vocabulary)."""
     from specbuild.drafts.distill_options import DraftOptions
 
     settings: dict[str, Any] = {"layers": LAYERS, **RECIPE, **(TINY if tiny else {}), "device": device,
                                 "minutes": minutes}
-    if "head_vocabulary" in {field.name for field in dataclasses.fields(DraftOptions)} and not tiny:
-        settings["head_vocabulary"] = HEAD_VOCABULARY
-    return DraftOptions(**settings)
+    return DraftOptions(**settings, head_vocabulary=None if tiny else HEAD_VOCABULARY)
 
 
 def resolve_target(target: Path | None, gguf: Path | None, tiny: bool, work: Path) -> Path:
@@ -97,9 +94,7 @@ def export_layers(draft_dir: Path, out: Path) -> tuple[Path, str]:
     depth = len({name.split(".")[2] for name in kept if name.startswith("model.layers.")})
     path = out / f"layers{depth}.safetensors"
     save_file(kept, str(path))
-    sha256 = sha256_file(path)
-    (out / "SHA256SUMS").write_text(f"{sha256}  {path.name}\n", encoding="utf-8")
-    return path, sha256
+    return path, sha256_file(path)
 
 
 def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, device: str = "cuda",
@@ -113,6 +108,7 @@ def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, devi
     from specbuild.drafts.agreement import agreement, benchmark_answers
     from specbuild.drafts.distill import make_draft, resolve_device, state_dir
     from specbuild.drafts.prompts import prompt_pool
+    from specbuild.stages.hashing import sha256_file
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -127,8 +123,11 @@ def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, devi
     distilled = time.perf_counter()
     layers, sha256 = export_layers(draft_dir, out)
     head = draft_dir / "head_vocabulary.json"
-    if head.is_file():
+    checksums = f"{sha256}  {layers.name}\n"
+    if head.is_file():  # the demo asset's SHA256SUMS lists both files (demo_models.draft_asset)
         shutil.copy2(head, out / head.name)
+        checksums += f"{sha256_file(out / head.name)}  {head.name}\n"
+    (out / "SHA256SUMS").write_text(checksums, encoding="utf-8")
     where = resolve_device(device)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     models = [AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(where).eval()
