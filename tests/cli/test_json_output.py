@@ -36,6 +36,7 @@ FAILURES: dict[str, Args] = {
     "demo": lambda tmp: ["demo", "--max-tokens", "0"],
     "demo-models": lambda tmp: ["demo-models", "--no-such-flag"],
     "draft": lambda tmp: ["draft", f"{MISSING}/target", str(tmp / "draft")],
+    "head-vocabulary": lambda tmp: ["head-vocabulary", f"{MISSING}/target", str(tmp)],
 }
 
 
@@ -51,7 +52,7 @@ def invoke(args: list[str]) -> Any:
 
 def test_every_command_is_covered():
     assert set(main.commands) == set(FAILURES) == set(SUCCESSES_WITHOUT_A_SERVER) | set(SUCCESSES_WITH_A_SERVER) \
-        | {"demo", "draft"}  # these two: test_demo_and_draft_report_in_json (slow)
+        | {"demo", "draft", "head-vocabulary"}  # these: test_demo_and_draft_report_in_json (slow)
 
 
 @pytest.mark.parametrize("name", list(FAILURES))
@@ -153,6 +154,10 @@ def test_demo_and_draft_report_in_json(tiny_pair, tmp_path: Path, monkeypatch: p
                     "--max-new-tokens", "8", "--steps", "2", "--minutes", "5"])
     assert draft.exit_code == 0, draft.output
     assert json.loads(draft.stdout)["steps_done"] == 2
+    head = invoke(["head-vocabulary", str(tiny_pair.target_dir), str(tmp_path / "draft"), "--size", "32",
+                   "--prompts", "2", "--max-new-tokens", "4", "--threads", "1"])
+    assert head.exit_code == 0, head.output
+    assert json.loads(head.stdout)["size"] == 32
 
 
 # --- the documented exit codes ------------------------------------------------------------------------------
