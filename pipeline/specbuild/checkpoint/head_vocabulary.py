@@ -23,8 +23,8 @@ from specbuild.errors import CheckpointError
 HEAD_VOCABULARY = "head_vocabulary.json"
 FORMAT = "specbuild.head-vocabulary/v1"
 MAX_HEAD_VOCABULARY_JSON = 32 * 2**20  # a 256k-id list is ~2 MB
-REMAKE = ("make the list again (`specbuild head-vocabulary TARGET DRAFT --replace`), or delete the file to serve the "
-          "draft's full head")
+REMAKE = ("make the list again (`specbuild head-vocabulary TARGET DRAFT --replace`; a new draft: `specbuild draft "
+          "--head-vocabulary N`), or delete the file to serve the draft's full head")
 
 
 def ids_checksum(ids: Iterable[int]) -> str:
