@@ -40,3 +40,23 @@ def test_step_costs_of_real_models_are_positive_and_verification_never_cheaper(t
     assert len(ticks) == 3 and costs.target_step_ms > 0 and costs.draft_step_ms > 0
     verify = [costs.verify_cost[k] for k in range(1, 5)]
     assert verify == sorted(verify) and verify[0] >= 1.0  # never cheaper than the one-token step
+
+
+@pytest.mark.slow
+def test_acceptance_is_measured_in_token_ids_with_a_sub_vocabulary_head(tiny_pair, tmp_path):
+    """A head over every id in reverse order computes the same distribution as the full head: its acceptance must
+    be the same. Scored on the head's own indices instead of token ids, it would be about zero (as the demo's
+    measurement once was)."""
+    import shutil
+
+    from specbuild.checkpoint.head_vocabulary import HeadVocabulary
+    from specbuild.runtimes.torch.engine import TorchEngine
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_pair.draft_dir, draft)
+    vocab_size = TorchEngine(tiny_pair.draft_dir).vocab_size
+    HeadVocabulary.of(reversed(range(vocab_size)), {"made_by": "test"}).write(draft)
+    plain = estimate.estimate_pair(tiny_pair.target_dir, tiny_pair.draft_dir, prompts=2, new_tokens=8, repeats=1)
+    reversed_head = estimate.estimate_pair(tiny_pair.target_dir, draft, prompts=2, new_tokens=8, repeats=1)
+    assert plain.acceptance["1"] > 0.2
+    assert reversed_head.acceptance == plain.acceptance

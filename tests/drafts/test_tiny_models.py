@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from specbuild.drafts import tiny_models
-from specbuild.drafts.model_pairs import STAMP_FILE, measure_acceptance  # noqa: E402
+from specbuild.drafts.model_pairs import STAMP_FILE, measure_acceptance, model_logits  # noqa: E402
 
 
 def _load(folder):
@@ -70,7 +70,7 @@ def test_acceptance_is_realistic_and_reproducible_from_the_saved_files(tiny_pair
     tokenizer = tiny_models.train_tokenizer(train_texts)
     prompts = [tokenizer.encode(text).ids[:tiny_models.EVAL_PROMPT_LEN] for text in eval_texts]
     with tiny_models.torch_threads(tiny_models.THREADS):
-        measured = measure_acceptance(target, draft, prompts, tiny_models.EVAL_NEW_TOKENS)
+        measured = measure_acceptance(target, model_logits(draft), prompts, tiny_models.EVAL_NEW_TOKENS)
     assert measured == pytest.approx(recorded, abs=0.02)
 
 

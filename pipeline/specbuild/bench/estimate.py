@@ -174,7 +174,7 @@ def estimate_pair(target_dir: str | Path, draft_dir: str | Path, *, prompts: int
         encoded = [tokenizer.encode(text) for text in chat_prompts(target_dir, load_prompts(limit=prompts))]
         with stage(progress, f"measure: the target answers {len(encoded)} prompts, the draft's agreement",
                    len(encoded)) as advance:
-            acceptance = measure_acceptance(target.model, draft.model, encoded, new_tokens, advance)
+            acceptance = measure_acceptance(target.model, draft.sequence_logits, encoded, new_tokens, advance)
         acceptance = {k: rate for k, rate in acceptance.items() if int(k) <= max_k}
         with stage(progress, "measure: step costs", repeats) as advance:
             costs = measure_step_costs(target.model, draft.model, max_k, repeats=repeats, advance=advance)

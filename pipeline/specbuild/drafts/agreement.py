@@ -11,14 +11,16 @@ greedy acceptance at K=1..4.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from specbuild.drafts.distill_data import chat_encode, target_answers
 from specbuild.drafts.distill_options import DraftOptions
-from specbuild.drafts.model_pairs import acceptance_by_k, draft_matches
+from specbuild.drafts.model_pairs import acceptance_by_k, sequence_matches
 from specbuild.drafts.prompts import benchmark_texts
 
 if TYPE_CHECKING:
+    import torch
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 SETS = ("general", "heldout")  # the structured set's prompts ask for JSON: another kind of answer
@@ -33,18 +35,17 @@ def benchmark_answers(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBa
             for name, texts in benchmark_texts().items() if name in SETS and texts}
 
 
-def agreement(draft: LlamaForCausalLM, answers: dict[str, list[tuple[list[int], int]]]) -> dict[str, dict[str, Any]]:
+def agreement(draft_logits: Callable[[torch.Tensor], torch.Tensor],
+              answers: dict[str, list[tuple[list[int], int]]]) -> dict[str, dict[str, Any]]:
     """{set: {prompts, positions, agreement (the share of answer positions where the draft's argmax is the
-    target's token), acceptance (greedy, K=1..4)}} for the target's ``answers``."""
+    target's token), acceptance (greedy, K=1..4)}} for the target's ``answers`` (``draft_logits``: a torch engine's
+    ``sequence_logits``, so that a sub-vocabulary head is measured as it is served)."""
     import torch
 
     figures = {}
     for name, sequences in answers.items():
-        matches = []
-        with torch.no_grad():
-            for sequence, prompt_len in sequences:
-                ids = torch.tensor(sequence, device=draft.device)
-                matches.append(draft_matches(draft(input_ids=ids[None]).logits[0], ids, prompt_len))
+        matches = sequence_matches(draft_logits, ((torch.tensor(sequence), prompt_len)
+                                                  for sequence, prompt_len in sequences))
         positions = sum(map(len, matches))
         figures[name] = {"prompts": len(sequences), "positions": positions,
                          "agreement": round(sum(map(sum, matches)) / positions, 3) if positions else None,

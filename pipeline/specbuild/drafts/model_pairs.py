@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -194,17 +194,36 @@ def parameter_count(model: PreTrainedModel) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def measure_acceptance(target: PreTrainedModel, draft: PreTrainedModel, prompts: Sequence[Sequence[int]],
-                       new_tokens: int, advance: Callable[[float], None] = lambda amount=1: None) -> dict[str, float]:
-    """Greedy acceptance per drafted token at K=1..8 on the target's own continuations of ``prompts``."""
+def model_logits(model: PreTrainedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model``'s logits at every position of one token sequence (``[len, vocab]``), for :func:`sequence_matches`."""
+    return lambda sequence: model(input_ids=sequence[None].to(model.device)).logits[0]
+
+
+def sequence_matches(draft_logits: Callable[[torch.Tensor], torch.Tensor],
+                     sequences: Iterable[tuple[torch.Tensor, int]],
+                     advance: Callable[[float], None] = lambda amount=1: None) -> list[list[bool]]:
+    """:func:`draft_matches` for each (prompt + answer, prompt length), teacher-forced in one pass each.
+
+    ``draft_logits`` gives the draft's vocabulary-wide logits for a sequence: :func:`model_logits`, or a torch
+    engine's ``sequence_logits``, which scatters a sub-vocabulary head's logits back to their token ids (the
+    head's own indices are not token ids)."""
     import torch
 
     matches = []
-    for prompt, sequence in zip(prompts, greedy_continuations(target, prompts, new_tokens, advance)):
-        with torch.no_grad():
-            logits = draft(input_ids=sequence[None]).logits[0]
-        matches.append(draft_matches(logits, sequence, len(prompt)))
-    return acceptance_by_k(matches)
+    with torch.no_grad():
+        for sequence, prompt_len in sequences:
+            matches.append(draft_matches(draft_logits(sequence).to(sequence.device), sequence, prompt_len))
+            advance(1)
+    return matches
+
+
+def measure_acceptance(target: PreTrainedModel, draft_logits: Callable[[torch.Tensor], torch.Tensor],
+                       prompts: Sequence[Sequence[int]], new_tokens: int,
+                       advance: Callable[[float], None] = lambda amount=1: None) -> dict[str, float]:
+    """Greedy acceptance per drafted token at K=1..8 on the target's own continuations of ``prompts``
+    (``draft_logits`` as for :func:`sequence_matches`)."""
+    continuations = greedy_continuations(target, prompts, new_tokens, advance)
+    return acceptance_by_k(sequence_matches(draft_logits, zip(continuations, map(len, prompts))))
 
 
 def progress_display(console: Console | None = None) -> Progress:

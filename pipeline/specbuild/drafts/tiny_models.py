@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.drafts.model_pairs import ModelPair, cached_pair, folder_bytes, measure_acceptance, parameter_count, save_checkpoint, stage, torch_threads
+from specbuild.drafts.model_pairs import ModelPair, cached_pair, folder_bytes, measure_acceptance, model_logits, parameter_count, save_checkpoint, stage, torch_threads
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +74,7 @@ def _build(root: Path, seed: int, progress: Progress | None) -> dict[str, Any]:
             draft = llama(DRAFT_SIZES)
             train(draft, ids, DRAFT_STEPS, seed + 1, _distillation_loss(draft, target), advance)
         with stage(progress, "tiny pair: measure acceptance", EVAL_PROMPTS) as advance:
-            acceptance = measure_acceptance(target, draft, _eval_prompts(tokenizer, eval_texts),
+            acceptance = measure_acceptance(target, model_logits(draft), _eval_prompts(tokenizer, eval_texts),
                                             EVAL_NEW_TOKENS, advance)
         for name, model in (("target", target), ("draft", draft)):
             save_checkpoint(model, hf_tokenizer, root / name)

@@ -263,6 +263,13 @@ class TorchEngine:
                 return self._verify(request)
             return self._generate(request)
 
+    def sequence_logits(self, sequence: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[len, vocab]`` at every position of one token sequence, without the prefix cache:
+        what a measurement of agreement reads. Vocabulary-wide, as every other output of the engine (a
+        sub-vocabulary head's logits scattered back), so an argmax is a token id."""
+        with self._lock, torch.inference_mode():
+            return self._forward(sequence.tolist(), self._new_cache(), len(sequence))
+
     def warm_up(self, prompt_tokens: int = 16) -> None:
         """Take the paths of a first request once, on made-up tokens, and forget them: a prefill, decoding steps
         with their logits (what a draft returns), a sampled step and, for a target, a verification of
