@@ -25,6 +25,29 @@ def test_verification_cost_of_a_k_not_measured_is_the_nearest_measured_above_els
     assert CostModel(draft_cost=0.1).verify(5) == 1.0
 
 
+def test_verifying_more_tokens_never_costs_less_whatever_a_mix_of_measurements_says():
+    """tune measures V(1) through the server over the V(K) measured in process: V(2) = 1.0 below V(1) = 1.11 would
+    make K=2 look cheaper and push the break-even down."""
+    mixed = CostModel(draft_cost=0.13, verify_cost={1: 1.11, 2: 1.0, 3: 1.0, 6: 1.3})
+    assert [mixed.verify(k) for k in (1, 2, 3, 4, 6, 8)] == [1.11, 1.11, 1.11, 1.3, 1.3, 1.3]
+    assert mixed.break_even_acceptance(8) == pytest.approx(0.13 + 1.11 - 1, abs=1e-5)
+    assert "V(2)=1.11" in mixed.describe(8)
+
+
+def test_a_fixed_k_request_is_judged_at_the_ks_it_drafts_an_adaptive_one_at_every_k():
+    from specbuild.speculation.drafting import DraftHealth, draft_sources
+    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.stats import SpeculationStats
+
+    def gate(**request):
+        drafts = draft_sources(GenerationRequest([1, 2, 3], 8, break_even=DEMO, **request), lambda *_: None,
+                               max_draft_len=4, stats=SpeculationStats(), health=DraftHealth())
+        return drafts.gate.max_k
+
+    assert gate(num_draft_tokens=1) == 1 and gate(num_draft_tokens=8) == 4
+    assert gate(num_draft_tokens=1, adaptive=True) == 4
+
+
 def test_speedup_is_the_one_formula_at_leviathans_tokens_per_step():
     assert DEMO.speedup(0.49, 2) == expected_speedup(leviathan_tokens_per_step(0.49, 2), 2, 0.18, 1.18)
     assert DEMO.speedup(0.0, 0) == 1.0  # K=0 is the target alone

@@ -80,12 +80,14 @@ class CostModel:
     measured: bool = False
 
     def verify(self, k: int) -> float:
+        """V(k), never below a smaller k's: verifying more tokens does not cost less, whatever a mix of
+        measurements says (``tune`` measures V(1) through the server over the others measured in process)."""
         if k in self.verify_cost:
-            return self.verify_cost[k]
-        above = [measured for measured in sorted(self.verify_cost) if measured > k]
-        if above:
-            return self.verify_cost[above[0]]
-        return self.verify_cost[max(self.verify_cost)] if self.verify_cost else 1.0
+            value = self.verify_cost[k]
+        else:
+            above = [measured for measured in sorted(self.verify_cost) if measured > k]
+            value = self.verify_cost[above[0]] if above else max(self.verify_cost.values(), default=1.0)
+        return max([value, *(cost for measured, cost in self.verify_cost.items() if measured < k)])
 
     def speedup(self, a: float, k: int) -> float:
         """Expected speedup at ``k`` drafts per round with per-token acceptance ``a`` (1 at k=0)."""
@@ -115,7 +117,7 @@ class CostModel:
             basis = "measured on the build host"
         else:
             basis = "not measured (c from the parameter ratio, V(K) = 1)"
-        verify = ", ".join(f"V({k})={self.verify_cost[k]:.2f}" for k in sorted(self.verify_cost)) or "V(K)=1"
+        verify = ", ".join(f"V({k})={self.verify(k):.2f}" for k in sorted(self.verify_cost)) or "V(K)=1"
         acceptance = f", acceptance a={self.acceptance:.2f}" if self.acceptance is not None else ""
         even = self.break_even_acceptance(max_k)
         even_text = f"breaks even at a={even:.2f}" if even is not None else "never pays"

@@ -256,5 +256,5 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
     if request.break_even is not None:  # a lookup-only request's drafts cost no draft step
         drafts_by_model = any(isinstance(source, ModelDrafts) for source in sources)
         cost = request.break_even if drafts_by_model else replace(request.break_even, draft_cost=0.0)
-        gate = BreakEvenGate(cost, max_draft_len)
+        gate = BreakEvenGate(cost, max_draft_len if request.adaptive else min(request.num_draft_tokens, max_draft_len))
     return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive, gate=gate, stats=stats)
