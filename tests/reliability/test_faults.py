@@ -160,7 +160,10 @@ def test_sigint_during_build_exits_130_without_traceback_and_a_rerun_resumes(che
             *(f"--set=outputs.{key}={tmp_path / folder}" for key, folder in
               (("build_dir", "build"), ("engines_dir", "engines"), ("repository_dir", "triton_repo"))),
             "--set=limits.max_input_len=64", "--set=limits.max_seq_len=192"]
-    script = (f"import pathlib, sys, time\nimport specbuild.runtimes.torch.runtime as runtime\n"
+    # a signal ignored by this process (an earlier test's server may leave SIGINT ignored) stays ignored in a child,
+    # and Python installs its Ctrl-C handler only where SIGINT is not ignored: the child restores it, as a shell has it
+    script = (f"import pathlib, signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              f"import specbuild.runtimes.torch.runtime as runtime\n"
               f"runtime.build = lambda *a, **k: (pathlib.Path({str(marker)!r}).touch(), time.sleep(300))\n"
               f"from specbuild.cli import main\nsys.argv = ['specbuild', *{args!r}]\nmain()\n")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
