@@ -115,7 +115,8 @@ def test_its_counters_are_one_prometheus_name_each():
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched_drafting_off(tiny, stream):
-    """An unrelated draft: its tokens are rejected, the break-even stops drafting, and the text stays the target's."""
+    """An unrelated draft: its tokens are rejected, the break-even stops drafting, and the text stays the target's;
+    the loop told the speculator's round costs what its rounds cost."""
     from specbuild.runtimes.torch.engine import TorchEngine
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.request import GenerationRequest
@@ -134,6 +135,8 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
         assert plain.stats.break_even_rounds == 0
         if not stream:  # a stretch is one target call of its tokens
             assert gated.stats.rounds < plain.stats.rounds
+    costs = speculator.costs  # what the rounds after each request's first cost, for the break-even (round_costs.py)
+    assert costs.alone_token.ready and costs.draft_token.ready and costs.verification
 
 
 @pytest.mark.slow

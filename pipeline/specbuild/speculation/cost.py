@@ -15,7 +15,10 @@ measured.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from specbuild.speculation.round_costs import RoundCosts
 
 # The break-even's prior weighs as many drafted-token trials as this: a request's own first rounds move it, one
 # unlucky round does not switch drafting off.
@@ -136,11 +139,18 @@ class BreakEvenGate:
     drafts nothing for a stretch of target-alone tokens (:data:`FIRST_PAUSE_TOKENS`, doubling at each switch-off),
     then probes with one drafted round. Only K changes (0 during a stretch), so the output is exactly the target's
     whatever it decides. TensorRT-LLM's ``SpeculationGate`` (``tensorrt_llm/_torch/speculative/speculation_gate.py``)
-    turns speculation off for the whole server, for good; this decides per request and looks again."""
+    turns speculation off for the whole server, for good; this decides per request and looks again.
 
-    def __init__(self, cost: CostModel, max_k: int) -> None:
+    With ``calibration`` (the process's :class:`~specbuild.speculation.round_costs.RoundCosts`) it decides at the
+    costs this host's rounds actually have and, while those lack a fresh target-alone step, runs one probing stretch
+    of ``PROBE_TOKENS`` target-alone tokens after its first round (``probing``: not a switch-off)."""
+
+    def __init__(self, cost: CostModel, max_k: int, calibration: RoundCosts | None = None) -> None:
         self.cost = cost
         self.max_k = max_k
+        self.calibration = calibration
+        self.probing = False
+        self._probed = calibration is None
         prior = cost.acceptance if cost.acceptance is not None else cost.break_even_acceptance(max_k)
         prior = 0.0 if prior is None else prior
         self.accepted, self.trials = prior * PRIOR_TRIALS, PRIOR_TRIALS
@@ -162,12 +172,21 @@ class BreakEvenGate:
         self.accepted += accepted
         self.trials += accepted + (accepted < drafted)
         self._decide()
+        if self.drafting and not self._probed and self.calibration is not None and self.calibration.wants_probe:
+            self._probed = self.probing = True
+            self.paused_tokens = self.calibration.probe_tokens
 
     def idle(self, tokens: int) -> None:
         """A round without drafts made ``tokens`` tokens."""
         self.paused_tokens -= tokens
+        self.probing = self.probing and not self.drafting
+
+    @property
+    def current_cost(self) -> CostModel:
+        """The cost model it decides with: the release's, at this host's measured costs where it has them."""
+        return self.cost if self.calibration is None else self.calibration.model(self.cost)
 
     def _decide(self) -> None:
-        if self.cost.best(self.acceptance, self.max_k)[1] < 1.0:
+        if self.current_cost.best(self.acceptance, self.max_k)[1] < 1.0:
             self.paused_tokens = min(FIRST_PAUSE_TOKENS * PAUSE_GROWTH ** self.switch_offs, MAX_PAUSE_TOKENS)
             self.switch_offs += 1

@@ -28,6 +28,7 @@ from specbuild.speculation.stats import SpeculationStats
 
 if TYPE_CHECKING:
     from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.round_costs import RoundCosts
 
 DRAFT_ROLE = 0  # the seed stream of draft calls (the target's is 1; see rules.round_seed)
 DRAFT_RETRY_SECONDS = 5.0
@@ -197,8 +198,12 @@ class Drafts:
         return 1 if self.gate is None or self.gate.drafting else self.gate.paused_tokens
 
     def idle(self, tokens: int) -> None:
-        """A round ran without a draft and made ``tokens`` tokens (counted when the break-even caused it)."""
-        if self.gate is not None and not self.gate.drafting:
+        """A round ran without a draft and made ``tokens`` tokens (counted when the break-even caused it, or its
+        probe of the target-alone cost)."""
+        if self.gate is not None and self.gate.probing:
+            self.stats.probe_rounds += 1
+            self.gate.idle(tokens)
+        elif self.gate is not None and not self.gate.drafting:
             self.stats.break_even_rounds += 1
             if not self._gated:
                 self._gated = True
@@ -225,10 +230,12 @@ class Drafts:
 
 def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_draft_len: int,
                   stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
-                  on_failure: Callable[[Exception], None] | None = None) -> Drafts | None:
+                  on_failure: Callable[[Exception], None] | None = None,
+                  costs: RoundCosts | None = None) -> Drafts | None:
     """The sources a request drafts from: prompt lookup first when it is on, then the draft model (unless the
     release drafts by lookup only, ``lookup_draft_fallback=False``), gated by the request's break-even when it has
-    one (``request.break_even``: the release's cost model); None when nothing drafts (K=0), and for a
+    one (``request.break_even``: the release's cost model, at this process's own round ``costs`` where given); None
+    when nothing drafts (K=0), and for a
     request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
     generated token is penalised for the tokens before it, but TensorRT-LLM's penalty kernel gives every
     drafted position of a verification step the same counts (``penaltyKernels.cu``), so only the target alone
@@ -256,5 +263,6 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
     if request.break_even is not None:  # a lookup-only request's drafts cost no draft step
         drafts_by_model = any(isinstance(source, ModelDrafts) for source in sources)
         cost = request.break_even if drafts_by_model else replace(request.break_even, draft_cost=0.0)
-        gate = BreakEvenGate(cost, max_draft_len if request.adaptive else min(request.num_draft_tokens, max_draft_len))
+        gate = BreakEvenGate(cost, max_draft_len if request.adaptive else min(request.num_draft_tokens, max_draft_len),
+                             costs)
     return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive, gate=gate, stats=stats)

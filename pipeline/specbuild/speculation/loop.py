@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from specbuild.speculation.drafting import Draft, Drafts
+from specbuild.speculation.drafting import Draft, Drafts, ModelDrafts
 from specbuild.speculation.engine import EngineCall, EngineRequest
 from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.rules import round_seed
 from specbuild.speculation.stats import SpeculationStats
 
@@ -45,7 +46,8 @@ def _stop_index(generated: list[int], start: int, stop_words: list[list[int]]) -
 
 async def speculate(request: GenerationRequest, target: EngineCall, drafts: Drafts | None, *,
                     stats: SpeculationStats | None = None,
-                    load_cap: Callable[[], int | None] | None = None) -> AsyncIterator[Round]:
+                    load_cap: Callable[[], int | None] | None = None,
+                    costs: RoundCosts | None = None) -> AsyncIterator[Round]:
     """Run the loop for one request, yielding each round's new tokens; ``stats`` is updated in place.
 
     ``drafts`` None runs the target alone; see :func:`~specbuild.speculation.drafting.draft_sources` (which also
@@ -56,6 +58,9 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
     shortens it (counted in ``stats.load_rounds``); 0 runs the round as K=0 does (no draft call, the target makes
     ``target_only_chunk`` tokens or the rest). Not for a seeded sampled request: its output depends on K, and
     the same seed must give the same text at any load.
+    ``costs``: told each round's seconds after the first (which prefills the prompt), unguided requests only (a
+    guide's masks add their own time), so the break-even learns what rounds cost here
+    (:class:`~specbuild.speculation.round_costs.RoundCosts`).
     """
     if load_cap is not None and not request.sampling.is_greedy and request.seed is not None:
         load_cap = None  # another K would change a seeded request's random draws: it keeps its K to be reproducible
@@ -77,13 +82,21 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
             stats.load_rounds += 1
             k = cap
         sources = None if cap == 0 else drafts
+        draft_seconds = stats.draft_seconds
         draft = await sources.propose(context, k, round_index) if k > 0 else None
+        draft_seconds = stats.draft_seconds - draft_seconds
         if draft is not None and guide is not None:
             draft = draft.cut(guide.admissible(draft.tokens))  # a proposal the grammar forbids from here: cut
         started = time.perf_counter()
         verdict = await target(_target_request(request, context, draft, remaining, unfinished, round_index, sources))
-        stats.target_seconds += time.perf_counter() - started
+        target_seconds = time.perf_counter() - started
+        stats.target_seconds += target_seconds
         drafted = len(draft.tokens) if draft else 0
+        if costs is not None and round_index > 0 and guide is None and request.engine_guide is None:
+            if draft is None:
+                costs.alone(target_seconds, len(verdict.tokens))
+            else:
+                costs.verified(drafted, target_seconds, draft_seconds if draft.source == ModelDrafts.name else None)
         accepted = _accepted_prefix(draft.tokens, verdict.tokens) if draft else 0
         stats.record_round(drafted, accepted, source=draft.source if draft else None)
         if draft is not None:

@@ -43,6 +43,7 @@ class SpeculationStats:
     guided_target_only: int = 0  # the same, for a guide the target engine applies itself (drafting.draft_sources)
     break_even_requests: int = 0  # requests whose break-even switched drafting off at least once
     break_even_rounds: int = 0  # rounds run without drafts because the request's break-even said they do not pay
+    probe_rounds: int = 0  # rounds run without drafts to measure the target-alone step (speculation.round_costs)
     load_rounds: int = 0  # rounds whose K the load policy (draft_len_schedule) lowered, to 0 included
     by_source: dict[str, SourceStats] = field(default_factory=dict)  # the totals above, by who proposed the draft
 
@@ -152,6 +153,8 @@ SPECULATION_METRICS = (
            "Requests whose drafting the per-request break-even switched off at least once (it did not pay)"),
     Metric("break_even_rounds", "specbuild_break_even_rounds_total",
            "Rounds run without drafts because the request's break-even said drafting does not pay"),
+    Metric("probe_rounds", "specbuild_break_even_probe_rounds_total",
+           "Rounds run without drafts to measure what a target-alone step costs on this host, for the break-even"),
     Metric("load_rounds", "specbuild_load_schedule_rounds_total",
            "Rounds whose K the load policy (the release's draft_len_schedule) lowered, to 0 included"),
     Metric("drafts", "specbuild_spec_decode_source_drafts_total",

@@ -24,6 +24,7 @@ from specbuild.speculation.engine import EngineCall
 from specbuild.speculation.guide import Guide
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.loop import speculate
+from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.orchestration import RowProgress, parse_rows
 
@@ -90,6 +91,9 @@ class RequestRunner:
         self.log = log
         self.health = health or DraftHealth()
         self.clock = clock
+        self._rows_running = 0
+        # what rounds cost on this host, for every request's break-even; only from rounds that ran alone
+        self.costs = RoundCosts(exclusive=lambda: self._rows_running <= 1 and self.metrics.requests_in_flight <= 1)
 
     async def serve(self, exchange: Exchange) -> None:
         """Answer one request (counted in flight while it runs); never raises: a failure is the request's error."""
@@ -160,10 +164,13 @@ class RequestRunner:
         row.scheduled_ns = time.time_ns()
         drafts = draft_sources(generation, self.draft, max_draft_len=settings.max_draft_len, stats=row.stats,
                                health=self.health,
-                               lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed)
+                               lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed,
+                               costs=self.costs)
+        self._rows_running += 1
         try:
             async for step in speculate(generation, self.target, drafts, stats=row.stats,
-                                        load_cap=lambda: schedule.cap(self.metrics.requests_in_flight)):
+                                        load_cap=lambda: schedule.cap(self.metrics.requests_in_flight),
+                                        costs=self.costs):
                 if exchange.cancelled():
                     raise RequestCancelled
                 late = limit is not None and self.clock() - started >= limit
@@ -174,6 +181,7 @@ class RequestRunner:
                 if row.finished:
                     return
         finally:
+            self._rows_running -= 1
             if not row.finished:  # cancelled or failed: its work so far still counts
                 self.metrics.record(row.stats, row.tokens)
 

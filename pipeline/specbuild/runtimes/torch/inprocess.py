@@ -16,6 +16,7 @@ from specbuild.speculation.drafting import DraftHealth, draft_sources
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.loop import Round, speculate
 from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.stats import SpeculationStats
 
 
@@ -34,6 +35,7 @@ class InProcessSpeculator:
         self.draft = draft
         self.lookup_draft_fallback = lookup_draft_fallback
         self.health = DraftHealth()
+        self.costs = RoundCosts()  # what rounds cost here, for the break-even (one call at a time: every round alone)
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path | None, *, max_draft_len: int = 8,
@@ -70,5 +72,5 @@ class InProcessSpeculator:
 
         drafts = draft_sources(request, call_draft if self.draft else None, max_draft_len=self.target.max_draft_len,
                                stats=stats, health=self.health,
-                               lookup_draft_fallback=self.lookup_draft_fallback)
-        return speculate(request, call_target, drafts, stats=stats)
+                               lookup_draft_fallback=self.lookup_draft_fallback, costs=self.costs)
+        return speculate(request, call_target, drafts, stats=stats, costs=self.costs)
