@@ -145,7 +145,7 @@ def test_penalties_reach_the_sampling_settings_and_a_time_limit_stays_within_the
     assert all(row.generation.sampling.penalized for row in rows)
     assert rows[0].generation.sampling.repetition_penalty == pytest.approx(1.3)
     assert [row.max_seconds for row in rows] == [5.0, 600.0]
-    unlimited = OrchestratorParameters(**{**SETTINGS.__dict__, "max_request_seconds": 0.0})
+    unlimited = replace(SETTINGS, max_request_seconds=0.0)
     assert [row.max_seconds for row in parse_rows(request(), unlimited)] == [None, None]
 
 

@@ -17,6 +17,7 @@ the repository renders them and the model parses them with the same code, so a k
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar
 
 from specbuild.package.parameters import OPTIONAL, ModelParameters
@@ -222,15 +223,15 @@ class OrchestratorParameters(ModelParameters):
         self.lookup  # noqa: B018 - validates the n-gram range
         self.load_schedule  # noqa: B018 - validates the schedule
 
-    @property
+    @cached_property  # the parameters are frozen: read once per model, not per request
     def load_schedule(self) -> DraftLenSchedule:
         return DraftLenSchedule.parse(self.draft_len_schedule)
 
-    @property
+    @cached_property
     def cost_model(self) -> CostModel:
         return CostModel(self.draft_cost, dict(enumerate(self.verify_costs, start=1)), self.measured_acceptance,
                          self.cost_measured)
 
-    @property
+    @cached_property
     def lookup(self) -> PromptLookup:
         return PromptLookup(max_ngram=self.lookup_max_ngram, min_ngram=self.lookup_min_ngram)
