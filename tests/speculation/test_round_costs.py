@@ -111,3 +111,13 @@ def test_the_probe_runs_once_after_the_first_round_and_is_counted_apart_from_the
 
 def test_the_probe_is_one_prometheus_name():
     assert {metric.key: metric.name for metric in METRICS}["probe_rounds"] == "specbuild_break_even_probe_rounds_total"
+
+
+def test_a_seeded_sampled_request_decides_without_host_timings_so_its_text_is_reproducible():
+    from specbuild.speculation.rules import SamplingParams
+
+    request = GenerationRequest([1, 2, 3], 64, num_draft_tokens=1, break_even=IN_PROCESS, seed=7,
+                                sampling=SamplingParams(temperature=1.0))
+    drafts = draft_sources(request, lambda *_: None, max_draft_len=4, stats=SpeculationStats(),
+                           health=DraftHealth(), costs=RoundCosts())
+    assert drafts.gate.calibration is None

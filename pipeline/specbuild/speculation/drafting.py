@@ -263,6 +263,8 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
     if request.break_even is not None:  # a lookup-only request's drafts cost no draft step
         drafts_by_model = any(isinstance(source, ModelDrafts) for source in sources)
         cost = request.break_even if drafts_by_model else replace(request.break_even, draft_cost=0.0)
+        if not request.sampling.is_greedy and request.seed is not None:
+            costs = None  # host timings would make a seeded sample's K, so its text, differ from run to run
         gate = BreakEvenGate(cost, max_draft_len if request.adaptive else min(request.num_draft_tokens, max_draft_len),
                              costs)
     return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive, gate=gate, stats=stats)
