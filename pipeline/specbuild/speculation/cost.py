@@ -15,10 +15,7 @@ measured.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
-
-if TYPE_CHECKING:
-    from specbuild.speculation.round_costs import RoundCosts
+from typing import Any, Mapping, Protocol
 
 # The break-even's prior weighs as many drafted-token trials as this: a request's own first rounds move it, one
 # unlucky round does not switch drafting off.
@@ -131,6 +128,17 @@ class CostModel:
                 "acceptance": self.acceptance, "measured": self.measured}
 
 
+class CostCalibration(Protocol):
+    """What the break-even asks of the host's measured round costs (:class:`~specbuild.speculation.round_costs.RoundCosts`)."""
+
+    probe_tokens: int
+
+    @property
+    def wants_probe(self) -> bool: ...
+
+    def model(self, release: CostModel) -> CostModel: ...
+
+
 class BreakEvenGate:
     """One request's break-even: its running per-token acceptance (accepted over accepted plus rejections, each
     round's first rejection ending its trials, with a prior of :data:`PRIOR_TRIALS` trials at the release's
@@ -145,7 +153,7 @@ class BreakEvenGate:
     costs this host's rounds actually have and, while those lack a fresh target-alone step, runs one probing stretch
     of ``PROBE_TOKENS`` target-alone tokens after its first round (``probing``: not a switch-off)."""
 
-    def __init__(self, cost: CostModel, max_k: int, calibration: RoundCosts | None = None) -> None:
+    def __init__(self, cost: CostModel, max_k: int, calibration: CostCalibration | None = None) -> None:
         self.cost = cost
         self.max_k = max_k
         self.calibration = calibration
