@@ -48,6 +48,26 @@ def test_a_fixed_k_request_is_judged_at_the_ks_it_drafts_an_adaptive_one_at_ever
     assert gate(num_draft_tokens=1, adaptive=True) == 4
 
 
+def test_a_round_drafts_at_most_the_best_k_at_the_requests_own_acceptance():
+    """A draft that agrees less is worth fewer tokens a round: K follows the request's acceptance, within its own."""
+    from specbuild.speculation.drafting import Draft, DraftHealth, Drafts, draft_sources
+    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.stats import SpeculationStats
+
+    def drafts():
+        return draft_sources(GenerationRequest([1, 2, 3], 64, num_draft_tokens=4, break_even=DEMO), lambda *_: None,
+                             max_draft_len=4, stats=SpeculationStats(), health=DraftHealth())
+
+    agreeing, rejected = drafts(), drafts()
+    assert agreeing.round_length == DEMO.best(0.49, 4)[0] == 2  # the prior: the release's measured acceptance
+    for _ in range(20):
+        agreeing.update(Draft([7] * agreeing.round_length, None, "model"), agreeing.round_length)
+    assert agreeing.round_length == 4
+    rejected.update(Draft([7, 7], None, "model"), 0)
+    assert rejected.gate.drafting and rejected.round_length == 1  # still pays, but at one token a round
+    assert Drafts(rejected.sources, 4, 4).round_length == 4  # without a break-even: the request's K, always
+
+
 def test_speedup_is_the_one_formula_at_leviathans_tokens_per_step():
     assert DEMO.speedup(0.49, 2) == expected_speedup(leviathan_tokens_per_step(0.49, 2), 2, 0.18, 1.18)
     assert DEMO.speedup(0.0, 0) == 1.0  # K=0 is the target alone

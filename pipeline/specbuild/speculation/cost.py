@@ -143,11 +143,13 @@ class BreakEvenGate:
     """One request's break-even: its running per-token acceptance (accepted over accepted plus rejections, each
     round's first rejection ending its trials, with a prior of :data:`PRIOR_TRIALS` trials at the release's
     measured acceptance, or at the break-even acceptance where none was measured, so only the request's own rounds
-    decide, from its first drafted round on), and whether drafting pays at its best K. When the expected speedup there falls below 1 the request
-    drafts nothing for a stretch of target-alone tokens (:data:`FIRST_PAUSE_TOKENS`, doubling at each switch-off),
-    then probes with one drafted round. Only K changes (0 during a stretch), so the output is exactly the target's
-    whatever it decides. TensorRT-LLM's ``SpeculationGate`` (``tensorrt_llm/_torch/speculative/speculation_gate.py``)
-    turns speculation off for the whole server, for good; this decides per request and looks again.
+    decide, from its first drafted round on), and its best K there (:attr:`best_k`, the K in 1..``max_k`` with the
+    highest expected speedup), which each round drafts at most: a draft that agrees less is worth fewer tokens a
+    round. When the expected speedup at the best K falls below 1 the request drafts nothing for a stretch of
+    target-alone tokens (:data:`FIRST_PAUSE_TOKENS`, doubling at each switch-off), then probes with one drafted
+    round. Only K changes (0 during a stretch), so the output is exactly the target's whatever it decides.
+    TensorRT-LLM's ``SpeculationGate`` (``tensorrt_llm/_torch/speculative/speculation_gate.py``) turns speculation
+    off for the whole server, for good; this decides per request and looks again.
 
     With ``calibration`` (the process's :class:`~specbuild.speculation.round_costs.RoundCosts`) it decides at the
     costs this host's rounds actually have and, while those lack a fresh target-alone step, runs one probing stretch
@@ -164,6 +166,7 @@ class BreakEvenGate:
         self.accepted, self.trials = prior * PRIOR_TRIALS, PRIOR_TRIALS
         self.paused_tokens = 0  # target-alone tokens left in the current stretch
         self.switch_offs = 0
+        self.best_k = max_k  # the most tokens a round drafts, from the request's own rounds on
         if cost.acceptance is not None:  # a measured prior may say at once that this release's draft does not pay
             self._decide()
 
@@ -195,6 +198,7 @@ class BreakEvenGate:
         return self.cost if self.calibration is None else self.calibration.model(self.cost)
 
     def _decide(self) -> None:
-        if self.current_cost.best(self.acceptance, self.max_k)[1] < 1.0:
+        self.best_k, speedup = self.current_cost.best(self.acceptance, self.max_k)
+        if speedup < 1.0:
             self.paused_tokens = min(FIRST_PAUSE_TOKENS * PAUSE_GROWTH ** self.switch_offs, MAX_PAUSE_TOKENS)
             self.switch_offs += 1

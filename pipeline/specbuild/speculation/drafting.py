@@ -168,8 +168,8 @@ class Drafts:
     """One request's drafting: the first proposal of its sources, in order (prompt lookup first: it costs no model
     call), ``length`` tokens a round (at most ``max_draft_len``); with ``adaptive`` the length follows each round's
     outcome (:func:`next_draft_length`), which the source that proposed learns too. With a ``gate`` (the request's
-    break-even, :class:`~specbuild.speculation.cost.BreakEvenGate`) a round drafts nothing while it says drafting
-    does not pay, the target then making its stretch of tokens alone (counted in ``stats``)."""
+    break-even, :class:`~specbuild.speculation.cost.BreakEvenGate`) a round drafts at most its best K, and nothing
+    while it says drafting does not pay, the target then making its stretch of tokens alone (counted in ``stats``)."""
 
     def __init__(self, sources: Sequence[DraftSource], length: int, max_draft_len: int, *,
                  adaptive: bool = False, gate: BreakEvenGate | None = None,
@@ -188,8 +188,11 @@ class Drafts:
 
     @property
     def round_length(self) -> int:
-        """The draft tokens this round asks for: ``length``, or 0 while the break-even has drafting off."""
-        return self.length if self.gate is None or self.gate.drafting else 0
+        """The draft tokens this round asks for: ``length``, at most the break-even's best K at the request's
+        acceptance, or 0 while the break-even has drafting off."""
+        if self.gate is None:
+            return self.length
+        return min(self.length, self.gate.best_k) if self.gate.drafting else 0
 
     @property
     def alone_tokens(self) -> int:
