@@ -29,10 +29,11 @@ from specbuild.terminal import make_console
 if TYPE_CHECKING:
     from specbuild.bench.metrics import Cell
 
-# K measured on this release (docs/benchmarks.md, "Cheap verification"): with the torch engine's packed linears,
-# verifying one drafted token costs 1.05-1.23 target steps on 2 cores, and K=1 with lookup is the fastest setting
-# (1.27x in process, 1.05x through the server on a loaded machine, interleaved against K=0); K=2-4 gain nothing more.
-DEMO_SPECULATION = {"speculation.num_draft_tokens": 1, "speculation.prompt_lookup.enabled": True}
+# K measured on this release (docs/benchmarks.md, "K by the request's own acceptance"): with the 16k head a draft
+# step costs c = 0.10-0.13 and verifying 2-3 tokens barely more than one (V 1.11-1.20 through the server), so up to
+# K=3 with lookup, each request at most its break-even's best K, ran 1.16x / 1.22x of K=0 through the server against
+# 1.12x / 1.13x at K=1 (bundled / held-out prompts, medians of three interleaved repeats).
+DEMO_SPECULATION = {"speculation.num_draft_tokens": 3, "speculation.prompt_lookup.enabled": True}
 # The demo's prompts, two of each kind (none from the bundled or held-out benchmark sets).
 DEMO_PROMPTS = (
     Prompt(category="chat", prompt="Explain in three sentences why the sky is blue."),
