@@ -160,8 +160,9 @@ def test_sigint_during_build_exits_130_without_traceback_and_a_rerun_resumes(che
             *(f"--set=outputs.{key}={tmp_path / folder}" for key, folder in
               (("build_dir", "build"), ("engines_dir", "engines"), ("repository_dir", "triton_repo"))),
             "--set=limits.max_input_len=64", "--set=limits.max_seq_len=192"]
-    # a signal ignored by this process (an earlier test's server may leave SIGINT ignored) stays ignored in a child,
-    # and Python installs its Ctrl-C handler only where SIGINT is not ignored: the child restores it, as a shell has it
+    # a signal ignored by this process stays ignored in a child (a test run started as a background job, `cmd &` in a
+    # script, has SIGINT ignored from the start), and Python installs its Ctrl-C handler only where SIGINT is not
+    # ignored: the child restores it, as an interactive shell has it
     script = (f"import pathlib, signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
               f"import specbuild.runtimes.torch.runtime as runtime\n"
               f"runtime.build = lambda *a, **k: (pathlib.Path({str(marker)!r}).touch(), time.sleep(300))\n"
