@@ -6,6 +6,7 @@ model that mimics the public tensor contract): a fixture for the server layer, n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from checkpoint_factory import release_spec
 from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from specbuild.errors import ServerError, UsageError
-from specbuild.serve.processes import free_port, kill_group, live_group_members
+from specbuild.serve.processes import free_port, free_ports, kill_group, live_group_members
 from specbuild.serve.server import SHM_DIR, TritonServer
 from specbuild.serve.triton_install import find_triton, log_errors
 from locations import DATA
@@ -67,6 +68,18 @@ def test_free_port_can_be_bound():
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_free_ports_are_different_and_each_can_be_bound():
+    """A server's gRPC, HTTP and metrics ports are picked together: one port twice fails its start."""
+    import socket
+
+    taken = free_port()
+    ports = free_ports(3, avoid={taken})
+    assert len(set(ports)) == 3 and taken not in ports
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
 
 
 def test_command_is_loopback_strict_and_uses_a_private_shm_prefix(tmp_path):
@@ -244,7 +257,7 @@ def test_explicit_model_control_loads_and_unloads(toy_repo):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_cli_serve_prints_endpoints_and_stops_cleanly_on_sigint(toy_repo):
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = free_ports(3)
     process = subprocess.Popen(
         [sys.executable, "-m", "specbuild.cli", "serve", str(toy_repo), "--http-port", str(http),
          "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--timeout", "60"],

@@ -12,18 +12,33 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
 from specbuild.errors import ServerError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
+    """``count`` different ports that are free right now on ``host`` (the OS picks them), none in ``avoid`` (ports
+    the caller has already given out). The sockets are held until all are picked: a port released before the next
+    pick may be handed out again, and a server then told to listen twice on one port (gRPC and metrics, say) fails
+    to start."""
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = stack.enter_context(socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                                     socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            if port not in avoid:
+                ports.append(port)
+        return ports
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free right now on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def reachable_host(host: str) -> str:

@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from specbuild.errors import ServerError, Terminated, UsageError
-from specbuild.serve.processes import (STOP_SIGNALS, free_port, kill_group, reachable_host, stop_signals,
+from specbuild.serve.processes import (STOP_SIGNALS, free_ports, kill_group, reachable_host, stop_signals,
                                        wait_until)
 from specbuild.serve.triton_install import TritonInstall, find_triton, log_errors
 from specbuild.spec import TRITON_DEFAULTS
@@ -251,8 +251,10 @@ class TritonServer:
         _guard_signals()
         try:
             backends = self._assemble_backends(install, self._workdir / "backends")
-            for kind, port in self.ports.items():
-                self.ports[kind] = port or free_port(self.host if self.host not in ("0.0.0.0", "::") else "")
+            unset = [kind for kind, port in self.ports.items() if not port]
+            picked = free_ports(len(unset), self.host if self.host not in ("0.0.0.0", "::") else "",
+                                avoid=set(self.ports.values()))
+            self.ports.update(zip(unset, picked))
             assert self.log_path is not None
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "wb") as log:
