@@ -21,6 +21,14 @@ pytest_plugins = ["checkpoint_factory", "random_llama", "served_tiny", "k8s_obje
 
 CACHE_DIR = cache_dir(REPO_ROOT)  # shared with `specbuild demo` run from the repository root
 
+# The tiny pair trains at set-up, and another CPU's kernels train another model: tests derive what they need from the
+# model they are given, never from what one machine's model says. ``SPECBUILD_TINY_SEED=N`` trains the pair (and
+# compiles its releases) from seed N in a cache folder of its own, so the tests can be run against other models:
+# ``SPECBUILD_TINY_SEED=1 bash scripts/test.sh -m tiny_model`` (docs/testing.md).
+TINY_SEED_ENV = "SPECBUILD_TINY_SEED"
+TINY_SEED = int(os.environ.get(TINY_SEED_ENV) or 0)
+TINY_CACHE_DIR = CACHE_DIR if TINY_SEED == 0 else CACHE_DIR / f"tiny-seed-{TINY_SEED}"
+
 
 # Folders a test session may create in the checkout: the environment, the cache folder, pytest's and hypothesis's.
 _SESSION_FOLDERS = (".venv", ".cache", ".pytest_cache", ".hypothesis")
@@ -41,6 +49,14 @@ def _checkout_status() -> set[str] | None:
             if "__pycache__" not in line and line[3:].split("/", 1)[0] not in _SESSION_FOLDERS}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the trained tiny pair, directly or through a fixture, is marked ``tiny_model``: the
+    tests to run against other seeds (``-m tiny_model``)."""
+    for item in items:
+        if "tiny_pair" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.tiny_model)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def checkout_stays_clean():
     """Tests write into their tmp_path or the cache folder, never into the checkout: a file that appears there
@@ -57,7 +73,7 @@ def tiny_pair():
     """The tiny target/draft pair (specbuild.drafts.tiny_models), built once per machine into the cache folder."""
     from specbuild.drafts.tiny_models import build_tiny_pair
 
-    return build_tiny_pair(pair_dir("tiny", REPO_ROOT))
+    return build_tiny_pair(TINY_CACHE_DIR / pair_dir("tiny").name, seed=TINY_SEED)
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +96,7 @@ def compile_tiny(tiny_pair, runtime: str, folder: str):
     from checkpoint_factory import pair_spec
     from specbuild import compiler
 
-    return compiler.run(pair_spec(CACHE_DIR / folder, tiny_pair.target_dir, tiny_pair.draft_dir, **{
+    return compiler.run(pair_spec(TINY_CACHE_DIR / folder, tiny_pair.target_dir, tiny_pair.draft_dir, **{
         "name": folder.removesuffix("-release"), "runtime": runtime,
         "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8}), json_mode=True)
 
@@ -109,7 +125,7 @@ def tiny_chat_release(tiny_pair):
     cache folder (``tiny-chat-release/``)."""
     import shutil
 
-    chat_pair = replace(tiny_pair, root=CACHE_DIR / "tiny-chat-release" / "checkpoints")
+    chat_pair = replace(tiny_pair, root=TINY_CACHE_DIR / "tiny-chat-release" / "checkpoints")
     for source, folder in ((tiny_pair.target_dir, chat_pair.target_dir), (tiny_pair.draft_dir, chat_pair.draft_dir)):
         if not folder.is_dir():
             shutil.copytree(source, folder, copy_function=os.link)
