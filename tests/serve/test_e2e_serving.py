@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from model_probes import CODE_PROMPTS, first, one_token_word
 from triton_requests import delta, http_answer, http_post, infer_stream, metrics, scalars, text_array, texts_of
 from specbuild.serve.client import GenerationRequest, SpecbuildClient, parse_sse
 from specbuild.package.contract import ENSEMBLE_MODEL
@@ -209,12 +210,13 @@ def test_sampled_outputs_follow_the_targets_distribution(tiny_client, tiny_relea
 def test_a_tensorrtllm_backend_client_request_works(tiny_server, target_alone, tokenizer, stream):
     """Only input names of NVIDIA's ensemble, shaped as its end_to_end_grpc_client sends them, with a stop
     word taken from the expected output: the answer ends right after it."""
-    prompt = PROMPTS[0]
+    prompt = first((PROMPTS[0], *CODE_PROMPTS),
+                   lambda p: one_token_word(target_alone(p, MAX_TOKENS).tokens, tokenizer) is not None,
+                   "an answer with a one-token word after its first token (the stop word)")
     expected = target_alone(prompt, MAX_TOKENS)
-    position = next(i for i, t in enumerate(expected.tokens) if i >= 3 and tokenizer.decode([t]).strip()
-                    and tokenizer.encode(tokenizer.decode([t]), add_special_tokens=False) == [t])
-    stop = tokenizer.decode([expected.tokens[position]])
-    cut = expected.tokens.index(expected.tokens[position]) + 1
+    token = one_token_word(expected.tokens, tokenizer)
+    stop = tokenizer.decode([token])
+    cut = expected.tokens.index(token) + 1
     responses = infer_stream(tiny_server.grpc_url, {
         "text_input": np.array([[prompt]]).astype(object),
         "max_tokens": np.ones((1, 1), dtype=np.int32) * MAX_TOKENS,
