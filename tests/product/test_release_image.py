@@ -60,9 +60,14 @@ def install_reading(reading: str) -> Path:
 
 
 @pytest.fixture(scope="session", params=sorted(IMAGE_READINGS))
-def image_site(request: pytest.FixtureRequest) -> Path:
-    """The image's Python at each reading of its transformers (every test that uses it runs at both)."""
-    return install_reading(request.param)
+def image_reading(request: pytest.FixtureRequest) -> str:
+    """Each reading of the image's transformers: every test that uses the image's Python runs at both."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def image_site(image_reading: str) -> Path:
+    return install_reading(image_reading)
 
 
 def run_in_image_python(image_site: Path, script: str, cwd: Path, *args: str) -> dict:
@@ -219,14 +224,70 @@ def test_the_image_computes_what_the_torch_runtime_computes_on_the_trained_pairs
 
 
 # --- specbuild in the specbuild TensorRT-LLM image ----------------------------------------------------------
-def _installable() -> list[str]:
-    """The list's entries this machine's Python can install (those not marked [image only])."""
-    found = []
+def _installable(reading: str) -> list[str]:
+    """The list's entries this machine's Python can install (those not marked [image only]), with the reading's own
+    exact versions in place of the list's entries for the same packages."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pinned = {canonicalize_name(Requirement(package).name) for package in IMAGE_READINGS[reading]}
+    found = list(IMAGE_READINGS[reading])
     for line in IMAGE_LIST.read_text(encoding="utf-8").splitlines():
         rule, _, comment = line.partition("#")
-        if rule.strip() and "[image only]" not in comment:
+        if rule.strip() and "[image only]" not in comment \
+                and canonicalize_name(Requirement(rule.strip()).name) not in pinned:
             found.append(rule.strip())
     return found
+
+
+# What `pip list --format=freeze` in a 26.04 image holding transformers 4.57.3 would report: versions no primary
+# source gives (xgrammar, tokenizers, huggingface-hub and the rest) differ from no rule.
+IMAGE_4_57_3 = {"tensorrt_llm": "1.2.1", "torch": "2.10.0a0+b4e4ee81d3.nv25.12", "transformers": "4.57.3",
+                "tokenizers": "0.22.2", "huggingface-hub": "0.36.0", "xgrammar": "0.1.32", "numpy": "1.26.4",
+                "polygraphy": "0.49.26", "safetensors": "0.7.0", "PyYAML": "6.0.3", "pydantic": "2.12.5",
+                "click": "8.3.1", "fastapi": "0.121.3", "uvicorn": "0.38.0", "openai": "2.8.1",
+                "prometheus_client": "0.23.1"}
+
+
+def check_image(tmp_path: Path, packages: dict[str, str], python: str = "3.12.3") -> subprocess.CompletedProcess:
+    """docker/check_image_python.py, as the Dockerfile runs it, on an image reporting ``packages``."""
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("".join(f"{name}=={version}\n" for name, version in packages.items()), encoding="utf-8")
+    return subprocess.run([sys.executable, str(CHECKER), str(IMAGE_LIST), "--installed", str(freeze), "--python",
+                           python], capture_output=True, text=True)
+
+
+def test_an_image_at_either_reading_passes_the_build_s_check(tmp_path: Path) -> None:
+    for transformers in ("4.57.3", "4.57.1"):
+        result = check_image(tmp_path, {**IMAGE_4_57_3, "transformers": transformers})
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_an_image_differing_from_the_list_only_in_information_passes_naming_the_differences(tmp_path: Path) -> None:
+    result = check_image(tmp_path, {**IMAGE_4_57_3, "transformers": "4.57.6", "polygraphy": "0.49.20",
+                                    "tritonclient": "2.64.0"})
+    assert result.returncode == 0 and result.stderr == ""
+    assert "transformers is 4.57.6; the list reads transformers==4.57.1 ([req-1.2]); transformers==4.57.3" \
+        in result.stdout
+    assert "polygraphy is 0.49.20" in result.stdout and "tritonclient 2.64.0 is installed" in result.stdout
+
+
+def test_the_build_s_check_fails_on_each_rule_a_release_depends_on(tmp_path: Path) -> None:
+    broken = {**IMAGE_4_57_3, "numpy": "2.1.0", "transformers": "5.0.0"}
+    del broken["xgrammar"]
+    result = check_image(tmp_path, broken, python="3.11.9")
+    assert result.returncode == 1
+    problems = result.stderr.splitlines()
+    assert len(problems) == 4, result.stderr
+    for named in ("numpy is 2.1.0", "transformers is 5.0.0", "xgrammar is not installed", "Python is 3.11.9"):
+        assert any(named in problem for problem in problems), (named, result.stderr)
+
+
+def test_the_rehearsal_s_readings_are_the_list_s() -> None:
+    """Each exact version the rehearsal installs for transformers is one the list reads from a source."""
+    listed = IMAGE_LIST.read_text(encoding="utf-8")
+    for packages in IMAGE_READINGS.values():
+        assert f"\n{packages[0]} " in listed, packages[0]
 
 
 def dockerfile_install() -> list[str]:
@@ -239,10 +300,10 @@ def dockerfile_install() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def image_venv() -> Path:
-    """A venv of this machine's Python holding the image's packages (cached), specbuild installed into it as
-    docker/Dockerfile.trtllm installs it (every session: this checkout's specbuild)."""
-    packages = _installable()
+def image_venv(image_reading: str) -> Path:
+    """A venv of this machine's Python holding the image's packages at ``image_reading`` (cached), specbuild
+    installed into it as docker/Dockerfile.trtllm installs it (every session: this checkout's specbuild)."""
+    packages = _installable(image_reading)
     key = re.sub(r"[^A-Za-z0-9.]+", "-", "-".join(packages))[:120]
     home = CACHE_DIR / f"image-venv-{key}"
     python = home / "bin" / "python"
@@ -277,6 +338,7 @@ def test_the_venv_is_the_image_s_python_less_what_cannot_be_had(image_venv: Path
     result = subprocess.run([str(image_venv), str(CHECKER), str(IMAGE_LIST), "--rehearsal"], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
+    assert result.stdout == "", result.stdout  # the reading's versions are among the list's: nothing differs
     missing = subprocess.run([str(image_venv), "-c", "import tritonclient"], capture_output=True)
     assert missing.returncode != 0  # as in the image: packaging must not need it
 
