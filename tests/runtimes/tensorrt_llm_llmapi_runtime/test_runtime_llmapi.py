@@ -184,6 +184,18 @@ def test_the_adapter_ships_its_modules_and_the_tokenizer(release: compiler.Compi
     assert not any("torch_engine" in name or "llmapi_config" in name for name in shipped)
 
 
+def test_no_python_model_calls_async_exec_decoupled() -> None:
+    """python_backend's async_exec(decoupled=True) dereferences a freed stub in the 26.04-26.06 images (its PR #439,
+    r26.07 only): every decoupled BLS call is the synchronous exec, on a worker thread."""
+    import re
+
+    import specbuild
+
+    calls = re.compile(r"\.async_exec\(\s*decoupled\s*=\s*True")
+    found = [str(path) for path in Path(specbuild.__file__).parent.rglob("*.py") if calls.search(path.read_text())]
+    assert found == []
+
+
 def test_a_tokenizer_the_image_cannot_load_is_named_as_the_adapter_s_portable_copy(
         release: compiler.CompileResult, checkpoints: Checkpoints) -> None:
     """The factory's tokenizer_config names TokenizersBackend (transformers 5's class): LLM() in the image would
