@@ -53,8 +53,8 @@ from specbuild.speculation.stats import SpeculationStats  # noqa: E402
 
 # The rows one adapter instance streams from the LLM-API model at once: each holds a worker thread from its BLS call
 # to its last answer (the synchronous iterator blocks between answers); a row beyond them waits for a free worker,
-# queued, never refused. Above the LLM-API model's own batch (limits.max_batch_size, 8-64 in practice) a row waits
-# inside TensorRT-LLM anyway.
+# queued, never refused. 64 is eight times limits.max_batch_size's default (8): rows beyond the LLM-API model's own
+# batch wait inside TensorRT-LLM anyway, so only a release built for batches above 64 queues rows here first.
 BLS_WORKERS = 64
 
 
