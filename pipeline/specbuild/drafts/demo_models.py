@@ -107,10 +107,11 @@ class AssetFile:
 def draft_asset(folder: Path = DRAFT_ASSET_DIR) -> tuple[AssetFile, AssetFile]:
     """The shipped draft's layers file and its head vocabulary, each with its sha256 (``sha256sum`` format,
     next to them)."""
+    from specbuild.stages.parts import read_checksums
+
     checksums = folder / CHECKSUM_FILE
     try:
-        recorded = dict(reversed(line.split()) for line in checksums.read_text(encoding="utf-8").splitlines()
-                        if line.strip())
+        recorded = read_checksums(checksums)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read the demo draft's checksums {checksums}: {exc}", ASSET_FIX) from exc
     files = []
