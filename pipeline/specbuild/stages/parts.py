@@ -23,7 +23,8 @@ def parse_size(text: str) -> int:
     """Bytes from ``16M``, ``15MiB``, ``500K`` or a plain number (binary units); a :class:`UsageError` otherwise."""
     match = _SIZE.match(text.strip())
     if not match or int(match.group(1)) <= 0:
-        raise UsageError(f"--part-size {text!r} is not a size", "give bytes or a size such as 15M or 500K (binary units)")
+        raise UsageError(f"--part-size {text!r} is not a size",
+                         "give bytes or a size such as 15M or 500K (binary units)")
     return int(match.group(1)) * _UNITS[(match.group(2) or "")[:1].upper()]
 
 
