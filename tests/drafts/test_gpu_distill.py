@@ -127,3 +127,35 @@ def test_the_tiny_run_writes_a_layers_file_its_checksum_and_figures(tiny_pair, t
     assert set(figures["agreement"]) == {"general", "heldout"}
     assert all(0 <= row["agreement"] <= 1 and row["positions"] > 0 for row in figures["agreement"].values())
     assert figures["draft_summary"]["options"]["teacher"] == "joint" and sum(figures["prompt_pool"].values()) > 10_000
+
+
+@pytest.mark.slow
+def test_a_gguf_target_in_parts_converts_with_the_device_packages_and_gguf(tmp_path):
+    """The demo target's GGUF as two parts (over what one device call carries), joined, checked and converted with
+    nothing but the device machine's packages, gguf and accelerate."""
+    import shutil
+
+    from device_machine import DEVICE_PACKAGES, GGUF_PACKAGES
+    from specbuild.drafts.demo_models import locate_smollm2_gguf
+    from specbuild.errors import CheckpointError
+    from specbuild.stages.hashing import sha256_file
+    from specbuild.stages.parts import split
+
+    try:
+        wheel_gguf = locate_smollm2_gguf()
+    except CheckpointError as exc:
+        pytest.skip(exc.message)
+    gguf = tmp_path / "carried" / "target.gguf"
+    gguf.parent.mkdir()
+    shutil.copyfile(wheel_gguf, gguf)
+    (gguf.parent / "SHA256SUMS").write_text(f"{sha256_file(wheel_gguf)}  {gguf.name}\n", encoding="utf-8")
+    assert len(split(gguf, 60 * 2**20)) == 2
+    code = ("from pathlib import Path; from specbuild.drafts.gpu_distill import resolve_target; "
+            f"print(resolve_target(None, Path({str(gguf)!r}), False, Path({str(tmp_path / 'work')!r})))")
+    env = device_env(tmp_path / "site", DEVICE_PACKAGES + GGUF_PACKAGES)
+    env["PYTHONPATH"] += f":{REPO_ROOT / 'pipeline'}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("target") and sha256_file(gguf) == sha256_file(wheel_gguf)
+    config = json.loads((tmp_path / "work" / "target" / "config.json").read_text(encoding="utf-8"))
+    assert config["num_hidden_layers"] == 30 and config["vocab_size"] == 49152
