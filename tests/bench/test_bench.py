@@ -566,16 +566,17 @@ def test_acceptance_per_position_divides_by_drafts_at_that_position():
 
 @pytest.mark.slow
 def test_gpu_check_script_runs_on_the_cpu_and_proves_greedy_identity(tiny_pair, tmp_path):
-    """scripts/gpu-check.sh (made for a GPU machine) on the CPU with small settings: the report it prints."""
+    """scripts/gpu-check.sh (made for a GPU machine) on the CPU with small settings, with only the device machine's
+    packages importable: the report it prints."""
     import subprocess
-    import sys
 
     from conftest import CACHE_DIR, REPO_ROOT
+    from device_machine import device_env
 
     result = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "gpu-check.sh"), "--device", "cpu", "--cache", str(CACHE_DIR),
          "--prompts", "3", "--max-tokens", "12", "--no-sized", "--json", str(tmp_path / "report.json")],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHON": sys.executable})
+        capture_output=True, text=True, timeout=900, env=device_env(tmp_path / "site"))
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["greedy_identical"] is True and report["device"] == "cpu"

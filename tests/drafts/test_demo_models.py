@@ -25,6 +25,8 @@ def test_missing_wheel_is_a_checkpoint_error_with_the_install_command(monkeypatc
 
 
 def test_the_shipped_draft_asset_matches_its_checksums_and_says_where_it_came_from():
+    import json
+
     from specbuild.checkpoint.head_vocabulary import read_head_vocabulary
     from specbuild.stages.hashing import sha256_file
 
@@ -37,6 +39,9 @@ def test_the_shipped_draft_asset_matches_its_checksums_and_says_where_it_came_fr
     provenance = (layers.path.parent / "README.md").read_text(encoding="utf-8")
     assert "Apache-2.0" in provenance and "docs/benchmarks.md" in provenance
     assert layers.sha256 in provenance and head.sha256 in provenance and vocabulary.sha256 in provenance
+    figures = json.loads((layers.path.parent / "figures.json").read_text(encoding="utf-8"))
+    assert (figures["layers_file"], figures["sha256"]) == (layers.path.name, layers.sha256)  # the run that made it
+    assert figures["draft_summary"]["head_vocabulary"]["sha256"] == vocabulary.sha256
 
 
 def test_the_wheel_ships_the_draft_asset_with_its_checksum_and_provenance(tmp_path):
@@ -48,7 +53,9 @@ def test_the_wheel_ships_the_draft_asset_with_its_checksum_and_provenance(tmp_pa
     names = set(zipfile.ZipFile(wheel).namelist())
     folder = "specbuild/drafts/assets/demo-draft"
     assert {f"{folder}/{demo_models.DRAFT_LAYERS_FILE}", f"{folder}/{demo_models.CHECKSUM_FILE}",
-            f"{folder}/{demo_models.HEAD_VOCABULARY}", f"{folder}/README.md"} <= names
+            f"{folder}/{demo_models.HEAD_VOCABULARY}", f"{folder}/figures.json", f"{folder}/README.md"} <= names
+    assert not {name for name in names if name.startswith(folder) and name.endswith(".safetensors")} - {
+        f"{folder}/{demo_models.DRAFT_LAYERS_FILE}"}  # the one draft asset
 
 
 def test_a_missing_checksum_is_a_checkpoint_error(tmp_path):

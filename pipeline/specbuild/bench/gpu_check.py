@@ -10,7 +10,8 @@ weights (the shapes of a ~1B target and a 2-layer draft of the same width), wher
 
     python -m specbuild.bench.gpu_check --device cuda [--json report.json]
 
-Imports only torch, transformers, tokenizers and numpy (besides specbuild itself, from its source tree).
+Imports only torch, transformers, tokenizers, safetensors, numpy, pyyaml, click and rich (besides specbuild itself,
+from its source tree; ``tests/device_machine.py`` runs it with everything else unimportable).
 """
 
 from __future__ import annotations

