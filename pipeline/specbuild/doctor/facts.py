@@ -1,0 +1,107 @@
+"""What the doctor a release ships compares against, written into the release when it is packaged.
+
+Most facts already are in the release: ``manifest.json`` holds its files' hashes, the checkpoints as specbuild read
+them (RoPE theta and scaling, vocabulary, head_dim, tied embeddings, the tokenizer's eos/bos: ``compatibility``), the
+build records and the memory plan. :func:`ship_doctor` adds the doctor (``doctor.py``), the image rules it checks
+packages by (``image_rules.py``, a copy of :mod:`specbuild.runtimes.image_rules`) and ``doctor_facts.json``: what
+only the build knows, a few next-token logits of each checkpoint and the python backend's known bugs the release's
+models would hit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbuild.doctor.release_doctor import FACTS, LOGITS_PARAMETER_CAP, RULES
+from specbuild.runtimes import image_rules
+from specbuild.spec import ROLES, BuildSpec
+
+DOCTOR = "doctor.py"
+FACTS_FORMAT = "specbuild.doctor/v1"
+# Texts whose token ids the logits are recorded on (the target's tokenizer; the pair shares it).
+LOGIT_PROMPTS = ("The capital of France is", "def add(a, b):\n    return")
+TOP_LOGITS = 5
+# fp32 on a CPU, another machine and transformers version: the same math up to summation order (~1e-5 here)
+LOGIT_TOLERANCE = {"absolute": 2e-3, "relative": 1e-3}
+
+
+@dataclass(frozen=True)
+class BackendBug:
+    """A python backend bug a release's python models hit when their source matches ``pattern``, fixed in the
+    NGC image of ``fixed_in`` (``yy.mm``)."""
+
+    name: str
+    summary: str
+    fixed_in: str
+    source: str
+    pattern: str
+
+
+PYTHON_BACKEND_BUGS = (
+    BackendBug("decoupled async_exec",
+               "use-after-free in the decoupled async_exec callback (it captures the stub by reference and "
+               "dereferences it on the executor thread): intermittent stub crashes",
+               "26.07", "triton-inference-server/python_backend src/pb_stub.cc; PR #439, first in r26.07",
+               r"async_exec\(\s*decoupled\s*=\s*True"),
+)
+
+
+def backend_bugs(repository: Path) -> list[dict[str, Any]]:
+    """Each known bug and the release's python files (relative to ``repository``) that would hit it."""
+    sources = {path.relative_to(repository).as_posix(): path.read_text(encoding="utf-8", errors="replace")
+               for path in sorted(repository.glob("*/1/**/*.py")) if not path.is_symlink()}
+    return [{"name": bug.name, "summary": bug.summary, "fixed_in": bug.fixed_in, "source": bug.source,
+             "files": [name for name, text in sources.items() if re.search(bug.pattern, text)]}
+            for bug in PYTHON_BACKEND_BUGS]
+
+
+def recorded_logits(checkpoint: Path, prompt_ids: list[list[int]]) -> dict[str, Any]:
+    """The top next-token logits of ``checkpoint`` (fp32, CPU) after each prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, trust_remote_code=False)
+    model.eval()
+    top = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            values, tokens = torch.topk(logits, min(TOP_LOGITS, logits.numel()))
+            top.append([[int(token), float(value)] for token, value in zip(tokens, values)])
+    return {"prompt_ids": prompt_ids, "top": top, "tolerance": LOGIT_TOLERANCE}
+
+
+def _parameters(checkpoint: Path) -> int:
+    from specbuild.checkpoint.info import read_checkpoint
+
+    return read_checkpoint(checkpoint).num_parameters
+
+
+def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
+    """``doctor_facts.json`` of the release rendered into ``repository``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(spec.target.checkpoint), trust_remote_code=False)
+    prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in LOGIT_PROMPTS]
+    logits = {role: recorded_logits(Path(getattr(spec, role).checkpoint), prompt_ids) for role in ROLES
+              if _parameters(Path(getattr(spec, role).checkpoint)) <= LOGITS_PARAMETER_CAP}
+    gpu = spec.runtime != "torch"
+    line = spec.triton.tensorrt_llm if gpu else None
+    return {"format": FACTS_FORMAT, "runtime": spec.runtime, "line": line,
+            "tensorrt_llm": line if line == "1.2" else None,  # the installed version's prefix; main has none
+            "guided": (repository / "target" / "xgrammar_tokenizer_info.json").is_file(),
+            "logits": logits,
+            "python_backend_bugs": backend_bugs(repository)}
+
+
+def ship_doctor(spec: BuildSpec, repository: Path) -> None:
+    """The doctor, its image rules and its facts into the release's repository folder (files, which Triton does not
+    take for models; the manifest covers them)."""
+    shutil.copy2(Path(__file__).with_name("release_doctor.py"), repository / DOCTOR)
+    shutil.copy2(Path(image_rules.__file__), repository / RULES)
+    (repository / FACTS).write_text(json.dumps(doctor_facts(spec, repository), indent=2) + "\n", encoding="utf-8")
