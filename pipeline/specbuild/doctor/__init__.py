@@ -74,18 +74,20 @@ def doctor_command(release: str | Path, *, image: str | None = None) -> list[str
     from specbuild.spec import BuildSpec
 
     spec = release_launch_spec(BuildSpec.model_validate(manifest["spec"]), {"triton.image": image})
-    engines = (repository / manifest["trees"].get("engines", ".")).resolve()
+    # a release packaged without engines has no engines tree: nothing of them is mounted
+    engines = (repository / manifest["trees"]["engines"]).resolve() if "engines" in manifest["trees"] else None
     checkpoints = {role: Path(path) for role, path in (manifest.get("checkpoints") or {}).items()}
     runtime = runtime_for(spec.runtime)
-    plan = runtime.launch_plan(spec, repository, engines, checkpoints) if spec.runtime != "torch" else None
+    planned_engines = engines or repository / "engines-not-built"
+    plan = runtime.launch_plan(spec, repository, planned_engines, checkpoints) if spec.runtime != "torch" else None
     if not isinstance(plan, LaunchPlan):
         raise UsageError(f"a {spec.runtime} release is served by the Triton bundled with specbuild, not in an image",
                          f"run `specbuild doctor {release}` without --image")
     argv = ["docker", "run", "--rm", "--gpus", str(plan.gpu_count)]
     args = [f"{spec.triton.repository_mount.rstrip('/')}/{DOCTOR}", "--json"]
     for mount in plan.mounts:
-        if not Path(mount.source).exists():
-            continue  # engines not built yet: the doctor says so
+        if engines is None and Path(mount.source) == planned_engines.resolve():
+            continue  # no engines built yet: the doctor says so
         argv += ["--mount", f"type=bind,source={mount.source},target={mount.target},readonly"]
         if Path(mount.source) == engines and spec.runtime == "tensorrt-llm":
             args += ["--engines", mount.target]
