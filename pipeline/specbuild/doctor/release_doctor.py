@@ -306,11 +306,16 @@ def check_checkpoint_config(release: Release, role: str) -> Iterator[Check]:
 
 
 def _tokenizer_dirs(release: Release) -> list[Path]:
-    """The tokenizer copies the release ships, and for the LLM-API the target checkpoint TensorRT-LLM loads."""
+    """The tokenizer copy the release ships, and for the LLM-API the tokenizer TensorRT-LLM's ``LLM()`` loads:
+    model.yaml's ``tokenizer`` (a path in the container) where it names one, else its target checkpoint."""
     shipped = sorted(release.repository.glob("*/1/tokenizer/tokenizer_config.json"))
     folders = [shipped[0].parent] if shipped else []  # every model ships the same copy
     if release.runtime == "tensorrt-llm-llmapi":
-        folder, _ = release.checkpoint("target")
+        named = (_model_yaml(release) or {}).get("tokenizer")
+        mount = release.spec.get("triton", {}).get("repository_mount", "/triton_repo").rstrip("/")
+        if named and not Path(named).is_dir() and named.startswith(mount + "/"):
+            named = str(release.repository / named[len(mount) + 1:])  # the container's path, here
+        folder = Path(named) if named else release.checkpoint("target")[0]
         folders += [folder] if folder is not None else []
     return folders
 
@@ -586,31 +591,33 @@ def check_tokenizer_info(release: Release) -> Iterator[Check]:
                 f"({len(info['encoded_vocab'])} tokens, vocabulary {vocab_size})")
 
 
-def checks(release: Release) -> list[Callable[[], Iterator[Check]]]:
-    """The checks that apply to the release, in order."""
-    found: list[Callable[[], Iterator[Check]]] = [lambda: check_files(release), lambda: check_packages(release)]
+def checks(release: Release) -> list[tuple[str, Callable[[], Iterator[Check]]]]:
+    """The checks that apply to the release, in order, each by the name its verdicts carry."""
+    found: list[tuple[str, Callable[[], Iterator[Check]]]] = [("files", lambda: check_files(release)),
+                                                              ("packages", lambda: check_packages(release))]
     for role in ROLES:
-        found += [lambda role=role: check_checkpoint_config(release, role), lambda role=role: check_logits(release, role)]
-    found.append(lambda: check_tokenizer(release))
+        found += [(f"config:{role}", lambda role=role: check_checkpoint_config(release, role)),
+                  (f"logits:{role}", lambda role=role: check_logits(release, role))]
+    found.append(("tokenizer", lambda: check_tokenizer(release)))
     if release.runtime == "tensorrt-llm-llmapi":
-        found.append(lambda: check_model_yaml(release))
+        found.append(("model.yaml", lambda: check_model_yaml(release)))
     if release.runtime == "tensorrt-llm":
-        found.append(lambda: check_engines(release))
+        found.append(("engines", lambda: check_engines(release)))
     if release.guided:
-        found.append(lambda: check_tokenizer_info(release))
-    found.append(lambda: check_python_backend(release))
+        found.append(("tokenizer-info", lambda: check_tokenizer_info(release)))
+    found.append(("python-backend", lambda: check_python_backend(release)))
     if release.gpu:
-        found.append(lambda: check_gpus(release))
+        found.append(("gpus", lambda: check_gpus(release)))
     return found
 
 
 def run(release: Release) -> list[Check]:
     results = []
-    for check in checks(release):
+    for name, check in checks(release):
         try:
             results += list(check())
         except Unreadable as exc:
-            results.append(Check(getattr(check, "__name__", "check"), UNCHECKABLE, str(exc)))
+            results.append(Check(name, UNCHECKABLE, str(exc)))
     return results
 
 
