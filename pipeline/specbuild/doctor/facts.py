@@ -19,6 +19,7 @@ from typing import Any
 
 from specbuild.doctor.release_doctor import FACTS, LOGITS_PARAMETER_CAP, RULES
 from specbuild.runtimes import image_rules
+from specbuild.runtimes.names import TENSORRT_LLM, TENSORRT_LLM_LLMAPI
 from specbuild.spec import ROLES, BuildSpec
 
 DOCTOR = "doctor.py"
@@ -82,6 +83,16 @@ def _parameters(checkpoint: Path) -> int:
     return read_checkpoint(checkpoint).num_parameters
 
 
+def _tensorrt_llm_line(spec: BuildSpec) -> str | None:
+    """The TensorRT-LLM line the release was made for: the engine runtime's series, the LLM-API release's
+    ``triton.tensorrt_llm``; None for the torch runtime."""
+    if spec.runtime == TENSORRT_LLM:
+        from specbuild.runtimes.tensorrt_llm.runtime import TENSORRT_LLM_SERIES
+
+        return TENSORRT_LLM_SERIES
+    return spec.triton.tensorrt_llm if spec.runtime == TENSORRT_LLM_LLMAPI else None
+
+
 def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
     """``doctor_facts.json`` of the release rendered into ``repository``."""
     from transformers import AutoTokenizer
@@ -90,8 +101,7 @@ def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
     prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in LOGIT_PROMPTS]
     logits = {role: recorded_logits(Path(getattr(spec, role).checkpoint), prompt_ids) for role in ROLES
               if _parameters(Path(getattr(spec, role).checkpoint)) <= LOGITS_PARAMETER_CAP}
-    gpu = spec.runtime != "torch"
-    line = spec.triton.tensorrt_llm if gpu else None
+    line = _tensorrt_llm_line(spec)
     return {"format": FACTS_FORMAT, "runtime": spec.runtime, "line": line,
             "tensorrt_llm": line if line == "1.2" else None,  # the installed version's prefix; main has none
             "guided": (repository / "target" / "xgrammar_tokenizer_info.json").is_file(),
