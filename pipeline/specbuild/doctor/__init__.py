@@ -8,6 +8,7 @@ says here is what it says there, up to what each environment has installed.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -102,11 +103,14 @@ def run_doctor(release: str | Path, *, image: str | None = None) -> DoctorReport
     """Run the release's doctor (see :func:`doctor_command`) and read its report; a doctor that could not run at
     all is a :class:`VerificationError` with its output."""
     command = doctor_command(release, image=image)
+    if shutil.which(command[0]) is None:
+        raise VerificationError(f"{command[0]} is not installed on this machine, so the release's doctor cannot run",
+                                f"install {command[0]}, or print the command with --dry-run and run it where it is")
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise VerificationError(f"the doctor did not run: {exc}",
-                                "install docker and pull the image" if image is not None else None) from None
+                                "run the printed command by hand (`specbuild doctor --dry-run`) to see why") from None
     try:
         data = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
