@@ -10,6 +10,7 @@ models would hit.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -97,10 +98,12 @@ def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
     """``doctor_facts.json`` of the release rendered into ``repository``."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(spec.target.checkpoint), trust_remote_code=False)
-    prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in LOGIT_PROMPTS]
-    logits = {role: recorded_logits(Path(getattr(spec, role).checkpoint), prompt_ids) for role in ROLES
-              if _parameters(Path(getattr(spec, role).checkpoint)) <= LOGITS_PARAMETER_CAP}
+    logits: dict[str, Any] = {}
+    if importlib.util.find_spec("torch") is not None:  # packaging needs no torch (the GPU runtimes' never runs it)
+        tokenizer = AutoTokenizer.from_pretrained(str(spec.target.checkpoint), trust_remote_code=False)
+        prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in LOGIT_PROMPTS]
+        logits = {role: recorded_logits(Path(getattr(spec, role).checkpoint), prompt_ids) for role in ROLES
+                  if _parameters(Path(getattr(spec, role).checkpoint)) <= LOGITS_PARAMETER_CAP}
     line = _tensorrt_llm_line(spec)
     return {"format": FACTS_FORMAT, "runtime": spec.runtime, "line": line,
             "tensorrt_llm": line if line == "1.2" else None,  # the installed version's prefix; main has none
