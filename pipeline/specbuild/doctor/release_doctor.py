@@ -195,6 +195,10 @@ def check_files(release: Release) -> Iterator[Check]:
 
 def check_packages(release: Release) -> Iterator[Check]:
     """Python and the packages specbuild depends on in the image (image_rules.py), and TensorRT-LLM's line."""
+    if not _importable("packaging"):
+        yield Check("packages", UNCHECKABLE, f"the packaging module ({RULES} reads versions with it) is not "
+                    "installed here (the image has it)")
+        return
     rules = _image_rules()
     names = [rule.name for rule in rules.RULES] + list(rules.ABSENT_OK)
     installed = {name: _version(name) for name in names}
@@ -618,6 +622,10 @@ def run(release: Release) -> list[Check]:
             results += list(check())
         except Unreadable as exc:
             results.append(Check(name, UNCHECKABLE, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - one check's surprise must not hide the others' verdicts
+            results.append(Check(name, FAIL, f"the check itself raised {type(exc).__name__}: {exc}",
+                                 "report it as a specbuild bug with this output; `specbuild serve --no-doctor` "
+                                 "starts the release meanwhile"))
     return results
 
 
