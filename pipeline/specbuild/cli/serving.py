@@ -47,7 +47,7 @@ def verify(directory: str, json_mode: bool) -> None:
 
 
 @main.command()
-@click.argument("release", type=click.Path(exists=True))
+@click.argument("release", type=click.Path())
 @click.option("--image", default=None, help="run it in this container image (`docker run`, the release mounted as "
               "`serve` mounts it, its GPUs given)  [default: here, with this Python]")
 @click.option("--dry-run", is_flag=True, help="print the command that runs the doctor instead of running it")
