@@ -167,8 +167,8 @@ def check_files(release: Release) -> Iterator[Check]:
     for path in release.repository.rglob("*"):
         relative = path.relative_to(release.repository).as_posix()
         if (path.is_file() or path.is_symlink()) and relative != MANIFEST and "__pycache__" not in path.parts \
-                and relative not in files and not any(relative.startswith(f + "/") for f in files if f.startswith(".")):
-            extra.append(relative)
+                and relative not in files:
+            extra.append(relative)  # (a running server's python models write bytecode caches: never the release's)
     for role, identity in (release.manifest.get("inputs") or {}).items():
         if role not in release.manifest.get("checkpoints", {}):
             continue  # only checkpoints the release serves in place of engines count as its files
@@ -229,9 +229,10 @@ def check_packages(release: Release) -> Iterator[Check]:
 
 def _rope_as_read(config: Any) -> tuple[float | None, dict[str, Any] | None]:
     """RoPE theta and scaling as a consumer of the loaded config reads them: the top-level attribute where the
-    installed transformers has one (4.x, and what TensorRT-LLM's converters and PyTorch backend read:
-    ``getattr(hf_config, "rope_theta", 10000.0)``, tensorrt_llm/models/llama/config.py, v1.2.1), else transformers
-    5's ``rope_parameters``."""
+    installed transformers has one (4.x; what TensorRT-LLM's converter reads: ``LLaMAConfig.from_hugging_face``'s
+    ``getattr(hf_config, "rope_theta", 10000.0)`` and ``getattr(hf_config, "rope_scaling", None)``, NVIDIA/TensorRT-LLM
+    tensorrt_llm/models/llama/config.py @ 04100fd0a70976e86e0ac117f34942d06c21545d), else transformers 5's
+    ``rope_parameters``."""
     parameters = getattr(config, "rope_parameters", None)
     parameters = parameters if isinstance(parameters, dict) else {}
     theta = getattr(config, "rope_theta", None)
