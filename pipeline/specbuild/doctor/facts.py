@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.doctor.release_doctor import FACTS, LOGITS_PARAMETER_CAP, RULES
+from specbuild.package.backend_guides import TOKENIZER_INFO_FILE, TOKENIZER_INFO_KEYS
+from specbuild.package.contract import TARGET_MODEL
 from specbuild.runtimes import image_rules
 from specbuild.runtimes.names import TENSORRT_LLM, TENSORRT_LLM_LLMAPI
 from specbuild.spec import ROLES, BuildSpec
@@ -94,6 +96,14 @@ def _tensorrt_llm_line(spec: BuildSpec) -> str | None:
     return spec.triton.tensorrt_llm if spec.runtime == TENSORRT_LLM_LLMAPI else None
 
 
+def _tokenizer_info(repository: Path) -> dict[str, Any] | None:
+    """A guided release's xgrammar tokenizer-info file (the target's, as the tensorrtllm backend reads it) and the
+    keys the backend parses; None for a release without one."""
+    path = repository / TARGET_MODEL / TOKENIZER_INFO_FILE
+    return {"path": path.relative_to(repository).as_posix(), "keys": list(TOKENIZER_INFO_KEYS)} \
+        if path.is_file() else None
+
+
 def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
     """``doctor_facts.json`` of the release rendered into ``repository``."""
     from transformers import AutoTokenizer
@@ -107,7 +117,7 @@ def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
     line = _tensorrt_llm_line(spec)
     return {"format": FACTS_FORMAT, "runtime": spec.runtime, "line": line,
             "tensorrt_llm": line if line == "1.2" else None,  # the installed version's prefix; main has none
-            "guided": (repository / "target" / "xgrammar_tokenizer_info.json").is_file(),
+            "tokenizer_info": _tokenizer_info(repository),
             "logits": logits,
             "python_backend_bugs": backend_bugs(repository)}
 

@@ -113,7 +113,8 @@ class Release:
 
     @property
     def guided(self) -> bool:
-        return bool(self.facts.get("guided"))
+        """Serves guided decoding in the backend (its xgrammar tokenizer-info file)."""
+        return bool(self.facts.get("tokenizer_info"))
 
     def checkpoint(self, role: str) -> tuple[Path | None, list[str]]:
         """Where ``role``'s Hugging Face checkpoint is here (None: nowhere), and the places looked at."""
@@ -566,10 +567,11 @@ def check_gpus(release: Release) -> Iterator[Check]:
 
 def check_tokenizer_info(release: Release) -> Iterator[Check]:
     """A guided release's xgrammar tokenizer-info file, read by the installed xgrammar as the backend reads it."""
-    path = release.repository / "target" / "xgrammar_tokenizer_info.json"
+    recorded = release.facts["tokenizer_info"]
+    path = release.repository / recorded["path"]
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
-        keys = [key for key in ("encoded_vocab", "tokenizer_str", "stop_token_ids") if key not in info]
+        keys = [key for key in recorded["keys"] if key not in info]
     except (OSError, ValueError) as exc:
         info, keys = {}, [f"the file does not read ({exc})"]
     if keys:
