@@ -180,7 +180,8 @@ def doctor_in_image_python(image_site: Path, repository: Path) -> dict:
     path = [str(image_site), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
     script = (f"import runpy, sys; sys.path[:0] = {path!r}; sys.argv = sys.argv[1:]; "
               "runpy.run_path(sys.argv[0], run_name='__main__')")
-    result = subprocess.run([sys.executable, "-I", "-S", "-c", script, str(repository.resolve() / "doctor.py"), "--json"],
+    doctor = repository.resolve() / "doctor.py"
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", script, str(doctor), "--json"],
                             capture_output=True, text=True, timeout=600, cwd=repository)
     assert result.returncode in (0, 1), result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -183,9 +183,8 @@ def check_files(release: Release) -> Iterator[Check]:
                 missing.append(f"{role} checkpoint: {relative}")
             elif _hash(path) != digest:
                 changed.append(f"{role} checkpoint: {relative}")
-    problems = [f"changed: {', '.join(changed)}" if changed else "", f"missing: {', '.join(missing)}" if missing else "",
-                f"not in the manifest: {', '.join(sorted(extra))}" if extra else ""]
-    problems = [problem for problem in problems if problem]
+    problems = [f"{kind}: {', '.join(paths)}" for kind, paths in
+                (("changed", changed), ("missing", missing), ("not in the manifest", sorted(extra))) if paths]
     if problems:
         yield Check("files", FAIL, "; ".join(problems),
                     "the release differs from what specbuild built: copy it again from its source, or "
