@@ -68,8 +68,24 @@ def llama(tokenizer, *, hidden: int, layers: int, heads: int, kv_heads: int, int
 
 
 def save(model, tokenizer, folder: Path, **kwargs) -> Path:
+    """``save_pretrained``, with RoPE also at the top level of config.json as checkpoints saved by transformers 4.x
+    (most of the Hub's) hold it: what every runtime can serve (one holding only transformers 5's
+    ``rope_parameters``: :func:`strip_legacy_rope`)."""
+    from specbuild.checkpoint.info import write_legacy_rope
+
     model.save_pretrained(folder, **kwargs)
+    write_legacy_rope(folder)
     tokenizer.save_pretrained(folder)
+    return folder
+
+
+def strip_legacy_rope(folder: Path) -> Path:
+    """``folder``'s config.json as transformers 5 saves it: RoPE only in ``rope_parameters``."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    for key in ("rope_theta", "rope_scaling", "partial_rotary_factor"):
+        config.pop(key, None)
+    path.write_text(json.dumps(config))
     return folder
 
 

@@ -132,7 +132,7 @@ def result_table(result: DemoResult) -> Table:
 
 
 def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_tokens: int | None = None,
-             tiny: bool = False, console: Console | None = None) -> DemoResult:
+             tiny: bool = False, tiny_seed: int = 0, console: Console | None = None) -> DemoResult:
     from specbuild import compiler
     from specbuild.bench.estimate import estimate_pair
     from specbuild.bench.runner import BenchPlan, repository_tokenizer, run_bench
@@ -152,7 +152,7 @@ def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_token
         if tiny:
             from specbuild.drafts.tiny_models import build_tiny_pair
 
-            pair = build_tiny_pair(folder, progress=progress)
+            pair = build_tiny_pair(folder, seed=tiny_seed, progress=progress)
         else:
             from specbuild.drafts.demo_models import build_demo_pair
 

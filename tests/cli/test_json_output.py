@@ -11,6 +11,7 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner
 
+from conftest import TINY_SEED
 from specbuild.cli import main
 from locations import REPO_ROOT
 
@@ -149,7 +150,8 @@ def test_demo_and_draft_report_in_json(tiny_pair, tmp_path: Path, monkeypatch: p
 
     monkeypatch.delenv(CACHE_ENV, raising=False)
     shutil.copytree(tiny_pair.root, pair_dir("tiny", tmp_path))  # the cached pair; its stamp skips a rebuild
-    demo = invoke(["demo", "--tiny", "--workdir", str(tmp_path), "--max-tokens", "8"])
+    demo = invoke(["demo", "--tiny", "--tiny-seed", str(TINY_SEED), "--workdir", str(tmp_path), "--max-tokens",
+                   "8"])
     assert demo.exit_code == 0, demo.output
     assert json.loads(demo.stdout)["identical"] is True
     draft = invoke(["draft", str(tiny_pair.target_dir), str(tmp_path / "draft"), "--prompts", "4", "--held-out", "2",

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
+from conftest import TINY_SEED
 from specbuild.drafts.model_pairs import CACHE_ENV, pair_dir
 from specbuild.serve.server import SHM_DIR, SHM_PREFIX
 
@@ -82,7 +83,8 @@ COMMANDS: dict[str, Callable[..., list[str]]] = {
         "-m", "specbuild.cli", "tune", "--spec", str(_spec_file(release, tmp)), "--k", "0,1,2", "--num-prompts", "2",
         "--requests", "500", "--max-tokens", "64", "--dry-run"],
     "demo": lambda release, tmp: [
-        "-m", "specbuild.cli", "demo", "--tiny", "--workdir", str(tmp), "--max-tokens", "64"],
+        "-m", "specbuild.cli", "demo", "--tiny", "--tiny-seed", str(TINY_SEED), "--workdir", str(tmp), "--max-tokens",
+        "64"],
     "serve": lambda release, tmp: [
         "-m", "specbuild.cli", "serve", str(release.repository), "--http-port", "0", "--grpc-port", "0",
         "--metrics-port", "0", "--openai-port", "0", "--json"],

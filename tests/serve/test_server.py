@@ -27,7 +27,7 @@ from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from specbuild.errors import ServerError, UsageError
 from specbuild.serve.processes import free_port, free_ports, kill_group, live_group_members
 from specbuild.serve.server import SHM_DIR, TritonServer
-from specbuild.serve.triton_install import find_triton, log_errors
+from specbuild.serve.triton_install import MODEL_FIX, PORT_FIX, find_triton, log_errors, start_failure_fix
 from locations import DATA
 
 TOY = DATA / "toy_triton"
@@ -224,6 +224,29 @@ def test_a_broken_model_raises_its_error_and_leaves_nothing_running(toy_repo):
     assert "failed to load 'broken'" in message and "SyntaxError" in message
     assert "CudaDriverHelper" not in message
     _assert_nothing_left(server)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_taken_port_is_named_as_the_cause_not_a_model(toy_repo):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        server = TritonServer(toy_repo, grpc_port=taken, startup_timeout=60)
+        with pytest.raises(ServerError) as caught:
+            server.start()
+    assert "exited with code" in str(caught.value) and str(taken) in str(caught.value)
+    assert caught.value.fix == PORT_FIX
+    _assert_nothing_left(server)
+
+
+def test_start_failures_are_told_apart_by_their_errors():
+    assert start_failure_fix(["creating server: Internal - Socket 'localhost:8001' already in use"]) == PORT_FIX
+    assert start_failure_fix(["failed to load 'orchestrator' version 1: SyntaxError"]) == MODEL_FIX
+    assert start_failure_fix([]) == MODEL_FIX
 
 
 @pytest.mark.e2e

@@ -130,3 +130,18 @@ def test_a_generation_call_runs_one_masked_token_at_a_time_and_rolls_back(compil
     assert [len(call.input_ids) for call in calls] == [1, 2, 3]
     assert all(call.max_new_tokens == 1 and call.token_masks.shape[0] == 1 for call in calls)
     assert allowed(compiler, tokenizer, guide.masks())[0] >= {"a"}  # rolled back to the start
+
+
+def test_the_engine_s_grammar_of_a_schema_is_the_compact_json_specbuild_compiles() -> None:
+    """What the tensorrtllm backend gets for a json_schema guide: the ebnf_grammar of its compact JSON, which
+    refuses the blanks the backend's own compile of the schema (any whitespace) would allow."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from specbuild.speculation.guide import engine_guide
+
+    sent = engine_guide(GuideSpec("json_schema", SCHEMA))
+    assert sent.type == "ebnf_grammar"
+    assert accepts(sent.text, '{"a": 1}') and not accepts(sent.text, '{ "a": 1 }')
+    assert accepts(xgrammar.Grammar.from_json_schema(SCHEMA), '{ "a": 1 }')  # the backend's json_schema compile
+    assert engine_guide(GuideSpec("regex", "a+")) == GuideSpec("regex", "a+")

@@ -6,6 +6,7 @@ is something the user should know (a slow pairing, a padded vocabulary) that doe
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
         cost_ratio=served.macs_per_token / target.macs_per_token,
     )
     for check in (_tokenizers, _special_ids, _vocab_widths, _head_vocabularies, _architectures, _dtypes, _sizes,
-                  _positions, _rope):
+                  _positions, _rope, _legacy_rope):
         check(target, draft, params, report)
     if isinstance(spec_or_params, BuildSpec):
         for finding in runtime_for(params.runtime).spec_findings(spec_or_params):
@@ -322,3 +323,27 @@ def _rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
             message=f"rope settings differ (target theta {target.rope_theta}, scaling {target.rope_scaling}; draft "
                     f"theta {draft.rope_theta}, scaling {draft.rope_scaling}); each model keeps its own, but "
                     "acceptance may drop at lengths the draft was not trained for"))
+
+
+def _legacy_rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
+                 report: CompatibilityReport) -> None:
+    """A reason where the runtime's image reads a checkpoint as it is and its config.json holds RoPE only as
+    transformers 5 saves it (``rope_parameters``): transformers 4.57 there runs its config class's default theta
+    (10000 for Llama), unscaled, and TensorRT-LLM with it (``getattr(hf_config, "rope_theta", 10000.0)`` in its
+    converters, ``config.rope_theta`` in its PyTorch backend), so the release would serve other text than the torch
+    runtime's (:func:`specbuild.checkpoint.info.legacy_rope_keys`)."""
+    runtime = runtime_for(params.runtime)
+    if not runtime.reads_checkpoints_in_image:
+        return
+    for role, info in (("target", target), ("draft", draft)):
+        if not info.legacy_rope_missing:
+            continue
+        keys = json.dumps(info.legacy_rope_missing)[1:-1]
+        report.reasons.append(Finding(
+            code=f"{role}-rope-keys",
+            message=f"{info.path}/config.json holds its RoPE only in rope_parameters (as transformers 5 saves it): "
+                    f"the {runtime.name} runtime's image reads the folder as it is with transformers 4.57, which "
+                    "ignores that key and runs its default rope_theta (10000 for Llama), unscaled: other numbers "
+                    "than this checkpoint's",
+            fix=f"add {keys} beside rope_parameters in {info.path}/config.json (transformers 5 reads the same RoPE "
+                "from both), or use --runtime torch, whose release carries a copy with them"))

@@ -17,6 +17,18 @@ from specbuild.speculation.schedule import TUNED_LOADS
 DRAFT = DraftOptions()  # `specbuild draft`'s defaults
 
 
+# Another seed trains another tiny model (as another CPU's kernels do): the tests run against several
+# (docs/architecture.md, "Tests that depend on a trained model").
+tiny_seed_option = click.option("--tiny-seed", type=click.IntRange(min=0), default=0, show_default=True,
+                                help="with --tiny: the seed its models train from")
+
+
+def _check_tiny_seed(tiny: bool, tiny_seed: int) -> None:
+    if tiny_seed and not tiny:
+        raise UsageError("--tiny-seed sets the tiny pair's seed, and this run uses the demo pair",
+                         "add --tiny, or leave --tiny-seed out")
+
+
 @main.command()
 @click.option("--workdir", type=click.Path(file_okay=False), default=".", show_default=True,
               help="where models/, build/, engines/ and triton_repo/ go")
@@ -25,14 +37,18 @@ DRAFT = DraftOptions()  # `specbuild draft`'s defaults
 @click.option("--num-draft-tokens", type=click.IntRange(1, 64), default=None,
               help="K compared with K=0 (default: the release's)")
 @click.option("--tiny", is_flag=True, help="use the tiny pair made from nothing (seconds, meaningless text)")
+@tiny_seed_option
 @json_option
 @reports_errors
-def demo(workdir: str, max_tokens: int, num_draft_tokens: int | None, tiny: bool, json_mode: bool) -> None:
+def demo(workdir: str, max_tokens: int, num_draft_tokens: int | None, tiny: bool, tiny_seed: int,
+         json_mode: bool) -> None:
     """Make the demo pair, measure its cost model, compile it (torch runtime), serve it on Triton and compare
     its speculation with the target alone, interleaved, on a few prompts of each kind."""
     from specbuild.demo import run_demo
 
-    result = run_demo(workdir, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, tiny=tiny, console=console)
+    _check_tiny_seed(tiny, tiny_seed)
+    result = run_demo(workdir, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, tiny=tiny,
+                      tiny_seed=tiny_seed, console=console)
     data = result.to_dict()
     if not result.identical:
         raise SpecbuildError("greedy output with speculation differed from the target alone",
@@ -245,9 +261,10 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
 @main.command("demo-models")
 @click.argument("out", type=click.Path(file_okay=False), required=False)
 @click.option("--tiny", is_flag=True, help="the tiny pair made from nothing (for tests) instead of SmolLM2")
+@tiny_seed_option
 @json_option
 @reports_errors
-def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
+def demo_models(out: str | None, tiny: bool, tiny_seed: int, json_mode: bool) -> None:
     """Make the demo target/draft pair in OUT, offline (nothing downloaded; reused when already built).
 
     OUT defaults to the cache the demo and the tests share: .cache/demo-pair (or tiny-pair), or under
@@ -255,13 +272,17 @@ def demo_models(out: str | None, tiny: bool, json_mode: bool) -> None:
     """
     from specbuild.drafts.model_pairs import pair_dir, progress_display
 
+    _check_tiny_seed(tiny, tiny_seed)
     out = out or str(pair_dir("tiny" if tiny else "demo"))
-    if tiny:
-        from specbuild.drafts.tiny_models import build_tiny_pair as build
-    else:
-        from specbuild.drafts.demo_models import build_demo_pair as build
     with progress_display(console) as progress:
-        pair = build(out, progress=progress)
+        if tiny:
+            from specbuild.drafts.tiny_models import build_tiny_pair
+
+            pair = build_tiny_pair(out, seed=tiny_seed, progress=progress)
+        else:
+            from specbuild.drafts.demo_models import build_demo_pair
+
+            pair = build_demo_pair(out, progress=progress)
     if json_mode:
         print_json(pair.info)
     console.print(f"target: {pair.target_dir}\ndraft:  {pair.draft_dir}", highlight=False)

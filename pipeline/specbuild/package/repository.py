@@ -12,8 +12,8 @@ import json
 import shutil
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import Any, TypeVar
 
 from google.protobuf import text_format
 from specbuild.package import model_config as mc
@@ -179,10 +179,21 @@ def ship_model_source(source: Path, model_dir: Path) -> None:
 # transformers 5 saves generic fast tokenizers as "TokenizersBackend", a class transformers 4.57 (the TensorRT-LLM
 # 1.2.x images') does not know; "PreTrainedTokenizerFast" is the same class in 5.x and known to both.
 PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+AnyPath = TypeVar("AnyPath", bound=PurePath)
 
 
-def shipped_tokenizer(model_dir: Path) -> Path:
-    """Where :func:`ship_tokenizer` puts a model's portable tokenizer copy."""
+def tokenizer_class_unportable(tokenizer_dir: Path) -> bool:
+    """Whether the tokenizer's ``tokenizer_config.json`` names a class the image's transformers 4.57 does not know
+    (:data:`PORTABLE_TOKENIZER_CLASSES`): then only the portable copy a release ships loads there."""
+    config_file = tokenizer_dir / "tokenizer_config.json"
+    if not config_file.is_file():
+        return False
+    return json.loads(config_file.read_text(encoding="utf-8")).get("tokenizer_class") in PORTABLE_TOKENIZER_CLASSES
+
+
+def shipped_tokenizer(model_dir: AnyPath) -> AnyPath:
+    """Where :func:`ship_tokenizer` puts a model's portable tokenizer copy (``model_dir`` here, or as a container
+    sees it)."""
     return model_dir / "1" / "tokenizer"
 
 
@@ -192,12 +203,11 @@ def ship_tokenizer(tokenizer_dir: Path, model_dir: Path) -> None:
     if not copy_tokenizer(tokenizer_dir, destination):
         raise StageError("package", f"no tokenizer files in {tokenizer_dir}",
                          "the target checkpoint must ship tokenizer.json or its tokenizer files")
-    config_file = destination / "tokenizer_config.json"
-    if config_file.is_file():
+    if tokenizer_class_unportable(destination):
+        config_file = destination / "tokenizer_config.json"
         config = json.loads(config_file.read_text(encoding="utf-8"))
-        if config.get("tokenizer_class") in PORTABLE_TOKENIZER_CLASSES:
-            config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES[config["tokenizer_class"]]
-            config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES[config["tokenizer_class"]]
+        config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def tokenizer_end_id(tokenizer_dir: Path) -> int:

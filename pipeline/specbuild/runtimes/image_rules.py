@@ -36,14 +36,17 @@ RULES: tuple[PackageRule, ...] = (
     PackageRule("numpy", "<2",
                 "the python backend's stubs and TensorRT-LLM 1.2.x are built against numpy 1.x; the release's python "
                 "models exchange numpy arrays with them",
-                "TensorRT-LLM 1.2.x requirements.txt (numpy<2); python_backend r24.08-r26.07"),
+                "TensorRT-LLM requirements.txt at 000867d9 (release/1.2-era): numpy<2; python_backend r24.08-r26.07"),
     PackageRule("transformers", ">=4.57,<5",
                 "the release's checkpoints, tokenizer files and chat templates are rehearsed with transformers 4.57 "
-                "(tests/product/test_release_image.py); 5.x reads configs another way (RoPE in rope_parameters)",
-                "TensorRT-LLM 1.2.x requirements.txt (transformers 4.57.x)"),
+                "(tests/product/test_release_image.py, at 4.57.1 and 4.57.3); 5.x reads configs another way (RoPE in "
+                "rope_parameters)",
+                "TensorRT-LLM requirements.txt at 000867d9 (release/1.2-era): transformers==4.57.1; its 1.2.1 "
+                "documentation's release notes: 4.57.3 (docker/ngc-26.04-python.txt)"),
     PackageRule("xgrammar", "",
                 "a guided release's tokenizer-info file is read by xgrammar in the backend (guidedDecoder.cpp)",
-                "TensorRT-LLM 1.2.x requirements.txt; tensorrtllm_backend inflight_batcher_llm guided decoding",
+                "TensorRT-LLM requirements.txt at 000867d9: xgrammar==0.1.25, upgraded in 1.2.1 (release notes, "
+                "#12811); tensorrtllm_backend inflight_batcher_llm guided decoding",
                 guided_only=True),
 )
 # What specbuild never needs in the image (NVIDIA's guides pip-install it there by hand).

@@ -116,6 +116,9 @@ class Runtime(abc.ABC):
     # Whether its draft engines run a head over a sub-vocabulary (a draft checkpoint's head_vocabulary.json);
     # where not, it serves the draft's full head and check says so (a warning naming the runtime that cuts it).
     sub_vocabulary_heads: ClassVar[bool] = False
+    # Whether the image's transformers (4.57, TensorRT-LLM 1.2.x) reads the user's checkpoint folders as they are,
+    # not a copy specbuild wrote: check then refuses a config.json whose RoPE that transformers would misread.
+    reads_checkpoints_in_image: ClassVar[bool] = False
 
     # --- compiling ---------------------------------------------------------------------------------------
     @abc.abstractmethod

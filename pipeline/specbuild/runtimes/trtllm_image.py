@@ -69,6 +69,10 @@ class ImageRuntime(Runtime):
     """A runtime whose releases start in the NGC TensorRT-LLM image: each replica of a deployment runs exactly its
     launch plan, on the GPU its engines were built on."""
 
+    # TensorRT-LLM reads the HF folders with the image's transformers: convert_checkpoint.py / from_hugging_face
+    # (engines), LLM(model=...) on the mounted folders (the LLM API).
+    reads_checkpoints_in_image = True
+
     def served_logits_width(self, logits_width: int, tp_size: int) -> int:
         """TensorRT-LLM's model definitions split ``lm_head`` over tp with its width padded to a multiple of
         tp_size (``vocab_size_padded = pad_vocab_size(vocab_size, mapping.tp_size)`` in ``tensorrt_llm/models/

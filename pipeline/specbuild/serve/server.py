@@ -39,7 +39,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from specbuild.errors import ServerError, Terminated, UsageError
 from specbuild.serve.processes import (STOP_SIGNALS, free_ports, kill_group, reachable_host, stop_signals,
                                        wait_until)
-from specbuild.serve.triton_install import TritonInstall, find_triton, log_errors
+from specbuild.serve.triton_install import TritonInstall, find_triton, log_errors, start_failure_fix
 from specbuild.spec import TRITON_DEFAULTS
 
 SHM_DIR = Path("/dev/shm")
@@ -283,7 +283,7 @@ class TritonServer:
             code = self._process.poll()
             if code is not None:
                 raise ServerError(self._failure(f"tritonserver exited with code {code} while starting"),
-                                  "fix the model named above (its config.pbtxt or model.py), then serve again")
+                                  start_failure_fix(log_errors(self.read_log())))
             if _http_status(f"{self.http_url}/v2/health/ready", timeout=1.0)[0] == 200:
                 return
             time.sleep(0.1)

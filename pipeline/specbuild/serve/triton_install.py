@@ -14,6 +14,11 @@ INSTALL_FIX = "install the serve extra: pip install 'specbuild[serve]' (it bring
 # Log lines that a CPU-only machine always prints; they say nothing about the repository.
 _HARMLESS = re.compile(r"CudaDriverHelper|CUDA driver|unable to create stream|pinned memory", re.IGNORECASE)
 _GLOG_ERROR = re.compile(r'^E\d{4} [\d:.]+\s+\d+ \S+\] "?(?P<message>.*?)"?$')
+# A failed start whose errors say a socket could not be bound needs other ports, not a model fixed.
+_PORT_TAKEN = re.compile(r"already in use|Failed to listen|cannot listen", re.IGNORECASE)
+PORT_FIX = ("a port the server was given is taken (see the errors above): stop what holds it, or serve on other "
+            "ports (--http-port, --grpc-port and --metrics-port; 0 picks free ones)")
+MODEL_FIX = "fix the model named above (its config.pbtxt or model.py), then serve again"
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,8 @@ def log_errors(log: str) -> list[str]:
             errors.append(line.removeprefix("error: "))
     per_model = [e for e in errors if e.startswith("failed to load '") or "depends on" in e]
     return list(dict.fromkeys(per_model or errors))
+
+
+def start_failure_fix(errors: list[str]) -> str:
+    """What to do about a server that exited while starting, from its log's errors (:func:`log_errors`)."""
+    return PORT_FIX if any(_PORT_TAKEN.search(error) for error in errors) else MODEL_FIX

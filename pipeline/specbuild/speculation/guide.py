@@ -38,28 +38,51 @@ COMPILE_SECONDS = 10.0  # a compile still running then is given up (its thread f
 CACHED_GRAMMARS = 64  # compiled guides kept per tokenizer, least recently used first out
 
 
-def _compile(compiler: Any, spec: GuideSpec) -> Any:
+def _compile(compiler: Any, spec: GuideSpec, json_whitespace: bool) -> Any:
     if spec.type == "json":
         return compiler.compile_builtin_json_grammar()
     if spec.type == "json_schema":
-        # compact JSON (no whitespace beyond one space after ':' and ','): with any whitespace allowed a model can
-        # spend its tokens on blanks between values and never finish (vLLM's guided-JSON reports)
-        return compiler.compile_json_schema(spec.text, any_whitespace=False)
+        return compiler.compile_json_schema(spec.text, any_whitespace=json_whitespace)
     if spec.type == "regex":
         return compiler.compile_regex(spec.text)
     return compiler.compile_grammar(spec.text)
+
+
+def engine_guide(spec: GuideSpec) -> GuideSpec:
+    """``spec`` as specbuild sends it to a ``tensorrtllm`` target engine: a ``json_schema`` guide as the
+    ``ebnf_grammar`` of its compact JSON (what specbuild compiles it to), since the backend compiles a
+    ``json_schema`` guide with xgrammar's default any whitespace (``guidedDecoder.cpp``) and would answer other text
+    than the torch release; the backend takes ``ebnf_grammar`` guides as they are (tensorrtllm_backend r26.04
+    ``docs/guided_decoding.md``, guide type 4). Other guides are unchanged."""
+    if spec.type != "json_schema":
+        return spec
+    import xgrammar
+
+    try:
+        grammar = xgrammar.Grammar.from_json_schema(spec.text, any_whitespace=False)
+    except (RuntimeError, ValueError) as exc:  # compiled by the orchestrator first: a valid schema converts
+        raise RequestError(f"{GUIDE_INPUT} (json_schema) has no grammar: {exc}",
+                           f"fix the {GUIDE_INPUT} input") from None
+    return GuideSpec("ebnf_grammar", str(grammar))
 
 
 class GuideCompiler:
     """Compiles guides for one tokenizer, each once (an LRU of :data:`CACHED_GRAMMARS`), off the caller's thread
     and within ``timeout`` seconds; thread-safe. ``vocab_size`` is the model's (its output head may be padded
     beyond the tokenizer's vocabulary). ``tokenizer``: a transformers tokenizer, or None with ``tokenizer_info``, an
-    ``xgrammar.TokenizerInfo`` made otherwise (the tensorrtllm backend's file: package/backend_guides.py)."""
+    ``xgrammar.TokenizerInfo`` made otherwise (the tensorrtllm backend's file: package/backend_guides.py).
+
+    ``json_whitespace``: whether a ``json_schema`` guide allows any whitespace. specbuild's guides are compact JSON
+    (no whitespace beyond one space after ':' and ','): with any whitespace allowed a model can spend its tokens on
+    blanks between values and never finish (vLLM's guided-JSON reports). The ``tensorrtllm`` backend's stand-in
+    compiles as the backend does, with xgrammar's default (True); specbuild sends it compact grammars
+    (:func:`engine_guide`)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, *, timeout: float = COMPILE_SECONDS,
-                 cached: int = CACHED_GRAMMARS, tokenizer_info: Any = None) -> None:
+                 cached: int = CACHED_GRAMMARS, tokenizer_info: Any = None, json_whitespace: bool = False) -> None:
         import xgrammar
 
+        self.json_whitespace = json_whitespace
         self.vocab_size = vocab_size
         self.timeout = timeout
         self.cached = cached
@@ -76,7 +99,7 @@ class GuideCompiler:
             if spec in self._grammars:
                 self._grammars.move_to_end(spec)
                 return self._grammars[spec]
-        future = self._pool.submit(_compile, self._compiler, spec)
+        future = self._pool.submit(_compile, self._compiler, spec, self.json_whitespace)
         try:
             grammar = future.result(timeout=self.timeout)
         except FutureTimeout:

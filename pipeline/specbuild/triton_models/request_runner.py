@@ -21,7 +21,7 @@ from specbuild.errors import RequestError
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.speculation.drafting import DraftHealth, draft_sources
 from specbuild.speculation.engine import EngineCall
-from specbuild.speculation.guide import Guide
+from specbuild.speculation.guide import Guide, engine_guide
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.loop import speculate
 from specbuild.speculation.round_costs import RoundCosts
@@ -116,7 +116,8 @@ class RequestRunner:
                                            "serve a release whose orchestrator ships its tokenizer")
                     guide = await asyncio.to_thread(self.guides, spec, generation.end_id)
                     if self.settings.engine_guides:  # compiled here to refuse a bad guide; the target applies it
-                        generation.engine_guide, generation.target_only_chunk = spec, None
+                        generation.engine_guide = await asyncio.to_thread(engine_guide, spec)
+                        generation.target_only_chunk = None
                     else:
                         generation.guide = guide
             unfinished = len(rows)

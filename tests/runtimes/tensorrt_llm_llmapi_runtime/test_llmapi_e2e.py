@@ -103,6 +103,40 @@ def test_a_cancelled_stream_stops_the_adapter_and_the_server_keeps_serving(main_
     assert client.run(GenerationRequest(PROMPTS[1], 4)).output_token_count == 4
 
 
+# Decoupled streams the stress test opens (loopback), at most STRESS_AT_ONCE at a time: every other one is cancelled
+# after its first chunk (a long answer, still running), the rest run to their end.
+STRESS_STREAMS, STRESS_AT_ONCE = 24, 8
+
+
+def test_many_decoupled_streams_with_cancels_end_every_bls_stream(main_line_server) -> None:
+    """The adapter's synchronous decoupled BLS calls (worker threads, no async_exec) under many concurrent streams,
+    half of them cancelled mid-answer: every stream ends, every cancel reaches the adapter, nothing stays in flight,
+    and the server answers after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = adapter_metrics(main_line_server).get("specbuild_cancelled_requests_total", 0)
+
+    def stream(index: int) -> tuple[list, str | None]:
+        cancelled = index % 2 == 1
+        arrays = {"text_input": text_array(PROMPTS[index % len(PROMPTS)]), "stream": scalars(True, bool),
+                  "max_tokens": scalars(400 if cancelled else 8, np.int32)}
+        return raw_stream(main_line_server, ADAPTER_MODEL, arrays, chunks=1 if cancelled else None, timeout=300)
+
+    with ThreadPoolExecutor(STRESS_AT_ONCE) as pool:
+        results = list(pool.map(stream, range(STRESS_STREAMS)))
+    assert [error for _, error in results] == [None] * STRESS_STREAMS
+    for index, (responses, _) in enumerate(results):
+        final = responses[-1].get_response().parameters.get("triton_final_response")
+        assert (final is not None and final.bool_param) == (index % 2 == 0), index  # finished, or cut after one
+    deadline = time.monotonic() + 120
+    while (adapter_metrics(main_line_server).get("specbuild_cancelled_requests_total", 0) - before
+           < STRESS_STREAMS // 2 or adapter_metrics(main_line_server)["specbuild_requests_in_flight"]):
+        assert time.monotonic() < deadline, f"the adapter did not see every cancel: {adapter_metrics(main_line_server)}"
+        time.sleep(0.2)
+    client = SpecbuildClient(main_line_server.grpc_url, timeout=300)
+    assert client.run(GenerationRequest(PROMPTS[1], 4)).output_token_count == 4
+
+
 def test_stop_words_end_the_text_as_on_the_torch_release(llmapi_client, tiny_client, target_alone,
                                                          tokenizer) -> None:
     """A stop word that the greedy answer contains (two of its tokens, which the tokenizer encodes back the same):

@@ -222,6 +222,18 @@ def test_the_time_limit_is_max_time_within_the_release_s() -> None:
     assert unlimited.max_seconds is None
 
 
+def test_on_a_line_that_does_not_stream_max_time_is_refused_naming_why() -> None:
+    """1.2's model sends the whole answer at its end: a time limit could only end the request with no text."""
+    settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=600.0,
+                                       tensorrt_llm="1.2")
+    with pytest.raises(RequestError) as refused:
+        parse_rows(ensemble_request(max_time=2.0), settings)
+    assert "max_time=2.0" in refused.value.message and "does not stream" in refused.value.message
+    assert "triton.tensorrt_llm: main" in refused.value.fix
+    [bounded] = parse_rows(ensemble_request(), settings)
+    assert bounded.max_seconds == 600.0  # the release's own limit still holds
+
+
 class ChatTokenizer:
     """A tokenizer whose template starts with its BOS token, which it also adds to every text."""
 

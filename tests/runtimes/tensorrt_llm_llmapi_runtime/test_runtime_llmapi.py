@@ -184,6 +184,46 @@ def test_the_adapter_ships_its_modules_and_the_tokenizer(release: compiler.Compi
     assert not any("torch_engine" in name or "llmapi_config" in name for name in shipped)
 
 
+def test_no_python_model_calls_async_exec_decoupled() -> None:
+    """python_backend's async_exec(decoupled=True) dereferences a freed stub in the 26.04-26.06 images (its PR #439,
+    r26.07 only): every decoupled BLS call is the synchronous exec, on a worker thread."""
+    import re
+
+    import specbuild
+
+    calls = re.compile(r"\.async_exec\(\s*decoupled\s*=\s*True")
+    found = [str(path) for path in Path(specbuild.__file__).parent.rglob("*.py") if calls.search(path.read_text())]
+    assert found == []
+
+
+def test_a_tokenizer_the_image_cannot_load_is_named_as_the_adapter_s_portable_copy(
+        release: compiler.CompileResult, checkpoints: Checkpoints) -> None:
+    """The factory's tokenizer_config names TokenizersBackend (transformers 5's class): LLM() in the image would
+    fail on the mounted folder's, so model.yaml and trtllm-serve.yaml name the portable copy the adapter ships."""
+    assert json.loads((checkpoints.target / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+        "TokenizersBackend"
+    line = LINES[release.spec.triton.tensorrt_llm]
+    typed = parse(ModelYaml, (release.repository / LLMAPI_MODEL / "1" / MODEL_YAML).read_text(), MODEL_YAML, line)
+    assert typed.tokenizer == f"{release.spec.triton.repository_mount}/{ADAPTER_MODEL}/1/tokenizer"
+    shipped = release.repository / ADAPTER_MODEL / "1" / "tokenizer" / "tokenizer_config.json"
+    assert json.loads(shipped.read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert parse(ServeConfig, (release.repository / SERVE_CONFIG).read_text(), SERVE_CONFIG, line).tokenizer == \
+        typed.tokenizer
+
+
+def test_a_portable_tokenizer_is_loaded_from_the_model_folder(tmp_path: Path, checkpoints: Checkpoints) -> None:
+    from dataclasses import replace
+
+    from checkpoint_factory import copy_checkpoint, edit_json
+
+    target = copy_checkpoint(checkpoints.target, tmp_path / "target")
+    edit_json(target / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
+    found = compiler.run(release_spec(replace(checkpoints, target=target), tmp_path, RUNTIME), json_mode=True)
+    line = LINES[found.spec.triton.tensorrt_llm]
+    typed = parse(ModelYaml, (found.repository / LLMAPI_MODEL / "1" / MODEL_YAML).read_text(), MODEL_YAML, line)
+    assert typed.tokenizer is None
+
+
 # --- manifest and verify ----------------------------------------------------------------------------------
 def test_the_manifest_names_the_served_checkpoints_and_verify_rehashes_them(tmp_path: Path,
                                                                            checkpoints: Checkpoints) -> None:

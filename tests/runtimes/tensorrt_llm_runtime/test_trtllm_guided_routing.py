@@ -26,6 +26,7 @@ from specbuild.triton_models.engine_io import decode_output, decode_requests, en
 from specbuild.triton_models.request_runner import RequestRunner
 
 REGEX = r"[ab]+c|[0-3]{2}x?"
+INTEGER_SCHEMA = '{"type": "integer"}'  # what this 16-token vocabulary can write: digits
 SETTINGS = OrchestratorParameters(max_draft_len=4, num_draft_tokens=4, use_draft_logits=False, adaptive_draft=False,
                                   draft_len_schedule="", prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=32, max_seq_len=64,
@@ -156,6 +157,25 @@ def test_a_guided_request_runs_on_the_target_alone_in_one_call_with_nvidias_inpu
     # the answer is the target's alone under the grammar: what the guided engine makes for the prompt by itself
     alone = engines.target.run(EngineRequest([1, 5, 9], 10, end_id=END, guide=GuideSpec("regex", REGEX))).tokens
     assert tokens + [END] == alone
+
+
+def test_a_json_schema_reaches_the_engine_as_its_compact_grammar_and_answers_as_the_torch_release(tiny, tokenizer):
+    """The backend would compile a json_schema with any whitespace allowed: the orchestrator sends the compact
+    grammar it compiles itself as ebnf_grammar, so the engine's answer is the torch release's (its own masks)."""
+    from specbuild.speculation.guide import engine_guide
+
+    guide = {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": INTEGER_SCHEMA}
+    exchange, _, engines = serve(tiny, tokenizer, request([1, 5, 9], **guide))
+    [call] = engines.target_calls
+    sent = engine_guide(GuideSpec("json_schema", INTEGER_SCHEMA))
+    assert (call["guided_decoding_guide_type"].item(), call["guided_decoding_guide"].item()) == (
+        b"ebnf_grammar", sent.text.encode())
+    torch_release = replace(SETTINGS, engine_guides=False, guided_decoding=True)
+    alone, _, masked = serve(tiny, tokenizer, request([1, 5, 9], **guide), torch_release)
+    assert masked.target_calls and all("guided_decoding_guide_type" not in c for c in masked.target_calls)
+    tokens = exchange.sent[-1][0]["output_ids"].reshape(-1).tolist()[3:]
+    assert tokens and tokens == alone.sent[-1][0]["output_ids"].reshape(-1).tolist()[3:]
+    assert re.fullmatch(r"-?\d+", text(tokens).removesuffix(TOKENS[END])), text(tokens)
 
 
 def test_an_unguided_request_still_speculates_and_is_not_counted(tiny, tokenizer):

@@ -24,7 +24,9 @@ if not __name__.startswith("specbuild."):  # inside a repository: this release's
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncio  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from typing import Any  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -49,6 +51,13 @@ from specbuild.speculation.stats import SpeculationStats  # noqa: E402
 
 
 
+# The rows one adapter instance streams from the LLM-API model at once: each holds a worker thread from its BLS call
+# to its last answer (the synchronous iterator blocks between answers); a row beyond them waits for a free worker,
+# queued, never refused. 64 is eight times limits.max_batch_size's default (8): rows beyond the LLM-API model's own
+# batch wait inside TensorRT-LLM anyway, so only a release built for batches above 64 queues rows here first.
+BLS_WORKERS = 64
+
+
 class LLMAPIError(RuntimeError):
     """The LLM-API model answered with an error (its message is kept)."""
 
@@ -61,6 +70,13 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(args) / "tokenizer"), trust_remote_code=False)
         self.metrics = Metrics(args["model_name"])
         self.logger = pb_utils.Logger
+        # The synchronous BLS call, never async_exec(decoupled=True): python_backend's async_exec callback captures
+        # the stub by reference and dereferences it on the executor thread for decoupled calls (src/pb_stub.cc), a
+        # use-after-free fixed only in r26.07 (python_backend PR #439), after the 26.04-26.06 images.
+        self.bls = ThreadPoolExecutor(max_workers=BLS_WORKERS, thread_name_prefix="llmapi-bls")
+
+    def finalize(self) -> None:
+        self.bls.shutdown(wait=False, cancel_futures=True)
 
     async def execute(self, requests: list[Any]) -> None:
         await asyncio.gather(*(self._serve(request) for request in requests))
@@ -151,14 +167,16 @@ class TritonPythonModel:
         """Ask the LLM-API model for one row, recording each of its answers in ``item``; an event per answer."""
         answers = None
         item.scheduled_ns = time.time_ns()
+        loop = asyncio.get_running_loop()
+        call = None
         try:
             inputs = [pb_utils.Tensor(name, value) for name, value in encode_request(item.row.llm).items()]
             bls = pb_utils.InferenceRequest(model_name=self.settings.llmapi_model,
                                             requested_output_names=list(ADAPTER_WANTS), inputs=inputs)
-            answers = await bls.async_exec(decoupled=True)
-            loop = asyncio.get_running_loop()
-            while True:  # the iterator blocks until the next answer: wait for it off the event loop
-                answer = await loop.run_in_executor(None, next, answers, None)
+            call = loop.run_in_executor(self.bls, functools.partial(bls.exec, decoupled=True))
+            answers = await asyncio.shield(call)  # a cancel here leaves the call to finish: its answers get cancelled
+            while True:  # the iterator blocks until the next answer: wait for it on a worker, off the event loop
+                answer = await loop.run_in_executor(self.bls, next, answers, None)
                 if answer is None:
                     break
                 if answer.has_error():
@@ -178,6 +196,8 @@ class TritonPythonModel:
         except asyncio.CancelledError:  # the client went away, or another row failed: stop the generation too
             if answers is not None:
                 answers.cancel()
+            elif call is not None:  # cancelled while the call was being sent: cancel what it returns
+                call.add_done_callback(_cancel_answers)
             raise
         except Exception as exc:  # noqa: BLE001 - handed to the sending loop
             events.put_nowait(exc)
@@ -190,3 +210,9 @@ class TritonPythonModel:
             item.tokens = item.row.llm.max_tokens
         else:
             item.tokens = len(self.tokenizer.encode(item.generated(), add_special_tokens=False))
+
+
+def _cancel_answers(call: asyncio.Future) -> None:
+    """Cancel the generation a BLS call started, once it returns (a call that failed started none)."""
+    if not call.cancelled() and call.exception() is None:
+        call.result().cancel()

@@ -38,6 +38,11 @@ Sources (read, not copied):
   ``tensorrt_llm/_torch/speculative/utils.py`` ``get_draft_len_for_batch_size`` takes the first key >= the batch
   size, and 0 above the largest ("new semantics": a key is where a K ends); ``max_concurrency`` N is translated
   to ``{N: max_draft_len}`` and refused beside a schedule.
+* ``tokenizer`` (both lines): ``BaseLlmArgs.tokenizer``, ``LLM.__init__``'s committed argument ``tokenizer:
+  Union[str, Path, PreTrainedTokenizerBase, TokenizerBase, None]`` (``tests/unittest/api_stability/
+  references_committed/llm.yaml``); without it ``LLM()`` loads the model folder's tokenizer with the image's
+  transformers 4.57, which fails on a ``tokenizer_config.json`` naming ``TokenizersBackend`` (transformers 5's
+  name), so the renderer names the adapter's portable copy there (``model_yaml.LLMArgs.tokenizer``).
 * Both: ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`` reads ``triton_config["decoupled"]`` and
   ``["max_batch_size"]`` (both required); ``trtllm-serve``'s ``--extra_llm_api_options`` (``tensorrt_llm/commands/
   serve.py``) reads the same arguments through ``update_llm_args_with_extra_options``.

@@ -33,7 +33,7 @@ UPSTREAM_FIELDS: dict[str, dict[str, str]] = {
         "dtype": "BaseLlmArgs", "tensor_parallel_size": "BaseLlmArgs", "pipeline_parallel_size": "BaseLlmArgs",
         "max_batch_size": "BaseLlmArgs", "max_input_len": "BaseLlmArgs", "max_seq_len": "BaseLlmArgs",
         "max_num_tokens": "BaseLlmArgs", "kv_cache_config": "BaseLlmArgs", "speculative_config": "BaseLlmArgs",
-        "disable_overlap_scheduler": "TorchLlmArgs",
+        "disable_overlap_scheduler": "TorchLlmArgs", "tokenizer": "BaseLlmArgs",
     },
     "KvCacheConfig": {"free_gpu_memory_fraction": "KvCacheConfig", "max_tokens": "KvCacheConfig",
                       "enable_block_reuse": "KvCacheConfig"},
@@ -75,6 +75,11 @@ class LLMArgs(_Typed):
     """The ``LLM()`` arguments of a release (``model`` absent for ``trtllm-serve``, which takes it as an argument)."""
 
     model: str | None = None
+    # A tokenizer folder other than the model's: the adapter's portable copy where the target's tokenizer_config names
+    # a class the image's transformers 4.57 does not know (TokenizersBackend), which LLM() would fail to load.
+    # BaseLlmArgs.tokenizer on both lines; LLM.__init__'s committed argument ``tokenizer: Union[str, Path,
+    # PreTrainedTokenizerBase, TokenizerBase, None]`` (tests/unittest/api_stability/references_committed/llm.yaml).
+    tokenizer: str | None = None
     backend: Literal["pytorch"] = "pytorch"
     trust_remote_code: bool = False
     dtype: Literal["float16", "bfloat16"]

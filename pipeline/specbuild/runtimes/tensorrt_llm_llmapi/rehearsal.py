@@ -45,6 +45,7 @@ def rehearsal_repository(found: Release, destination: str | Path) -> Path:
     shutil.copy2(STAND_IN_SOURCE, version / "model.py")
     vendor(STAND_IN_SOURCE, version, ALLOWED_THIRD_PARTY | STAND_IN_THIRD_PARTY)
     settings = {"tensorrt_llm": found.spec.triton.tensorrt_llm,
-                "mounts": {container_checkpoint(found.spec, role): str(found.checkpoints[role]) for role in ROLES}}
+                "mounts": {**{container_checkpoint(found.spec, role): str(found.checkpoints[role]) for role in ROLES},
+                           found.spec.triton.repository_mount: str(repository)}}
     (version / STAND_IN_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     return repository

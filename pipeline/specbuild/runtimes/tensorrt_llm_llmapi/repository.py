@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from specbuild.package import model_config as mc
@@ -33,7 +33,9 @@ from specbuild.package.repository import (
     python_model_config,
     ship_model_source,
     ship_tokenizer,
+    shipped_tokenizer,
     tensor_io,
+    tokenizer_class_unportable,
     tokenizer_end_id,
     validate_repository,
     write_config,
@@ -104,13 +106,23 @@ def speculative_config(spec: BuildSpec, line: LineRules, schedule: DraftLenSched
     return config
 
 
-def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule
-                  ) -> dict[str, object]:
+def portable_tokenizer(spec: BuildSpec, tokenizer_dir: Path) -> str | None:
+    """The adapter's portable tokenizer copy as the container sees it, where the target's own tokenizer does not load
+    in the image's transformers (``LLM()`` loads the model folder's tokenizer otherwise); else None."""
+    if not tokenizer_class_unportable(tokenizer_dir):
+        return None
+    return str(shipped_tokenizer(PurePosixPath(spec.triton.repository_mount) / ADAPTER_MODEL))
+
+
+def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule,
+                  tokenizer: str | None = None) -> dict[str, object]:
     """The ``LLM()`` arguments of the release. KV cache: the memory plan's share of both models (or the spec's
-    total), capped at the planned tokens each model holds; ``schedule``: the runtime's load policy."""
+    total), capped at the planned tokens each model holds; ``schedule``: the runtime's load policy;
+    ``tokenizer``: :func:`portable_tokenizer`."""
     limits = spec.limits
     fraction = spec.triton.kv_cache_free_gpu_mem_fraction or sum(context.kv_fractions.values())
     return {
+        "tokenizer": tokenizer,
         "trust_remote_code": spec.security.trust_remote_code, "dtype": target.record.dtype,
         "tensor_parallel_size": spec.target.tp_size, "pipeline_parallel_size": spec.target.pp_size,
         "max_batch_size": limits.max_batch_size, "max_input_len": limits.max_input_len,
@@ -121,14 +133,16 @@ def llm_arguments(spec: BuildSpec, target: Engine, context: PackageContext, sche
     }
 
 
-def model_yaml(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> ModelYaml:
+def model_yaml(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule,
+               tokenizer: str | None = None) -> ModelYaml:
     return ModelYaml(model=container_checkpoint(spec, contract.TARGET_MODEL),
-                     **llm_arguments(spec, target, context, schedule),
+                     **llm_arguments(spec, target, context, schedule, tokenizer),
                      triton_config=TritonConfig(max_batch_size=0, decoupled=True))
 
 
-def serve_config(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> ServeConfig:
-    return ServeConfig(**llm_arguments(spec, target, context, schedule))
+def serve_config(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule,
+                 tokenizer: str | None = None) -> ServeConfig:
+    return ServeConfig(**llm_arguments(spec, target, context, schedule, tokenizer))
 
 
 def _header(spec: BuildSpec, reader: str) -> str:
@@ -137,17 +151,19 @@ def _header(spec: BuildSpec, reader: str) -> str:
             "Written from typed values; package again rather than edit.")
 
 
-def model_yaml_text(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> str:
+def model_yaml_text(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule,
+                    tokenizer: str | None = None) -> str:
     """``tensorrt_llm/1/model.yaml`` as the release holds it."""
-    return to_yaml(model_yaml(spec, target, context, schedule),
+    return to_yaml(model_yaml(spec, target, context, schedule, tokenizer),
                    _header(spec, "read by TensorRT-LLM's LLM-API model (model.py beside it)"))
 
 
-def serve_config_text(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule) -> str:
+def serve_config_text(spec: BuildSpec, target: Engine, context: PackageContext, schedule: DraftLenSchedule,
+                      tokenizer: str | None = None) -> str:
     """``trtllm-serve.yaml`` as the release holds it."""
     flag = LINES[spec.triton.tensorrt_llm].serve_flag
     command = f"trtllm-serve {container_checkpoint(spec, contract.TARGET_MODEL)} {flag} {SERVE_CONFIG}"
-    return to_yaml(serve_config(spec, target, context, schedule),
+    return to_yaml(serve_config(spec, target, context, schedule, tokenizer),
                    _header(spec, f"the same LLM arguments for `{command}` (TensorRT-LLM's server, without Triton)"))
 
 
@@ -162,6 +178,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
     """Write the whole repository into ``output_dir`` (an empty folder; callers make it atomic);
     ``schedule``: the runtime's load policy."""
     target = engines[contract.TARGET_MODEL]
+    tokenizer = portable_tokenizer(spec, tokenizer_dir)
     adapter = LLMAPIAdapterParameters(num_draft_tokens=spec.speculation.num_draft_tokens,
                                       end_id=tokenizer_end_id(tokenizer_dir),
                                       streams=LINES[spec.triton.tensorrt_llm].streams,
@@ -171,7 +188,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         ADAPTER_MODEL: python_model_config(ADAPTER_MODEL, spec, contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS,
                                            adapter, decoupled=True, instances=spec.triton.orchestrator_instances),
-        LLMAPI_MODEL: llmapi_model_config(model_yaml(spec, target, context, schedule)),
+        LLMAPI_MODEL: llmapi_model_config(model_yaml(spec, target, context, schedule, tokenizer)),
     }
     for name, config in models.items():
         write_config(output_dir / name, config)
@@ -180,9 +197,11 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
     ship_tokenizer(tokenizer_dir, output_dir / ADAPTER_MODEL)
     llmapi_version = output_dir / LLMAPI_MODEL / "1"
     llmapi_version.mkdir()
-    (llmapi_version / MODEL_YAML).write_text(model_yaml_text(spec, target, context, schedule), encoding="utf-8")
+    (llmapi_version / MODEL_YAML).write_text(model_yaml_text(spec, target, context, schedule, tokenizer),
+                                             encoding="utf-8")
     _link_image_model(llmapi_version)
-    (output_dir / SERVE_CONFIG).write_text(serve_config_text(spec, target, context, schedule), encoding="utf-8")
+    (output_dir / SERVE_CONFIG).write_text(serve_config_text(spec, target, context, schedule, tokenizer),
+                                           encoding="utf-8")
     problems = validate_repository(output_dir, LLMAPI_MODEL_NAMES)
     if problems:
         raise StageError("package", "the rendered repository is inconsistent:\n  " + "\n  ".join(problems),

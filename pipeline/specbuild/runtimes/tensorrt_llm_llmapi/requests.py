@@ -9,7 +9,9 @@ sequences, and presence/frequency penalties on a release that speculates. Everyt
 ``SamplingParams`` (sampling normalised as the other runtimes normalise it for their engines, so every runtime
 samples alike), or is done here: stop words (matched in the text, the stream cancelled, the stop word kept as the
 ensemble keeps it), the chat template (the adapter ships the tokenizer) and the time limit (``max_time`` within
-the release's ``max_request_seconds``: the answer so far, the generation cancelled).
+the release's ``max_request_seconds``: the answer so far, the generation cancelled). On a line whose model does not
+stream (1.2) the answer so far is always empty: ``max_time`` is refused there, and a request that reaches
+``max_request_seconds`` ends with no text.
 """
 
 from __future__ import annotations
@@ -126,6 +128,13 @@ def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[Adapte
                           "leave bad_words out")
         _refuse_unavailable(public)
         _refuse_unexact_penalties(public, settings)
+        line = LINES[settings.tensorrt_llm]
+        if get("max_time") is not None and not line.streams:
+            raise _refuse("max_time", float(get("max_time")), f"TensorRT-LLM {line.tensorrt_llm}'s LLM-API model "
+                          "does not stream (lines.py), so nothing of the answer reaches the adapter before it ends: "
+                          "a time limit could only end the request with no text",
+                          "leave max_time out (the release's triton.max_request_seconds still bounds the request), "
+                          "or serve a release packaged for a line that streams (triton.tensorrt_llm: main)")
         if public.guide is not None:  # no line's LLM-API model has a guide input (lines.py)
             raise _refuse("guided_decoding_guide_type", public.guide.type, "this release serves TensorRT-LLM "
                           f"{LINES[settings.tensorrt_llm].tensorrt_llm}'s LLM-API Triton model (line "

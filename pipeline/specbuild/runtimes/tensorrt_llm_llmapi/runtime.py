@@ -64,6 +64,7 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
                        "speculation.draft_len_schedule", "limits.max_batch_size", "triton.tensorrt_llm"),
              "plan": ("target.dtype", "draft.dtype", "speculation.num_draft_tokens"),
              "package": ("name", "target", "draft.dtype", "speculation.num_draft_tokens", "triton.checkpoint_mount",
+                         "triton.repository_mount",
                          "triton.kv_cache_free_gpu_mem_fraction", "triton.orchestrator_instances",
                          "triton.tensorrt_llm", "triton.max_request_seconds", "speculation.busy_in_flight",
                          "speculation.draft_len_schedule")}

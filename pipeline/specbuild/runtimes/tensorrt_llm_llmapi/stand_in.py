@@ -52,7 +52,9 @@ class LLMAPIStandIn:
         target_dir = host_path(config.model, mounts)
         speculative = config.speculative_config
         self.max_draft_len = speculative.max_draft_len if speculative else 0
-        self.tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=config.trust_remote_code)
+        # LLM() loads model.yaml's tokenizer where it names one, else the model folder's
+        self.tokenizer = AutoTokenizer.from_pretrained(str(host_path(config.tokenizer or config.model, mounts)),
+                                                       trust_remote_code=config.trust_remote_code)
         self.end_id = self.tokenizer.eos_token_id
         engine = {"dtype": "float32", "device": "cpu", "trust_remote_code": config.trust_remote_code,
                   "cache_tokens": config.kv_cache_config.max_tokens}

@@ -33,7 +33,9 @@ class BackendGuidedEngine:
         if request.guide is None:
             return self.engine.run(request)
         if self._compiler is None:
-            self._compiler = GuideCompiler(None, self.engine.vocab_size, tokenizer_info=self.info)
+            # guidedDecoder.cpp compiles a json_schema guide with xgrammar's default, any whitespace
+            self._compiler = GuideCompiler(None, self.engine.vocab_size, tokenizer_info=self.info,
+                                           json_whitespace=True)
         guide = self._compiler.guide(request.guide, self.info.stop_token_ids[0])
 
         async def step(one: EngineRequest) -> EngineOutput:

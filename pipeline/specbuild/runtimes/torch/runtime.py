@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
+from specbuild.checkpoint.info import write_legacy_rope
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import CheckpointError
 from specbuild.package.backend_contract import EngineModel
@@ -168,6 +169,7 @@ def convert(spec: BuildSpec, role: Role, output_dir: Path, head_vocabulary: Head
                               "must match the safetensors files)")
     with torch.no_grad():
         model.save_pretrained(str(output_dir), safe_serialization=True)
+    write_legacy_rope(output_dir)  # the image's transformers 4.57 loads this copy: RoPE as 5.x reads it
     copy_tokenizer(source, output_dir)
     if head_vocabulary is not None:
         head_vocabulary.write(output_dir)
