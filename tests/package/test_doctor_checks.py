@@ -27,13 +27,14 @@ def release(folder: Path, *, manifest: dict | None = None, facts: dict | None = 
     return doctor.Release(folder, None, {})
 
 
-def test_the_decoupled_async_exec_is_found_in_the_release_s_models_and_nothing_else(tmp_path):
+def test_the_decoupled_async_exec_is_found_in_the_release_s_code_not_in_comments_or_other_calls(tmp_path):
     model = tmp_path / "llmapi_adapter" / "1" / "model.py"
     model.parent.mkdir(parents=True)
-    model.write_text("answers = await bls.async_exec(decoupled=True)\n")
+    model.write_text("async def call(bls):\n    return await bls.async_exec(decoupled=True)\n")
     other = tmp_path / "orchestrator" / "1" / "model.py"
     other.parent.mkdir(parents=True)
-    other.write_text("answer = await bls.async_exec()\n")
+    other.write_text('# never bls.async_exec(decoupled=True) here\nasync def call(bls):\n'
+                     '    """not async_exec(decoupled=True)"""\n    return await bls.async_exec(decoupled=False)\n')
     [bug] = backend_bugs(tmp_path)
     assert bug["files"] == ["llmapi_adapter/1/model.py"] and bug["fixed_in"] == "26.07"
 

@@ -10,9 +10,9 @@ models would hit.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +36,25 @@ LOGIT_TOLERANCE = {"absolute": 2e-3, "relative": 1e-3}
 
 @dataclass(frozen=True)
 class BackendBug:
-    """A python backend bug a release's python models hit when their source matches ``pattern``, fixed in the
-    NGC image of ``fixed_in`` (``yy.mm``)."""
+    """A python backend bug a release's python models hit where their code calls ``method`` with ``keywords`` (a
+    call in a comment or string does not count), fixed in the NGC image of ``fixed_in`` (``yy.mm``)."""
 
     name: str
     summary: str
     fixed_in: str
     source: str
-    pattern: str
+    method: str
+    keywords: tuple[tuple[str, object], ...]
+
+    def hit_by(self, source: str) -> bool:
+        """Whether the Python ``source`` calls the method with those keyword values."""
+        wanted = dict(self.keywords)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == self.method:
+                given = {k.arg: k.value.value for k in node.keywords if isinstance(k.value, ast.Constant)}
+                if all(given.get(key) == value for key, value in wanted.items()):
+                    return True
+        return False
 
 
 PYTHON_BACKEND_BUGS = (
@@ -51,16 +62,16 @@ PYTHON_BACKEND_BUGS = (
                "use-after-free in the decoupled async_exec callback (it captures the stub by reference and "
                "dereferences it on the executor thread): intermittent stub crashes",
                "26.07", "triton-inference-server/python_backend src/pb_stub.cc; PR #439, first in r26.07",
-               r"async_exec\(\s*decoupled\s*=\s*True"),
+               "async_exec", (("decoupled", True),)),
 )
 
 
 def backend_bugs(repository: Path) -> list[dict[str, Any]]:
     """Each known bug and the release's python files (relative to ``repository``) that would hit it."""
-    sources = {path.relative_to(repository).as_posix(): path.read_text(encoding="utf-8", errors="replace")
+    sources = {path.relative_to(repository).as_posix(): path.read_text(encoding="utf-8")
                for path in sorted(repository.glob("*/1/**/*.py")) if not path.is_symlink()}
     return [{"name": bug.name, "summary": bug.summary, "fixed_in": bug.fixed_in, "source": bug.source,
-             "files": [name for name, text in sources.items() if re.search(bug.pattern, text)]}
+             "files": [name for name, text in sources.items() if bug.hit_by(text)]}
             for bug in PYTHON_BACKEND_BUGS]
 
 
