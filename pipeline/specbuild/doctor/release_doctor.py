@@ -36,8 +36,8 @@ FACTS = "doctor_facts.json"
 RULES = "image_rules.py"
 PASS, FAIL, UNCHECKABLE = "pass", "fail", "not checkable here"
 ROLES = ("target", "draft")
-# Set in every NGC Triton image (the server's build.py writes it into the image; its qa scripts read it as the
-# release, e.g. "26.04"): where it is unset, this is not the image.
+# The NGC Triton image's release, e.g. "26.04" (triton-inference-server/server's qa scripts read it as such:
+# REPO_VERSION=${NVIDIA_TRITON_SERVER_VERSION}): where it is unset, this is not the image.
 TRITON_VERSION_ENV = "NVIDIA_TRITON_SERVER_VERSION"
 LOGITS_PARAMETER_CAP = 2_000_000_000  # larger checkpoints have no logits recorded (fp32 on a CPU)
 RECOMPILE = "recompile the release with specbuild (`specbuild compile`) and copy it whole"
