@@ -7,6 +7,7 @@ The public API, importable from the top level (loaded on first use, so ``import 
     report = specbuild.check_pair(spec.target.checkpoint, spec.draft.checkpoint, spec)   # CheckReport
     result = specbuild.compile(spec)                                                      # CompileResult
     assert specbuild.verify(result.repository).ok
+    assert specbuild.run_doctor(result.repository).ok   # DoctorReport; image="nvcr.io/...": in that image
     with specbuild.TritonServer(result.repository) as server:
         print(specbuild.SpecbuildClient(server.grpc_url).generate("Hello", 16).text)
 """
@@ -26,6 +27,8 @@ _EXPORTS = {
     "compile": ("specbuild.compiler", "run"),
     "CompileResult": ("specbuild.compiler", "CompileResult"),
     "verify": ("specbuild.package.manifest", "verify"),
+    "run_doctor": ("specbuild.doctor", "run_doctor"),
+    "DoctorReport": ("specbuild.doctor", "DoctorReport"),
     "TritonServer": ("specbuild.serve.server", "TritonServer"),
     "SpecbuildClient": ("specbuild.serve.client", "SpecbuildClient"),
     "SpecbuildError": ("specbuild.errors", "SpecbuildError"),

@@ -21,6 +21,7 @@ from specbuild.errors import IncompatibleError, SpecbuildError, StageError, Usag
 from specbuild.package.build_record import RECORD_FORMAT
 from specbuild.package.vendor import source_digest
 from specbuild.check.report import SPEC_READS as CHECK_READS
+from specbuild.doctor.facts import ship_doctor
 from specbuild.runtimes.interface import STEPS, PackageContext, ReleaseContents, Step
 from specbuild.runtimes.registry import resolved, runtime_for
 from specbuild.spec import ROLES, BuildSpec, LimitsSpec, OutputsSpec, Role
@@ -123,6 +124,7 @@ def _package_action(spec: BuildSpec, check: dict[str, Any], engines: dict[Role, 
     context = PackageContext(kv_fractions=check["kv_fractions"], kv_tokens=check["kv_tokens"],
                              cost_ratio=check["compatibility"].get("cost_ratio"))
     runtime_for(spec.runtime).render_repository(spec, engines, Path(spec.target.checkpoint), output, context)
+    ship_doctor(spec, output)
 
 
 def stage_reads(spec: BuildSpec, step: Step, *, package_only: bool = False) -> frozenset[str]:

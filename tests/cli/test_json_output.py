@@ -22,6 +22,7 @@ MISSING = "/nonexistent/specbuild"
 FAILURES: dict[str, Args] = {
     "init": lambda tmp: ["init", "--out", str(_existing(tmp)), "--no-measure"],
     "verify": lambda tmp: ["verify", MISSING],
+    "doctor": lambda tmp: ["doctor", MISSING],
     "check": lambda tmp: ["check", f"{MISSING}/target", f"{MISSING}/draft"],
     "compile": lambda tmp: ["compile", "--target", f"{MISSING}/target", "--draft", f"{MISSING}/draft"],
     "convert": lambda tmp: ["convert", "--set", "limits.max_seq_len=-1", "--target", "t", "--draft", "d"],
@@ -80,6 +81,7 @@ def spec_file(tiny_release, tmp_path_factory) -> Path:
 SUCCESSES_WITHOUT_A_SERVER: dict[str, Callable[..., list[str]]] = {
     "init": lambda release, spec, tmp: ["init", "--out", str(tmp / "new.yaml"), "--no-measure"],
     "verify": lambda release, spec, tmp: ["verify", str(release.repository)],
+    "doctor": lambda release, spec, tmp: ["doctor", str(release.repository)],
     "check": lambda release, spec, tmp: ["check", release.spec.target.checkpoint, release.spec.draft.checkpoint],
     "compile": lambda release, spec, tmp: ["compile", "--spec", str(spec)],
     "convert": lambda release, spec, tmp: ["convert", "--spec", str(spec), "--dry-run"],

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -368,3 +369,75 @@ def test_the_gpu_runtimes_package_in_the_image_s_python(image_venv: Path, image_
     assert load_in_image_python(image_site, tmp_path / "llmapi_repo", tmp_path)["adapter_end_id"] == 1
     report = load_in_image_python(image_site, tmp_path / "gpu_repo", tmp_path)
     assert report["prompt_ids"] and isinstance(report["text"], str)
+
+
+# --- the release's doctor in the image's python ---------------------------------------------------------------
+def doctor_in_image_python(image_site: Path, repository: Path) -> dict:
+    """The doctor a release ships (doctor.py), run in the image's Python as the image runs it (specbuild not
+    importable; transformers 4.57): its JSON report."""
+    path = [str(image_site), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    script = (f"import runpy, sys; sys.path[:0] = {path!r}; sys.argv = sys.argv[1:]; "
+              "runpy.run_path(sys.argv[0], run_name='__main__')")
+    doctor = repository.resolve() / "doctor.py"
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", script, str(doctor), "--json"],
+                            capture_output=True, text=True, timeout=600, cwd=repository)
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (result.returncode == 1) == (not report["ok"])
+    return report
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {check["name"]: check for check in report["checks"]}
+
+
+@pytest.fixture
+def llmapi_release_of_a_rope_pair(tiny_pair, tmp_path: Path):
+    """The tiny pair with a non-default RoPE theta (100000, in both layouts: top-level rope_theta and transformers 5's
+    rope_parameters), packaged for the tensorrt-llm-llmapi runtime (the image loads its checkpoints as they are)."""
+    from specbuild import compiler
+
+    for role in ("target", "draft"):
+        folder = shutil.copytree(getattr(tiny_pair, f"{role}_dir"), tmp_path / "pair" / role)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config["rope_theta"] = 100000.0
+        config["rope_parameters"] = {"rope_theta": 100000.0, "rope_type": "default"}
+        (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    spec = pair_spec(tmp_path / "release", tmp_path / "pair" / "target", tmp_path / "pair" / "draft",
+                     runtime="tensorrt-llm-llmapi", name="rope")
+    return compiler.run(spec, json_mode=True)
+
+
+@pytest.mark.slow
+def test_the_doctor_in_the_image_s_python_names_a_rope_misread_a_tampered_file_and_a_wrong_decoding_type(
+        image_site, llmapi_release_of_a_rope_pair) -> None:
+    release = llmapi_release_of_a_rope_pair
+    checks = by_name(doctor_in_image_python(image_site, release.repository))
+    for name in ("files", "config:target", "logits:target", "config:draft", "model.yaml:line-rules"):
+        assert checks[name]["verdict"] == "pass", checks[name]
+    assert "transformers 4.57" in checks["config:target"]["evidence"]
+    # the checkpoint re-saved as transformers 5 saves it (RoPE only in rope_parameters), a file of the release edited,
+    # model.yaml's decoding_type spelled as TensorRT-LLM main spells it (1.2.1's from_dict refuses it)
+    config_file = Path(release.checkpoints["target"]) / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    del config["rope_theta"]
+    config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    with (release.repository / "llmapi_adapter" / "1" / "model.py").open("a", encoding="utf-8") as handle:
+        handle.write("\n# edited by hand\n")
+    model_yaml = release.repository / "tensorrt_llm" / "1" / "model.yaml"
+    model_yaml.write_text(model_yaml.read_text(encoding="utf-8").replace("decoding_type: DraftTarget",
+                                                                         "decoding_type: Draft_Target"),
+                          encoding="utf-8")
+    report = doctor_in_image_python(image_site, release.repository)
+    checks = by_name(report)
+    assert not report["ok"]
+    rope = checks["config:target"]
+    assert rope["verdict"] == "fail" and "rope_theta 10000.0 (built with 100000.0)" in rope["evidence"], rope
+    assert "legacy top-level rope_theta" in rope["fix"]
+    files = checks["files"]
+    assert files["verdict"] == "fail" and "llmapi_adapter/1/model.py" in files["evidence"], files
+    assert "target checkpoint: config.json" in files["evidence"] and "specbuild verify" in files["fix"]
+    spelling = checks["model.yaml:line-rules"]
+    assert spelling["verdict"] == "fail" and "'Draft_Target' is not 'DraftTarget'" in spelling["evidence"], spelling
+    assert "package the release again" in spelling["fix"]
+    assert checks["config:draft"]["verdict"] == "pass"  # only the edited checkpoint is named

@@ -46,6 +46,62 @@ def verify(directory: str, json_mode: bool) -> None:
             console.print(cost[0], highlight=False)
 
 
+@main.command()
+@click.argument("release", type=click.Path())
+@click.option("--image", default=None, help="run it in this container image (`docker run`, the release mounted as "
+              "`serve` mounts it, its GPUs given)  [default: here, with this Python]")
+@click.option("--dry-run", is_flag=True, help="print the command that runs the doctor instead of running it")
+@json_option
+@reports_errors
+def doctor(release: str, image: str | None, dry_run: bool, json_mode: bool) -> None:
+    """Check that this environment (or IMAGE) builds and serves the release in RELEASE as specbuild built it: the
+    doctor the release ships, each check a verdict (pass, fail, not checkable here), its evidence and fix.
+
+    Exit 0: nothing failed; 1: a check failed.
+    """
+    from specbuild.doctor import doctor_command, run_doctor
+
+    if dry_run:
+        command = doctor_command(release, image=image)
+        print_json({"command": command}) if json_mode else click.echo(shlex.join(command))
+        return
+    report = run_doctor(release, image=image)
+    if json_mode:
+        print_json(report.to_json())
+    else:
+        _print_doctor(report)
+    if not report.ok:
+        sys.exit(1)
+
+
+def _print_doctor(report: Any) -> None:
+    """A doctor's report, one check a line (its fix below a fail)."""
+    colors = {"pass": "green", "fail": "red"}
+    where = f"in {report.image}" if report.image else "here"
+    console.print(f"doctor of {report.release} ({report.runtime} runtime), {where}: Python {report.python}, "
+                  f"Triton {report.triton or 'unknown'}", highlight=False)
+    for check in report.checks:
+        color = colors.get(check.verdict, "yellow")
+        console.print(f"[{color}]{check.verdict}[/] {check.name}: {check.evidence}", highlight=False, soft_wrap=True)
+        if check.fix:
+            console.print(f"  fix: {check.fix}", highlight=False, soft_wrap=True)
+
+
+def _doctor_before_serving(repository: Path, image: str) -> None:
+    """Run the release's doctor in ``image`` before its server starts; a fail refuses to serve."""
+    from specbuild.doctor import run_doctor
+    from specbuild.errors import VerificationError
+
+    console.print(f"running the release's doctor in {image} (`--no-doctor` skips it)", highlight=False)
+    report = run_doctor(repository, image=image)
+    if not report.ok:
+        _print_doctor(report)
+        failed = report.failed
+        raise VerificationError(f"the doctor failed {', '.join(check.name for check in failed)} in {image}",
+                                "; ".join(check.fix for check in failed if check.fix) + "; or serve with --no-doctor "
+                                "to skip it (the failures stand)", details=report.to_json())
+
+
 def _cost_model(repository: Path) -> tuple[str, dict[str, Any]] | None:
     """The release's cost model and load policy (K by requests in flight), in words and as data, from its
     orchestrator's parameters (None: no orchestrator, as where TensorRT-LLM speculates inside its engine)."""
@@ -88,6 +144,8 @@ def _cost_model(repository: Path) -> tuple[str, dict[str, Any]] | None:
               help="launch settings (triton.host, the ports, triton.image, ...); the rest is the release's")
 @click.option("--dry-run", is_flag=True, help="print the commands instead of running them")
 @click.option("--no-verify", is_flag=True, help="serve even if the release differs from its manifest.json")
+@click.option("--no-doctor", is_flag=True, help="a GPU release: start Triton without running the release's doctor "
+              "in its image first")
 @click.option("--rehearse", is_flag=True, help="a tensorrt-llm-llmapi release: serve it here on the bundled Triton, "
               "a CPU stand-in in place of TensorRT-LLM's LLM-API model")
 @click.option("--json", "json_mode", is_flag=True, help="JSON Lines on stdout: one object when the server is ready "
@@ -95,7 +153,8 @@ def _cost_model(repository: Path) -> tuple[str, dict[str, Any]] | None:
 @reports_errors
 def serve(repository: str, host: str | None, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, openai_port: int | None, no_openai: bool, timeout: float, log_file: str | None,
-          assignments: tuple[str, ...], dry_run: bool, no_verify: bool, rehearse: bool, json_mode: bool) -> None:
+          assignments: tuple[str, ...], dry_run: bool, no_verify: bool, no_doctor: bool, rehearse: bool,
+          json_mode: bool) -> None:
     """Serve the release in REPOSITORY (default: triton_repo) with Triton, and specbuild's OpenAI-compatible API
     next to it, until Ctrl-C or SIGTERM.
 
@@ -113,7 +172,7 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
     plan = _launch_plan(repository, release is not None, overrides, rehearse=rehearse, verify_files=not no_verify)
     if isinstance(plan, LaunchPlan):
         _serve_in_container(plan, release.repository, model, with_openai=not no_openai, dry_run=dry_run,
-                            json_mode=json_mode)
+                            json_mode=json_mode, doctor=not no_doctor)
     else:
         _serve_bundled(plan, model, with_openai=not no_openai, timeout=timeout, log_file=log_file, dry_run=dry_run,
                        json_mode=json_mode)
@@ -139,21 +198,32 @@ def _launch_plan(repository: str, released: bool, overrides: dict[str, Any], *, 
 
 
 def _serve_in_container(plan: Any, repository: Path, model: str, *, with_openai: bool, dry_run: bool,
-                        json_mode: bool) -> None:
+                        json_mode: bool, doctor: bool) -> None:
     """Run ``plan`` (a :class:`~specbuild.runtimes.launch_plans.LaunchPlan`) in the foreground, the OpenAI-compatible
-    API on this host beside it where the release has one."""
+    API on this host beside it where the release has one; ``doctor``: the release's doctor in the plan's image
+    first, refusing on a fail."""
+    from specbuild.doctor import doctor_command
     from specbuild.serve.frontend import OpenAIFrontend, serves_openai
     from specbuild.serve.processes import reachable_host, run_foreground
 
     if dry_run:
         cost = _cost_model(repository)
+        check = doctor_command(repository, image=plan.image) if doctor else None
         if json_mode:
-            print_json({**plan.to_dict(), "cost_model": cost[1] if cost else None})
+            print_json({**plan.to_dict(), "cost_model": cost[1] if cost else None, "doctor_command": check})
         else:
             if cost:
                 click.echo(f"# {cost[0]}")
+            click.echo("# first the release's doctor in the image (a fail refuses to serve):\n"
+                       + shlex.join(check) if check else "# the doctor is skipped (--no-doctor)")
             click.echo(plan.render())
         return
+    if doctor:
+        _doctor_before_serving(repository, plan.image)
+    else:
+        console.print("[bold yellow]warning:[/] --no-doctor: Triton starts without the release's doctor, so a package, "
+                      "RoPE or python backend mismatch with the image shows only as a failed load or other text",
+                      highlight=False)
     if json_mode:
         print_json({"event": "starting", "command": list(plan.docker_argv)}, line=True)
     with contextlib.ExitStack() as beside:
