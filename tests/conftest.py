@@ -146,19 +146,31 @@ SHORT_DRAFT_POSITIONS = 128  # the draft window of ``tiny_short_draft_release``:
 
 
 @pytest.fixture(scope="session")
-def tiny_short_draft_release(tiny_pair):
+def tiny_short_draft_pair(tiny_pair):
     """The tiny pair with its draft's max_position_embeddings cut to :data:`SHORT_DRAFT_POSITIONS` (the target keeps
-    its own), compiled as ``tiny-short-draft`` into the cache folder (``tiny-short-draft-release/``)."""
+    its own), in the cache folder (``tiny-short-draft-pair/``)."""
     import json
 
-    pair = linked_pair(tiny_pair, TINY_CACHE_DIR / "tiny-short-draft-release" / "checkpoints")
+    pair = linked_pair(tiny_pair, TINY_CACHE_DIR / "tiny-short-draft-pair")
     config_file = pair.draft_dir / "config.json"
     config = json.loads(config_file.read_text(encoding="utf-8"))
     if config["max_position_embeddings"] != SHORT_DRAFT_POSITIONS:
         config_file.unlink()  # a hard link to the tiny pair's own config: replaced, not edited
         config_file.write_text(json.dumps({**config, "max_position_embeddings": SHORT_DRAFT_POSITIONS}, indent=2),
                                encoding="utf-8")
-    return compile_tiny(pair, "torch", "tiny-short-draft-release")
+    return pair
+
+
+@pytest.fixture(scope="session")
+def tiny_short_draft_release(tiny_short_draft_pair):
+    """The short-draft pair compiled with the torch runtime (``tiny-short-draft-release/``)."""
+    return compile_tiny(tiny_short_draft_pair, "torch", "tiny-short-draft-release")
+
+
+@pytest.fixture(scope="session")
+def tiny_short_draft_llmapi_release(tiny_short_draft_pair):
+    """The short-draft pair packaged for the tensorrt-llm-llmapi runtime (``tiny-short-draft-llmapi-release/``)."""
+    return compile_tiny(tiny_short_draft_pair, "tensorrt-llm-llmapi", "tiny-short-draft-llmapi-release")
 
 
 @pytest.fixture(scope="session")

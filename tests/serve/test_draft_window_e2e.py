@@ -1,6 +1,8 @@
 """A draft whose window is smaller than the target's, end to end on a real Triton server: the release serves the
 target's window, the draft engine is built for its own and sent only what fits, and a request past it goes on
-(prompt lookup still drafting), token-identical to K=0, counted in ``specbuild_draft_window_requests_total``.
+(prompt lookup still drafting), token-identical to K=0, counted in ``specbuild_draft_window_requests_total``; a
+``tensorrt-llm-llmapi`` release of the pair (rehearsed: its adapter, a torch stand-in in TensorRT-LLM's place) serves
+the target's window too and its adapter counts the requests that outgrew the draft's.
 
 The pair is the tiny pair with its draft cut to :data:`~conftest.SHORT_DRAFT_POSITIONS` positions; its requests run to
 ``max_tokens`` whatever the model says (``end_id=-1``: no token ends them), so the window is crossed by construction.
@@ -13,6 +15,9 @@ from conftest import SHORT_DRAFT_POSITIONS
 
 from specbuild.errors import RequestError
 from specbuild.package.build_record import BuildRecord
+from specbuild.package.manifest import read_release
+from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
+from specbuild.runtimes.tensorrt_llm_llmapi.rehearsal import rehearsal_repository
 from specbuild.serve.client import SpecbuildClient
 from specbuild.serve.server import TritonServer
 from triton_requests import delta, metrics
@@ -90,3 +95,20 @@ def test_a_prompt_past_the_target_s_window_is_refused_by_name(client, tokenizer)
     prompt = prompt_of(tokenizer, 300)
     with pytest.raises(RequestError, match=r"prompt has \d+ tokens, more than max_input_len \(256\)"):
         client.generate(prompt, 8)
+
+
+def test_a_rehearsed_llmapi_release_serves_past_the_draft_window_and_counts_it(
+        tiny_short_draft_llmapi_release, client, tokenizer, tmp_path_factory) -> None:
+    """The LLM API goes on past the draft's window (TensorRT-LLM's model_drafter.py stops drafting there): the text
+    equals the torch release's K=0, and the adapter counts the request, whatever the model answers (its prompt alone
+    is past the window)."""
+    repository = rehearsal_repository(read_release(tiny_short_draft_llmapi_release.repository),
+                                      tmp_path_factory.mktemp("rehearsal"))
+    prompt = prompt_of(tokenizer, 200)
+    with TritonServer(repository, startup_timeout=300) as server:
+        before = metrics(server, ADAPTER_MODEL)
+        got = SpecbuildClient(server.grpc_url, timeout=600).generate(prompt, 48)
+        after = metrics(server, ADAPTER_MODEL)
+    assert got.text == client.generate(prompt, 48, num_draft_tokens=0).text
+    assert delta(before, after, WINDOW_COUNTER) == 1
+    assert delta(before, after, "specbuild_request_errors_total") == 0
