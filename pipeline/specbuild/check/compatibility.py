@@ -292,17 +292,20 @@ class BreakEven:
         return {"k": self.k, "verify_cost": self.verify_cost, "accepted_share": self.share}
 
 
+def _beyond(role: str, field: str, value: int, limit: int) -> Finding:
+    """A limit the user set to more positions than ``role``'s model holds."""
+    return Finding(code=f"{role}-max-positions",
+                   message=f"limits.{field} {value} is more than the {role} supports (max_position_embeddings {limit})",
+                   fix=f"lower limits.{field} to {limit} or less, or leave it out to take it from the {role}")
+
+
 def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
                report: CompatibilityReport) -> None:
     """Refuse limits the user set beyond what their model supports (defaults are taken to fit): the release's against
     the target alone, the draft engine's against the draft; warn when the draft holds less than the release serves."""
-    limit = target.max_position_embeddings
+    limit, window = target.max_position_embeddings, draft.max_position_embeddings
     if limit is not None and params.max_seq_len is not None and params.max_seq_len > limit:
-        report.reasons.append(Finding(
-            code="target-max-positions",
-            message=f"limits.max_seq_len {params.max_seq_len} is more than the target supports "
-                    f"(max_position_embeddings {limit})",
-            fix=f"lower limits.max_seq_len to {limit} or less, or leave it out to take it from the checkpoints"))
+        report.reasons.append(_beyond("target", "max_seq_len", params.max_seq_len, limit))
     elif limit is not None and params.max_seq_len is None and params.max_input_len is not None \
             and params.max_input_len >= limit:
         report.reasons.append(Finding(
@@ -310,13 +313,8 @@ def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams
             message=f"limits.max_input_len {params.max_input_len} leaves no room to generate within the "
                     f"target's max_position_embeddings ({limit})",
             fix=f"lower limits.max_input_len below {limit}, or leave it out to take it from the checkpoints"))
-    window = draft.max_position_embeddings
     if window is not None and params.draft_max_seq_len is not None and params.draft_max_seq_len > window:
-        report.reasons.append(Finding(
-            code="draft-max-positions",
-            message=f"limits.draft_max_seq_len {params.draft_max_seq_len} is more than the draft supports "
-                    f"(max_position_embeddings {window})",
-            fix=f"lower limits.draft_max_seq_len to {window} or less, or leave it out to take it from the draft"))
+        report.reasons.append(_beyond("draft", "draft_max_seq_len", params.draft_max_seq_len, window))
         return
     resolved = LimitsSpec(max_seq_len=params.max_seq_len, max_input_len=params.max_input_len,
                           draft_max_seq_len=params.draft_max_seq_len).resolve(limit, window)
