@@ -24,7 +24,7 @@ CACHE_DIR = cache_dir(REPO_ROOT)  # shared with `specbuild demo` run from the re
 # The tiny pair trains at set-up, and another CPU's kernels train another model: tests derive what they need from the
 # model they are given, never from what one machine's model says. ``SPECBUILD_TINY_SEED=N`` trains the pair (and
 # compiles its releases) from seed N in a cache folder of its own, so the tests can be run against other models:
-# ``SPECBUILD_TINY_SEED=1 bash scripts/test.sh -m tiny_model`` (docs/testing.md).
+# ``bash scripts/test-seeds.sh`` runs them at seeds 0-3 (docs/architecture.md).
 TINY_SEED_ENV = "SPECBUILD_TINY_SEED"
 TINY_SEED = int(os.environ.get(TINY_SEED_ENV) or 0)
 TINY_CACHE_DIR = CACHE_DIR if TINY_SEED == 0 else CACHE_DIR / f"tiny-seed-{TINY_SEED}"

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import nvidia_conformance as nvidia
+from model_probes import CODE_PROMPTS, first, one_token_word
 from triton_requests import metrics, raw_stream
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_MODEL, NUMPY_DTYPES, by_name
 from specbuild.speculation.rules import SamplingParams
@@ -86,18 +87,19 @@ def test_batched_prompts_are_served_row_by_row(tiny_server, target_alone, stream
 
 def test_excluding_the_input_and_the_client_s_other_flags(tiny_server, target_alone, tokenizer):
     """--exclude-input-in-output, --stop-words, --bad-words (empty), --end-id, --pad-id, -n 1."""
-    expected = target_alone(PROMPTS[1], MAX_TOKENS)
-    token = next(t for i, t in enumerate(expected.tokens) if i >= 3 and tokenizer.decode([t]).strip()
-                 and tokenizer.encode(tokenizer.decode([t]), add_special_tokens=False) == [t])
+    prompt = first(CODE_PROMPTS, lambda p: one_token_word(target_alone(p, MAX_TOKENS).tokens, tokenizer) is not None,
+                   "an answer with a one-token word after its first token (the stop word)")
+    expected = target_alone(prompt, MAX_TOKENS)
+    token = one_token_word(expected.tokens, tokenizer)
     stop = tokenizer.decode([token])  # a word of one token: the answer ends right after its first occurrence
     cut = tokenizer.decode(list(expected.tokens[: expected.tokens.index(token) + 1]))
-    answer = nvidia.run(tiny_server.grpc_url, PROMPTS[1:], output_len=MAX_TOKENS, exclude_input_in_output=True,
+    answer = nvidia.run(tiny_server.grpc_url, [prompt], output_len=MAX_TOKENS, exclude_input_in_output=True,
                         num_return_sequences=np.array([[1]], dtype=np.int32),
                         stop_words=np.array([[stop]], dtype=object), bad_words=np.array([[""]], dtype=object),
                         end_id=np.array([[tokenizer.eos_token_id]], dtype=np.int32),
                         pad_id=np.array([[tokenizer.pad_token_id]], dtype=np.int32))
     assert answer.errors == [] and answer.texts == [cut]
-    nvidia.check_outputs(PROMPTS[1:], answer.texts, [cut], streaming=False, exclude_input_in_output=True)
+    nvidia.check_outputs([prompt], answer.texts, [cut], streaming=False, exclude_input_in_output=True)
 
 
 def test_perf_metrics_and_token_counts_under_nvidia_s_names(tiny_server):
@@ -184,12 +186,13 @@ def test_both_spellings_with_different_values_are_refused_naming_them(tiny_serve
 def test_penalties_are_exact_and_run_without_drafts_counted(tiny_server, target_alone):
     penalties = {"repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.25}
     sampling = SamplingParams(top_k=1, **penalties)
-    expected = target_alone(PROMPTS[1], MAX_TOKENS, sampling=sampling)
-    assert expected.text != target_alone(PROMPTS[1], MAX_TOKENS).text  # the penalties change this answer
+    prompt = first(CODE_PROMPTS, lambda p: target_alone(p, MAX_TOKENS, sampling=sampling).text
+                   != target_alone(p, MAX_TOKENS).text, "an answer the penalties change")
+    expected = target_alone(prompt, MAX_TOKENS, sampling=sampling)
     before = metrics(tiny_server)
-    text, figures = grpc_text(tiny_server, text_input=PROMPTS[1], max_tokens=MAX_TOKENS, num_draft_tokens=3,
+    text, figures = grpc_text(tiny_server, text_input=prompt, max_tokens=MAX_TOKENS, num_draft_tokens=3,
                               exclude_input_in_output=True, **penalties)
-    status, answer = http_generate(tiny_server, {"text_input": PROMPTS[1], "max_tokens": MAX_TOKENS,
+    status, answer = http_generate(tiny_server, {"text_input": prompt, "max_tokens": MAX_TOKENS,
                                                  "exclude_input_in_output": True, "stream": False, **penalties})
     after = metrics(tiny_server)
     assert text == answer["text_output"] == expected.text and status == 200

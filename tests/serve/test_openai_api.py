@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import pytest
 from click.testing import CliRunner
 
+from model_probes import CODE_PROMPTS, first
 from readme_blocks import NEEDS_THE_SERVER, README, readme_commands
 from triton_requests import metrics
 from specbuild.cli import main
@@ -303,9 +304,11 @@ def test_generate_applies_the_chat_template_unless_raw_and_keeps_stdin_as_read(s
 
     assert generate(QUESTION) == ensemble(served, QUESTION, chat=True)
     assert generate(PROMPT, "--raw") == ensemble(served, PROMPT)
-    lines = "import os\nimport sys\n"
+    # stdin whose last newline changes the model's answer, so an answer to the stripped text would show
+    lines = first((prompt.rstrip("\n ") + "\n" for prompt in CODE_PROMPTS),
+                  lambda text: ensemble(served, text) != ensemble(served, text.rstrip("\n")),
+                  "a prompt whose answer changes with its last newline")
     assert generate("-", "--raw", stdin=lines) == ensemble(served, lines)  # the last newline was kept
-    assert ensemble(served, lines) != ensemble(served, lines.rstrip("\n"))
 
 
 def test_specbuild_openai_serves_the_api_for_a_triton_running_elsewhere(tiny_server, tiny_release):
