@@ -119,20 +119,58 @@ TINY_CHAT_TEMPLATE = ("{% for message in messages %}### {{ message['role'] }}:\n
                       "{% endfor %}{% if add_generation_prompt %}### assistant:\n{% endif %}")
 
 
+def linked_pair(tiny_pair, root):
+    """A copy of the tiny pair under ``root`` (its files hard-linked: edit one by replacing it, never in place)."""
+    import shutil
+
+    pair = replace(tiny_pair, root=root)
+    for source, folder in ((tiny_pair.target_dir, pair.target_dir), (tiny_pair.draft_dir, pair.draft_dir)):
+        if not folder.is_dir():
+            shutil.copytree(source, folder, copy_function=os.link)
+    return pair
+
+
 @pytest.fixture(scope="session")
 def tiny_chat_release(tiny_pair):
     """The tiny pair with a chat template in both checkpoints' tokenizer files, compiled as ``tiny-chat`` into the
     cache folder (``tiny-chat-release/``)."""
-    import shutil
-
-    chat_pair = replace(tiny_pair, root=TINY_CACHE_DIR / "tiny-chat-release" / "checkpoints")
-    for source, folder in ((tiny_pair.target_dir, chat_pair.target_dir), (tiny_pair.draft_dir, chat_pair.draft_dir)):
-        if not folder.is_dir():
-            shutil.copytree(source, folder, copy_function=os.link)
+    chat_pair = linked_pair(tiny_pair, TINY_CACHE_DIR / "tiny-chat-release" / "checkpoints")
+    for folder in (chat_pair.target_dir, chat_pair.draft_dir):
         template = folder / "chat_template.jinja"
         if not template.is_file() or template.read_text(encoding="utf-8") != TINY_CHAT_TEMPLATE:
             template.write_text(TINY_CHAT_TEMPLATE, encoding="utf-8")
     return compile_tiny(chat_pair, "torch", "tiny-chat-release")
+
+
+SHORT_DRAFT_POSITIONS = 128  # the draft window of ``tiny_short_draft_release``: far below its 512-token requests
+
+
+@pytest.fixture(scope="session")
+def tiny_short_draft_pair(tiny_pair):
+    """The tiny pair with its draft's max_position_embeddings cut to :data:`SHORT_DRAFT_POSITIONS` (the target keeps
+    its own), in the cache folder (``tiny-short-draft-pair/``)."""
+    import json
+
+    pair = linked_pair(tiny_pair, TINY_CACHE_DIR / "tiny-short-draft-pair")
+    config_file = pair.draft_dir / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    if config["max_position_embeddings"] != SHORT_DRAFT_POSITIONS:
+        config_file.unlink()  # a hard link to the tiny pair's own config: replaced, not edited
+        config_file.write_text(json.dumps({**config, "max_position_embeddings": SHORT_DRAFT_POSITIONS}, indent=2),
+                               encoding="utf-8")
+    return pair
+
+
+@pytest.fixture(scope="session")
+def tiny_short_draft_release(tiny_short_draft_pair):
+    """The short-draft pair compiled with the torch runtime (``tiny-short-draft-release/``)."""
+    return compile_tiny(tiny_short_draft_pair, "torch", "tiny-short-draft-release")
+
+
+@pytest.fixture(scope="session")
+def tiny_short_draft_llmapi_release(tiny_short_draft_pair):
+    """The short-draft pair packaged for the tensorrt-llm-llmapi runtime (``tiny-short-draft-llmapi-release/``)."""
+    return compile_tiny(tiny_short_draft_pair, "tensorrt-llm-llmapi", "tiny-short-draft-llmapi-release")
 
 
 @pytest.fixture(scope="session")

@@ -158,13 +158,19 @@ DEFAULT_MAX_SEQ_LEN = 2048  # the most a default max_seq_len takes from a checkp
 
 class LimitsSpec(_Strict):
     """What engines are built for. Limits left null are taken from the checkpoints when they are read
-    (:meth:`resolve`), as trtllm-build does; only values the user set can be refused as too large."""
+    (:meth:`resolve`), as trtllm-build does; only values the user set can be refused as too large. The release serves
+    the target's window; the draft engine is built for its own (:meth:`of`), and a request past it drafts by prompt
+    lookup only, or runs on the target alone."""
 
     max_batch_size: int = Field(8, ge=1, le=1024, description="most requests an engine runs at once")
     max_input_len: int | None = Field(None, ge=1, description="most prompt tokens; null = half of max_seq_len")
     max_seq_len: int | None = Field(
-        None, ge=2, description="most prompt + generated tokens; null = the checkpoints' max_position_embeddings, "
+        None, ge=2, description="most prompt + generated tokens; null = the target's max_position_embeddings, "
         f"at most {DEFAULT_MAX_SEQ_LEN} (set it to build for longer sequences)")
+    draft_max_seq_len: int | None = Field(
+        None, ge=2, description="most context + drafted tokens the draft engine holds; null = the draft's "
+        "max_position_embeddings, at most max_seq_len. A request past it drafts by prompt lookup only, or runs on "
+        "the target alone (specbuild_draft_window_requests_total counts it)")
 
     @model_validator(mode="after")
     def _seq_holds_input(self) -> LimitsSpec:
@@ -174,19 +180,38 @@ class LimitsSpec(_Strict):
                 f"max_seq_len ({self.max_seq_len}) must be larger than max_input_len ({self.max_input_len}) "
                 "so that at least one token can be generated"
             )
+        if self.max_seq_len is not None and self.draft_max_seq_len is not None \
+                and self.draft_max_seq_len > self.max_seq_len:
+            raise ValueError(f"draft_max_seq_len ({self.draft_max_seq_len}) must not be larger than max_seq_len "
+                             f"({self.max_seq_len}): the draft never sees more than a request holds")
         return self
 
-    def resolve(self, max_positions: int | None) -> LimitsSpec:
-        """These limits with the null ones filled in for checkpoints that hold ``max_positions`` tokens
-        (None: unknown): max_seq_len = min(max_positions, DEFAULT_MAX_SEQ_LEN) but above a max_input_len the
-        user set; max_input_len = half of max_seq_len."""
+    def resolve(self, max_positions: int | None, draft_positions: int | None = None) -> LimitsSpec:
+        """These limits with the null ones filled in for a target that holds ``max_positions`` tokens and a draft
+        that holds ``draft_positions`` (None: unknown): max_seq_len = min(max_positions, DEFAULT_MAX_SEQ_LEN) but
+        above a max_input_len the user set; max_input_len = half of max_seq_len; draft_max_seq_len =
+        min(draft_positions, max_seq_len)."""
         seq_len = self.max_seq_len
         if seq_len is None:
             seq_len = max(2, min(max_positions or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN))
             if self.max_input_len is not None:
                 seq_len = max(seq_len, self.max_input_len + 1)
         input_len = self.max_input_len if self.max_input_len is not None else seq_len // 2
-        return LimitsSpec(max_batch_size=self.max_batch_size, max_input_len=input_len, max_seq_len=seq_len)
+        draft_len = self.draft_max_seq_len
+        if draft_len is None:
+            draft_len = max(2, min(draft_positions or seq_len, seq_len))
+        return LimitsSpec(max_batch_size=self.max_batch_size, max_input_len=input_len, max_seq_len=seq_len,
+                          draft_max_seq_len=min(draft_len, seq_len))
+
+    def of(self, role: Role) -> LimitsSpec:
+        """The limits of ``role``'s engine (resolved limits in, :meth:`resolve`): the target's are the release's;
+        the draft's sequence is its own window and its input one token shorter, at most the release's input."""
+        if role == "target" or self.draft_max_seq_len is None or self.max_seq_len is None \
+                or self.max_input_len is None:
+            return self
+        window = self.draft_max_seq_len
+        return LimitsSpec(max_batch_size=self.max_batch_size, max_input_len=min(self.max_input_len, window - 1),
+                          max_seq_len=window, draft_max_seq_len=window)
 
 
 class TritonSpec(_Strict):

@@ -173,13 +173,22 @@ def test_draft_cost_counts_layers_and_the_head_not_the_shared_embeddings(target:
     assert report.cost_ratio < 0.5 and "size-ratio" not in codes(report.warnings)
 
 
-def test_max_seq_len_beyond_either_model_is_a_reason(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+def test_max_seq_len_is_checked_against_the_target_alone(target: CheckpointInfo, draft: CheckpointInfo) -> None:
+    """The release serves the target's window: a draft with a shorter one warns (past it requests draft by lookup or
+    run on the target alone), never refuses; a limit beyond the target, or a draft window beyond the draft, does."""
     short = draft.model_copy(update={"max_position_embeddings": 1024})
     report = check_pair(target, short, PairParams(max_seq_len=2048))
-    [reason] = report.reasons
-    assert reason.code == "draft-max-positions" and "1024" in reason.message and "to 1024" in reason.fix
-    both = check_pair(target, short, PairParams(max_seq_len=MAX_POSITIONS + 1))
-    assert codes(both.reasons) == {"target-max-positions", "draft-max-positions"}
+    assert report.compatible and codes(report.warnings) == {"draft-window"}
+    [warning] = report.warnings
+    assert "holds 1024 positions, the release serves 2048" in warning.message
+    assert "specbuild_draft_window_requests_total" in warning.message
+    assert codes(check_pair(target, draft, PairParams(max_seq_len=2048)).warnings) == set()  # same windows
+    beyond = check_pair(target, short, PairParams(max_seq_len=MAX_POSITIONS + 1))
+    [reason] = beyond.reasons
+    assert reason.code == "target-max-positions" and f"to {MAX_POSITIONS} or less" in reason.fix
+    drafted = check_pair(target, short, PairParams(draft_max_seq_len=2048))
+    [reason] = drafted.reasons
+    assert reason.code == "draft-max-positions" and "1024" in reason.message and "to 1024 or less" in reason.fix
 
 
 def test_rope_differences_warn(target: CheckpointInfo, draft: CheckpointInfo) -> None:

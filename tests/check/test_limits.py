@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from checkpoint_factory import Checkpoints, with_max_positions
+from checkpoint_factory import Checkpoints, edit_json, with_max_positions
 from click.testing import CliRunner
 
 from specbuild.package.build_record import BuildRecord
@@ -35,6 +35,29 @@ def test_open_limits_resolve_from_the_checkpoints(requested: dict, positions: in
     resolved = LimitsSpec(**requested).resolve(positions)
     assert (resolved.max_input_len, resolved.max_seq_len) == expected
     assert resolved.max_batch_size == LimitsSpec().max_batch_size
+
+
+@pytest.mark.parametrize(("requested", "positions", "expected"), [
+    ({}, (131072, 4096), (DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)),  # the draft holds the whole (capped) window
+    ({}, (SHORT, 128), (SHORT, 128)),  # the release serves the target's window, the draft its own
+    ({}, (SHORT, None), (SHORT, SHORT)),  # unknown: as many as the target
+    ({"max_seq_len": 300}, (SHORT, 4096), (300, 300)),  # never more than a request holds
+    ({"draft_max_seq_len": 64}, (SHORT, 128), (SHORT, 64)),  # set by the user: kept
+    ({"draft_max_seq_len": 4096}, (SHORT, 128), (SHORT, SHORT)),  # beyond the resolved window (check refuses it)
+])
+def test_the_draft_window_resolves_from_the_draft_alone(requested: dict, positions: tuple[int, int | None],
+                                                         expected: tuple[int, int]) -> None:
+    resolved = LimitsSpec(**requested).resolve(*positions)
+    assert (resolved.max_seq_len, resolved.draft_max_seq_len) == expected
+
+
+def test_each_engine_gets_its_own_model_s_limits() -> None:
+    limits = LimitsSpec().resolve(SHORT, 128)
+    assert limits.of("target") == limits
+    draft = limits.of("draft")
+    assert (draft.max_batch_size, draft.max_input_len, draft.max_seq_len) == (8, 127, 128)
+    same = LimitsSpec().resolve(SHORT, SHORT).of("draft")
+    assert (same.max_input_len, same.max_seq_len) == (SHORT // 2, SHORT)
 
 
 def test_limits_the_user_sets_are_still_validated(tmp_path: Path) -> None:
@@ -92,6 +115,31 @@ def test_every_step_after_the_check_builds_for_the_resolved_limits(short_pair: t
     assert f'key: "max_input_len"\n  value {{\n    string_value: "{SHORT // 2}"' in \
         (result.repository / "preprocessing" / "config.pbtxt").read_text()
     recorded = json.loads((result.repository / manifest.MANIFEST_NAME).read_text())
-    assert recorded["spec"]["limits"] == {"max_batch_size": 8, "max_input_len": SHORT // 2, "max_seq_len": SHORT}
+    assert recorded["spec"]["limits"] == {"max_batch_size": 8, "max_input_len": SHORT // 2, "max_seq_len": SHORT,
+                                          "draft_max_seq_len": SHORT}
     again = compiler.run(spec, json_mode=True)  # a skipped check still hands its resolved limits on
     assert again.spec.limits == result.spec.limits and {s.status for s in again.steps} == {"skipped"}
+
+
+def test_a_draft_with_a_smaller_window_builds_for_it_and_the_release_for_the_target(
+        checkpoints: Checkpoints, tmp_path: Path) -> None:
+    """The target's window is the release's; the draft engine is built for its own, which the orchestrator knows."""
+    target, draft = with_max_positions(checkpoints, tmp_path / "pair", SHORT)
+    edit_json(draft / "config.json", max_position_embeddings=128)
+    spec = load_spec(None, {"runtime": "torch", "target.checkpoint": str(target), "draft.checkpoint": str(draft),
+                            "outputs.build_dir": "build", "outputs.engines_dir": "engines",
+                            "outputs.repository_dir": "triton_repo"}, base_dir=tmp_path)
+    result = compiler.run(spec, json_mode=True)
+    assert (result.spec.limits.max_seq_len, result.spec.limits.draft_max_seq_len) == (SHORT, 128)
+    target_limits = BuildRecord.read(result.engines / "target").limits
+    draft_limits = BuildRecord.read(result.engines / "draft").limits
+    assert (target_limits.max_input_len, target_limits.max_seq_len) == (SHORT // 2, SHORT)
+    assert (draft_limits.max_input_len, draft_limits.max_seq_len) == (127, 128)
+    orchestrator = (result.repository / "orchestrator" / "config.pbtxt").read_text()
+    assert f'key: "max_seq_len"\n  value {{\n    string_value: "{SHORT}"' in orchestrator
+    assert 'key: "draft_max_seq_len"\n  value {\n    string_value: "128"' in orchestrator
+    shown = CliRunner().invoke(main, ["check", str(target), str(draft)], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert f"max_seq_len {SHORT} (the target's window), draft_max_seq_len 128 (the draft's)" in text
+    assert "warning (draft-window): the draft engine holds 128 positions, the release serves 512" in text

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from random_llama import VOCAB
+from specbuild.speculation.cost import CostModel
 from specbuild.speculation.drafting import DraftHealth, draft_sources, next_draft_length
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.runtimes.torch.inprocess import Generated, InProcessSpeculator
@@ -42,11 +43,11 @@ def speculator(request, tiny, target):
 
 
 def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, *, health=None,
-             lookup_draft_fallback=True, on_draft_failure=None, load_cap=None) -> list[Round]:
+             lookup_draft_fallback=True, on_draft_failure=None, load_cap=None, draft_window=None) -> list[Round]:
     stats = stats if stats is not None else SpeculationStats()
     drafts = draft_sources(request, draft_call, max_draft_len=MAX_DRAFT_LEN, stats=stats,
                            health=health or DraftHealth(), lookup_draft_fallback=lookup_draft_fallback,
-                           on_failure=on_draft_failure)
+                           on_failure=on_draft_failure, draft_window=draft_window)
 
     async def collect():
         return [r async for r in speculate(request, target_call, drafts, stats=stats, load_cap=load_cap)]
@@ -355,6 +356,57 @@ def test_lookup_keeps_drafting_after_the_draft_model_fails(target, alone):
                       engine_call(target), broken, stats)
     assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 20)).tokens
     assert stats.fallbacks == 1 and stats.source("lookup").drafts > 0 and stats.drafts == stats.source("lookup").drafts
+
+
+DRAFT_WINDOW = 14
+
+
+@pytest.mark.parametrize("lookup", [None, LOOKUP], ids=["draft-only", "lookup+draft"])
+def test_past_the_draft_window_the_request_goes_on_exactly_without_the_draft_model(tiny, target, alone, lookup):
+    """A draft engine that holds fewer positions than the request is sent only contexts and drafts that fit; past its
+    window the request goes on (lookup still drafting), token-identical to the target alone, counted once."""
+    draft = TorchEngine(tiny.perturbed, max_seq_len=DRAFT_WINDOW)  # refuses anything longer: a fallback if sent
+    for prompt in REPEATING[:3]:
+        seen_draft: list[EngineRequest] = []
+        seen_target: list[EngineRequest] = []
+        stats = SpeculationStats()
+        request = GenerationRequest(prompt, 24, num_draft_tokens=4, prompt_lookup=lookup)
+        rounds = run_loop(request, engine_call(target, seen_target), engine_call(draft, seen_draft), stats,
+                          draft_window=DRAFT_WINDOW)
+        assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 24)).tokens
+        assert stats.fallbacks == 0 and stats.draft_window == 1
+        assert seen_draft and all(len(r.input_ids) + r.max_new_tokens <= DRAFT_WINDOW for r in seen_draft)
+        past = [r for r in seen_target if len(r.input_ids) >= DRAFT_WINDOW]
+        assert past  # the request ran on past the draft's window
+        drafted = [r for r in past if r.draft_tokens]  # by lookup only: what it proposes for that context
+        assert all(lookup is not None and r.draft_tokens == lookup.propose(r.input_ids, len(r.draft_tokens))
+                   for r in drafted)
+
+
+def test_past_the_draft_window_the_break_even_prices_lookup_drafts_at_no_draft_cost(tiny, target):
+    """Lookup is what drafts past the window: the request's break-even stops charging it the draft model's steps."""
+    draft = TorchEngine(tiny.perturbed, max_seq_len=DRAFT_WINDOW)
+    cost = CostModel(draft_cost=0.18, verify_cost={1: 1.15})
+    prompt = REPEATING[0] * 2  # past the window from round one, whatever the break-even decides later
+    assert len(prompt) > DRAFT_WINDOW
+    request = GenerationRequest(prompt, 8, num_draft_tokens=4, prompt_lookup=LOOKUP, break_even=cost)
+    stats = SpeculationStats()
+    drafts = draft_sources(request, engine_call(draft), max_draft_len=MAX_DRAFT_LEN, stats=stats,
+                           health=DraftHealth(), draft_window=DRAFT_WINDOW)
+    assert drafts.gate.cost.draft_cost == 0.18
+
+    async def run():
+        return [r async for r in speculate(request, engine_call(target), drafts, stats=stats)]
+    asyncio.run(run())
+    assert stats.draft_window == 1 and drafts.gate.cost.draft_cost == 0.0
+
+
+def test_the_in_process_speculator_drafts_within_its_draft_engine_s_window(tiny, target, alone):
+    speculator = InProcessSpeculator(target, TorchEngine(tiny.perturbed, max_seq_len=DRAFT_WINDOW))
+    prompt = PROMPTS[5]
+    result = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=4))
+    assert result.tokens == alone.generate(GenerationRequest(prompt, 24)).tokens
+    assert result.stats.draft_window == 1 and result.stats.fallbacks == 0 and result.stats.drafts > 0
 
 
 def test_sampled_lookup_drafts_are_verified_by_token_matching(tiny, target):

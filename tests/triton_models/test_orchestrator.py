@@ -26,15 +26,18 @@ from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.stats import SpeculationStats
 
 TARGET_LIMITS = BuildLimits(max_batch_size=8, max_draft_len=8, max_seq_len=128, max_input_len=64)
+DRAFT_LIMITS = BuildLimits(max_batch_size=8, max_seq_len=96, max_input_len=64)  # a draft with a smaller window
 
 
 def rendered_parameters(tmp_path: Path, runtime: str = "torch", **speculation: object) -> dict[str, str]:
     spec = load_spec(None, {"runtime": runtime, "target.checkpoint": "t", "draft.checkpoint": "d",
                             "limits.max_input_len": 64, "limits.max_seq_len": 128,
                             **{f"speculation.{key}": value for key, value in speculation.items()}}, base_dir=tmp_path)
-    target = Engine(tmp_path, BuildRecord(runtime=runtime, role="target", dtype="float16", vocab_size=320,
-                                          architecture="LlamaForCausalLM", limits=TARGET_LIMITS))
-    config = orchestrator_config(spec, target, runtime_for(runtime).load_policy(spec), spec.speculation.cost_model(0.1))
+    target, draft = (Engine(tmp_path, BuildRecord(runtime=runtime, role=role, dtype="float16", vocab_size=320,
+                                                  architecture="LlamaForCausalLM", limits=limits))
+                     for role, limits in (("target", TARGET_LIMITS), ("draft", DRAFT_LIMITS)))
+    config = orchestrator_config(spec, target, draft, runtime_for(runtime).load_policy(spec),
+                                 spec.speculation.cost_model(0.1))
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
@@ -45,8 +48,9 @@ def test_parameters_read_back_what_the_repository_renders(tmp_path, runtime):
                               "prompt_lookup.min_ngram": 1, "prompt_lookup.draft_fallback": False}))
     assert settings.prompt_lookup is True and settings.lookup == PromptLookup(max_ngram=3, min_ngram=1)
     assert settings.lookup_draft_fallback is False and settings.fast_logits is False
-    # limits come from the target engine's build record: what it was built for, less the draft tokens
+    # limits come from the engines' build records: the target's, less the draft tokens; the draft's own window
     assert (settings.max_draft_len, settings.max_seq_len, settings.max_input_len) == (8, 128, 64)
+    assert settings.draft_max_seq_len == 96
     default = OrchestratorParameters.from_parameters(rendered_parameters(tmp_path, runtime))
     assert default.prompt_lookup is False and default.lookup == PromptLookup()
 
@@ -71,6 +75,7 @@ def test_bad_lookup_parameters_fail_the_load_with_a_clear_error(tmp_path, max_ng
 SETTINGS = OrchestratorParameters(max_draft_len=8, num_draft_tokens=4, use_draft_logits=True, adaptive_draft=False,
                                   draft_len_schedule="2:0", prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=64, max_seq_len=128,
+                                  draft_max_seq_len=128,
                                   vocab_size=320, max_request_seconds=600.0, break_even=True, draft_cost=0.18,
                                   verify_costs=(1.15,) * 8, cost_measured=True, measured_acceptance=0.49)
 

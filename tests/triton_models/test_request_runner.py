@@ -21,6 +21,7 @@ from specbuild.triton_models.request_runner import RequestRunner
 SETTINGS = OrchestratorParameters(max_draft_len=4, num_draft_tokens=2, use_draft_logits=True, adaptive_draft=False,
                                   draft_len_schedule="", prompt_lookup=False, lookup_max_ngram=4, lookup_min_ngram=2,
                                   lookup_draft_fallback=True, fast_logits=False, max_input_len=32, max_seq_len=64,
+                                  draft_max_seq_len=64,
                                   vocab_size=16, max_request_seconds=600.0, break_even=False, draft_cost=0.1,
                                   verify_costs=(1.0,) * 4, cost_measured=False)
 

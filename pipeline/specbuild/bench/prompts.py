@@ -7,7 +7,9 @@ throughput):
   length;
 * ``structured`` (``structured_prompts.jsonl``): prompts whose answer is JSON, each with its JSON schema; each is
   sent twice, held to its schema (category ``<kind>+schema``) and unconstrained (``<kind>``), interleaved, so one
-  run measures what the grammar does to acceptance and speed.
+  run measures what the grammar does to acceptance and speed;
+* ``long`` (built at load, :mod:`specbuild.bench.long_prompts`): prompts of 1k-2k tokens from text every machine has,
+  grounded QA over long passages, long multi-turn chats and whole-file code edits.
 
 Each line is ``{"category": ..., "prompt": ...}``, optionally with ``"json_schema": {...}`` (the request is then
 guided decoding, NVIDIA's ``json_schema`` guide type).
@@ -25,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specbuild.bench import BUNDLED
 from specbuild.errors import UsageError
 
-Workload = Literal["general", "structured"]
+Workload = Literal["general", "structured", "long"]
 CATEGORIES = ("chat", "code", "summarization", "reasoning", "extraction")
 SCHEMA_SUFFIX = "+schema"  # the category of a structured prompt sent with its schema
 
@@ -67,7 +69,11 @@ def load_prompts(path: str | Path | None = None, *, workload: Workload = "genera
     """The bundled ``workload`` (``path`` None) or a user's JSONL, optionally filtered by category and cut to
     ``limit``, taken round-robin across categories so a short run still sees every kind of prompt; the structured
     workload's prompts each twice, with their schema and without (``limit`` counts the pairs)."""
-    if path is None:
+    if path is None and workload == "long":
+        from specbuild.bench.long_prompts import long_prompts
+
+        prompts = long_prompts()
+    elif path is None:
         name = BUNDLED[workload]
         prompts = parse_jsonl(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"),
                               f"bundled {name}")

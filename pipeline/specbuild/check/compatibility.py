@@ -16,7 +16,7 @@ from specbuild.checkpoint.info import CheckpointInfo
 from specbuild.errors import SpecbuildError
 from specbuild.runtimes.names import TORCH
 from specbuild.runtimes.registry import RUNTIMES, runtime_for, runtime_of
-from specbuild.spec import Acceptance, BuildSpec, SpeculationSpec
+from specbuild.spec import Acceptance, BuildSpec, LimitsSpec, SpeculationSpec
 
 # A draft token's cost as a share of a target step (per-token multiply-adds, CheckpointInfo.macs_per_token).
 # Speculation with verification at one target step pays when the share of accepted draft tokens exceeds it, so
@@ -38,6 +38,7 @@ class PairParams(BaseModel):
     acceptance: Acceptance = "draft-logits"
     max_seq_len: int | None = None  # as the user set them (None: from the checkpoints, which always fits)
     max_input_len: int | None = None
+    draft_max_seq_len: int | None = None
     runtime: str = TORCH
     target_dtype: str = "auto"
     draft_dtype: str = "auto"
@@ -52,7 +53,7 @@ class PairParams(BaseModel):
         acceptance = spec.speculation.acceptance
         return cls(acceptance=acceptance if acceptance in runtime.acceptances else runtime.acceptances[0],
                    max_seq_len=spec.limits.max_seq_len, max_input_len=spec.limits.max_input_len,
-                   runtime=runtime.name, target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype,
+                   draft_max_seq_len=spec.limits.draft_max_seq_len, runtime=runtime.name, target_dtype=spec.target.dtype, draft_dtype=spec.draft.dtype,
                    target_tp=spec.target.tp_size, draft_tp=spec.draft.tp_size)
 
 
@@ -292,27 +293,39 @@ class BreakEven:
         return {"k": self.k, "verify_cost": self.verify_cost, "accepted_share": self.share}
 
 
+def _beyond(role: str, field: str, value: int, limit: int) -> Finding:
+    """A limit the user set to more positions than ``role``'s model holds."""
+    return Finding(code=f"{role}-max-positions",
+                   message=f"limits.{field} {value} is more than the {role} supports (max_position_embeddings {limit})",
+                   fix=f"lower limits.{field} to {limit} or less, or leave it out to take it from the {role}")
+
+
 def _positions(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,
                report: CompatibilityReport) -> None:
-    """Refuse limits the user set beyond what either model supports (defaults are taken to fit)."""
-    limits = [m for m in (target.max_position_embeddings, draft.max_position_embeddings) if m is not None]
-    for role, info in (("target", target), ("draft", draft)):
-        limit = info.max_position_embeddings
-        if limit is None:
-            continue
-        if params.max_seq_len is not None and params.max_seq_len > limit:
-            report.reasons.append(Finding(
-                code=f"{role}-max-positions",
-                message=f"limits.max_seq_len {params.max_seq_len} is more than the {role} supports "
-                        f"(max_position_embeddings {limit})",
-                fix=f"lower limits.max_seq_len to {min(limits)} or less, or leave it out to take it from the "
-                    "checkpoints"))
-        elif params.max_seq_len is None and params.max_input_len is not None and params.max_input_len >= limit:
-            report.reasons.append(Finding(
-                code=f"{role}-max-positions",
-                message=f"limits.max_input_len {params.max_input_len} leaves no room to generate within the "
-                        f"{role}'s max_position_embeddings ({limit})",
-                fix=f"lower limits.max_input_len below {min(limits)}, or leave it out to take it from the checkpoints"))
+    """Refuse limits the user set beyond what their model supports (defaults are taken to fit): the release's against
+    the target alone, the draft engine's against the draft; warn when the draft holds less than the release serves."""
+    limit, window = target.max_position_embeddings, draft.max_position_embeddings
+    if limit is not None and params.max_seq_len is not None and params.max_seq_len > limit:
+        report.reasons.append(_beyond("target", "max_seq_len", params.max_seq_len, limit))
+    elif limit is not None and params.max_seq_len is None and params.max_input_len is not None \
+            and params.max_input_len >= limit:
+        report.reasons.append(Finding(
+            code="target-max-positions",
+            message=f"limits.max_input_len {params.max_input_len} leaves no room to generate within the "
+                    f"target's max_position_embeddings ({limit})",
+            fix=f"lower limits.max_input_len below {limit}, or leave it out to take it from the checkpoints"))
+    if window is not None and params.draft_max_seq_len is not None and params.draft_max_seq_len > window:
+        report.reasons.append(_beyond("draft", "draft_max_seq_len", params.draft_max_seq_len, window))
+        return
+    resolved = LimitsSpec(max_seq_len=params.max_seq_len, max_input_len=params.max_input_len,
+                          draft_max_seq_len=params.draft_max_seq_len).resolve(limit, window)
+    if resolved.draft_max_seq_len < resolved.max_seq_len:
+        report.warnings.append(Finding(
+            code="draft-window",
+            message=f"the draft engine holds {resolved.draft_max_seq_len} positions, the release serves "
+                    f"{resolved.max_seq_len}: past {resolved.draft_max_seq_len} tokens a request drafts by prompt "
+                    "lookup only, or runs on the target alone (counted in specbuild_draft_window_requests_total)",
+            fix="a draft trained for a longer context speculates over the whole window"))
 
 
 def _rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairParams,

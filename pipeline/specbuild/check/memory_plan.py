@@ -24,7 +24,7 @@ from specbuild.checkpoint.info import CheckpointInfo
 from specbuild.errors import IncompatibleError, SpecbuildError
 from specbuild.runtimes.registry import runtime_of
 from specbuild.runtimes.trtllm_image import MAX_NUM_TOKENS
-from specbuild.spec import BuildSpec, ModelSpec
+from specbuild.spec import BuildSpec, ModelSpec, Role
 
 GIB = 2**30
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -114,12 +114,12 @@ def engine_dtype(spec: BuildSpec, role: str, checkpoint: CheckpointInfo) -> str:
         return "float32" if requested == "auto" else requested
 
 
-def model_memory(role: str, model: ModelSpec, info: CheckpointInfo, spec: BuildSpec) -> ModelMemory:
+def model_memory(role: Role, model: ModelSpec, info: CheckpointInfo, spec: BuildSpec) -> ModelMemory:
     """Weights, KV cache and activations of one model at the spec's dtype, limits and parallelism."""
     dtype = engine_dtype(spec, role, info)
     size = DTYPE_BYTES[dtype]
     tp, pp = model.tp_size, model.pp_size
-    limits, max_draft_len = spec.limits, spec.speculation.max_draft_len
+    limits, max_draft_len = spec.limits.of(role), spec.speculation.max_draft_len
     parameters = info.num_parameters
     if info.tie_word_embeddings and info.weights.lm_head_rows is None and info.embedding_rows:
         parameters += info.embedding_rows * info.hidden_size  # the engine's own lm_head copy

@@ -106,10 +106,10 @@ def check(target_path: str | Path, draft_path: str | Path, spec: BuildSpec | Non
 
 
 def spec_for_checkpoints(spec: BuildSpec, target: CheckpointInfo, draft: CheckpointInfo) -> BuildSpec:
-    """``spec`` with the limits it leaves open taken from the checkpoints (:meth:`LimitsSpec.resolve` at the
-    smaller model's max_position_embeddings): what every step after the check builds for."""
-    positions = [info.max_position_embeddings for info in (target, draft) if info.max_position_embeddings]
-    return spec.model_copy(update={"limits": spec.limits.resolve(min(positions, default=None))})
+    """``spec`` with the limits it leaves open taken from the checkpoints (:meth:`LimitsSpec.resolve`: the release at
+    the target's max_position_embeddings, the draft engine at its own): what every step after the check builds for."""
+    return spec.model_copy(update={"limits": spec.limits.resolve(target.max_position_embeddings,
+                                                                 draft.max_position_embeddings)})
 
 
 # --- rendering -----------------------------------------------------------------------------------------
@@ -215,7 +215,8 @@ def render_check(report: CheckReport, console: Console, break_even: BreakEven | 
     console.print(memory_caption(report.memory), highlight=False)
     limits = report.limits
     console.print(f"build limits: max_batch_size {limits.max_batch_size}, max_input_len {limits.max_input_len}, "
-                  f"max_seq_len {limits.max_seq_len} (those the spec leaves unset come from the checkpoints)",
+                  f"max_seq_len {limits.max_seq_len} (the target's window), draft_max_seq_len "
+                  f"{limits.draft_max_seq_len} (the draft's) (those the spec leaves unset come from the checkpoints)",
                   highlight=False)
     for reason in report.reasons:
         console.print(f"[bold red]incompatible[/] ({reason.code}): {escape(reason.message)}", highlight=False)

@@ -77,9 +77,11 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
                      help="JSONL file of {category, prompt} lines, each optionally with a json_schema  [default: the "
                      "bundled workload]"),
-        click.option("--workload", type=click.Choice(["general", "structured"]), default="general", show_default=True,
-                     help="the bundled prompts: general, or structured (answers in JSON, each prompt sent with its "
-                     "schema and without, interleaved)"),
+        click.option("--workload", type=click.Choice(["general", "structured", "long"]), default="general",
+                     show_default=True,
+                     help="the bundled prompts: general, structured (answers in JSON, each prompt sent with its "
+                     "schema and without, interleaved), or long (1k-2k tokens: grounded QA over passages, long chats, "
+                     "whole-file code edits; the release's max_input_len must hold them)"),
         click.option("--category", "categories", multiple=True, help="only prompts of this category (repeatable)"),
         click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="use the first N prompts "
                      "(taken round-robin across categories)"),

@@ -179,8 +179,10 @@ def specbuild_dashboard() -> Dashboard:
                                               Query(s.rate(METRIC["timed_out"]), "timed out"),
                                               Query(s.rate(METRIC["cancelled"]), "cancelled")), unit="reqps", width=6),
         Panel("Draft fallbacks and unspeculated requests", "Requests that went on with the target alone because "
-              "the draft model failed, and those that asked for drafts but ran without (sampling penalties).",
-              (Query(s.rate(METRIC["fallbacks"]), "fallbacks"), Query(s.rate(METRIC["unspeculated"]), "unspeculated")),
+              "the draft model failed, those that outgrew the draft's window (lookup still drafting), and those that "
+              "asked for drafts but ran without (sampling penalties).",
+              (Query(s.rate(METRIC["fallbacks"]), "fallbacks"), Query(s.rate(METRIC["draft_window"]), "draft window"),
+               Query(s.rate(METRIC["unspeculated"]), "unspeculated")),
               unit="reqps", width=6),
         Panel("Failures per model (Triton)", "Triton's failed inferences per model: the ensemble's steps and the "
               "engines the serving model calls.",

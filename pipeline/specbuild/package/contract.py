@@ -199,7 +199,8 @@ class OrchestratorParameters(ModelParameters):
     lookup_draft_fallback: bool  # with lookup on: call the draft model when lookup finds nothing
     fast_logits: bool  # TensorRT-LLM passes draft logits GPU to GPU: the draft's logits are a handle, passed on as is
     max_input_len: int
-    max_seq_len: int
+    max_seq_len: int  # the target's window: what a request may hold
+    draft_max_seq_len: int  # the draft engine's window: past it the draft model is not called (drafting.ModelDrafts)
     vocab_size: int  # the engines' vocabulary: a request's end_id must be inside it
     max_request_seconds: float  # a request stops after the round that passes this (0: never); abandons end too
     break_even: bool  # requests' default: drafting switches off for a request while it does not pay

@@ -122,10 +122,11 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
     return config
 
 
-def orchestrator_parameters(spec: BuildSpec, target: Engine, load_schedule: DraftLenSchedule,
+def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load_schedule: DraftLenSchedule,
                             cost: CostModel, guided_decoding: bool = False,
                             engine_guides: bool = False) -> OrchestratorParameters:
-    """Requests' defaults from the spec; limits from the target engine's build record (what it can do);
+    """Requests' defaults from the spec; limits from the engines' build records (what they can do: a request, the
+    target's; a draft call, the draft's window);
     ``load_schedule`` the load policy (the spec's, or the runtime's default); ``cost`` the release's
     cost model (V(K) for every K a request may ask for); ``guided_decoding`` whether the engine models take guide
     masks, ``engine_guides`` whether the target engine applies NVIDIA's guide inputs itself."""
@@ -146,6 +147,7 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, load_schedule: Draf
         fast_logits=spec.launch.fast_logits,
         max_input_len=record.limits.max_input_len,
         max_seq_len=record.limits.max_seq_len,
+        draft_max_seq_len=draft.record.limits.engine_seq_len,
         vocab_size=record.vocab_size,
         max_request_seconds=spec.triton.max_request_seconds,
         guided_decoding=guided_decoding,
@@ -153,11 +155,11 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, load_schedule: Draf
     )
 
 
-def orchestrator_config(spec: BuildSpec, target: Engine, load_schedule: DraftLenSchedule, cost: CostModel,
-                        guided_decoding: bool = False, engine_guides: bool = False) -> mc.ModelConfig:
+def orchestrator_config(spec: BuildSpec, target: Engine, draft: Engine, load_schedule: DraftLenSchedule,
+                        cost: CostModel, guided_decoding: bool = False, engine_guides: bool = False) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
                                contract.ORCHESTRATOR_OUTPUTS,
-                               orchestrator_parameters(spec, target, load_schedule, cost, guided_decoding,
+                               orchestrator_parameters(spec, target, draft, load_schedule, cost, guided_decoding,
                                                        engine_guides),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
@@ -238,7 +240,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
             PreprocessingParameters(max_input_len=target.record.limits.max_input_len,
                                     end_id=tokenizer_end_id(tokenizer_dir))),
         contract.ORCHESTRATOR_MODEL: orchestrator_config(
-            spec, target, load_schedule, cost, all(model.guide_masks for model in engine_models.values()),
+            spec, target, engines[contract.DRAFT_MODEL], load_schedule, cost, all(model.guide_masks for model in engine_models.values()),
             guided_decoding_configured(target_parameters.guided_decoding_backend,
                                        target_parameters.xgrammar_tokenizer_info_path)),
         contract.POSTPROCESSING_MODEL: python_model_config(

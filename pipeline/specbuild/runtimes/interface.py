@@ -159,8 +159,11 @@ class Runtime(abc.ABC):
         return spec.speculation.max_draft_len if role == "target" else 0
 
     def record_limits(self, spec: BuildSpec, role: Role) -> BuildLimits:
-        """What the engine of ``role`` is built for: the spec's (resolved) limits and its draft positions."""
-        return BuildLimits(**spec.limits.model_dump(), max_draft_len=self.draft_positions(spec, role))
+        """What the engine of ``role`` is built for: the spec's (resolved) limits for that model (the draft's own
+        window, :meth:`~specbuild.spec.LimitsSpec.of`) and its draft positions."""
+        limits = spec.limits.of(role)
+        return BuildLimits(max_batch_size=limits.max_batch_size, max_input_len=limits.max_input_len,
+                           max_seq_len=limits.max_seq_len, max_draft_len=self.draft_positions(spec, role))
 
     def load_policy(self, spec: BuildSpec) -> DraftLenSchedule:
         """The load policy: ``speculation.draft_len_schedule``, else ``busy_in_flight`` (this runtime's default

@@ -106,13 +106,21 @@ class LookupDrafts:
 
 class ModelDrafts:
     """The draft model, called as an engine. A failure ends its use for the request (the loop goes on with the
-    target alone, exactly) and is reported to ``health`` and ``on_failure``; its time counts in ``stats``."""
+    target alone, exactly) and is reported to ``health`` and ``on_failure``; its time counts in ``stats``.
+
+    ``window``: the positions the draft engine holds (its max_seq_len; None: as many as the target). A round drafts
+    at most what still fits after the context; once nothing fits, the draft model is done for the request (counted
+    in ``stats.draft_window``) and the request goes on with its other sources (prompt lookup) or the target alone,
+    exactly: the draft is never sent a context it cannot hold. TensorRT-LLM's LLM API stops drafting there too
+    (NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/speculative/model_drafter.py``, ``_prepare_draft_batch``: a request
+    whose tokens reach the draft engine's ``max_seq_len`` is skipped)."""
 
     name = "model"
 
     def __init__(self, call: EngineCall, request: GenerationRequest, stats: SpeculationStats, health: DraftHealth,
-                 on_failure: Callable[[Exception], None] | None = None) -> None:
+                 on_failure: Callable[[Exception], None] | None = None, window: int | None = None) -> None:
         self.call = call
+        self.window = window
         self.request = request
         # rejection sampling on the draft's own distribution needs its logits; greedy and token matching do not
         self.with_logits = request.use_draft_logits and not request.sampling.is_greedy
@@ -124,8 +132,10 @@ class ModelDrafts:
             stats.fallbacks += 1
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
+        room = self.room(len(context))
         if not self.may_propose:
             return None
+        k = k if room is None else min(k, room)
         request = self.request
         started = time.perf_counter()
         try:
@@ -150,6 +160,17 @@ class ModelDrafts:
         tokens = output.tokens[:k]
         logits = output.logits[: len(tokens)] if self.with_logits and output.logits is not None else None
         return Draft(tokens, logits, self.name) if tokens else None
+
+    def room(self, context_length: int) -> int | None:
+        """Draft tokens that still fit the draft's window after a context of ``context_length`` tokens (None: no
+        window); none ends the draft model's use for the request, counted once."""
+        if self.window is None:
+            return None
+        room = self.window - context_length
+        if room < 1 and self.may_propose:  # past the draft's window: the request goes on without it
+            self.may_propose = False
+            self.stats.draft_window += 1
+        return room
 
     def update(self, draft: Draft, accepted: int) -> None:
         """The draft model drafts the same way whatever was accepted (its length is :class:`Drafts`'s)."""
@@ -214,11 +235,21 @@ class Drafts:
             self.gate.idle(tokens)
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
-        for source in self.sources:
-            draft = await source.propose(context, k, round_index)
-            if draft is not None:
-                return draft
-        return None
+        models = [source for source in self.sources if isinstance(source, ModelDrafts)]
+        for model in models:  # a context past the draft's window ends its use, whichever source proposes
+            model.room(len(context))
+        try:
+            for source in self.sources:
+                draft = await source.propose(context, k, round_index)
+                if draft is not None:
+                    return draft
+            return None
+        finally:
+            if self.gate is not None and self.gate.cost.draft_cost and models \
+                    and not any(model.may_propose for model in models):
+                # the draft model is done for the request (past its window, or failed): what is left is priced as
+                # draft_sources prices a lookup-only request, drafts that cost no draft step
+                self.gate.cost = replace(self.gate.cost, draft_cost=0.0)
 
     def update(self, draft: Draft, accepted: int) -> None:
         """The outcome of a round that verified ``draft``: ``accepted`` of its tokens kept."""
@@ -234,9 +265,10 @@ class Drafts:
 def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_draft_len: int,
                   stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
                   on_failure: Callable[[Exception], None] | None = None,
-                  costs: RoundCosts | None = None) -> Drafts | None:
+                  costs: RoundCosts | None = None, draft_window: int | None = None) -> Drafts | None:
     """The sources a request drafts from: prompt lookup first when it is on, then the draft model (unless the
-    release drafts by lookup only, ``lookup_draft_fallback=False``), gated by the request's break-even when it has
+    release drafts by lookup only, ``lookup_draft_fallback=False``; within ``draft_window`` positions, the draft
+    engine's max_seq_len: :class:`ModelDrafts`), gated by the request's break-even when it has
     one (``request.break_even``: the release's cost model, at this process's own round ``costs`` where given); None
     when nothing drafts (K=0), and for a
     request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
@@ -255,7 +287,7 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
     if request.prompt_lookup is not None:
         sources.append(LookupDrafts(request.prompt_lookup))
     if draft is not None and (request.prompt_lookup is None or lookup_draft_fallback):
-        sources.append(ModelDrafts(draft, request, stats, health, on_failure))
+        sources.append(ModelDrafts(draft, request, stats, health, on_failure, draft_window))
     if not sources:
         return None
     if request.guide is not None and draft is not None:  # the draft proposes under the guide's masks

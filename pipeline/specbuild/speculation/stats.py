@@ -39,6 +39,8 @@ class SpeculationStats:
     target_seconds: float = 0.0
     guide_seconds: float = 0.0  # in the grammar matcher (a guided request's masks and proposal checks)
     fallbacks: int = 0  # requests that went on with the target alone because the draft model failed
+    # requests whose context outgrew the draft model's window: the rest drafted by prompt lookup, or the target alone
+    draft_window: int = 0
     unspeculated: int = 0  # requests that asked for drafts but ran by the target alone: their sampling penalties
     guided_target_only: int = 0  # the same, for a guide the target engine applies itself (drafting.draft_sources)
     break_even_requests: int = 0  # requests whose break-even switched drafting off at least once
@@ -144,6 +146,9 @@ SPECULATION_METRICS = (
            "checks and advancing)"),
     Metric("fallbacks", "specbuild_draft_fallbacks_total",
            "Requests that fell back to the target alone because the draft failed"),
+    Metric("draft_window", "specbuild_draft_window_requests_total",
+           "Requests whose context outgrew the draft model's window (its engine's max_seq_len): from there they "
+           "drafted by prompt lookup only, or ran on the target alone"),
     Metric("unspeculated", "specbuild_unspeculated_requests_total",
            "Requests that asked for drafts but ran by the target alone: their sampling penalties"),
     Metric("guided_target_only", "specbuild_guided_target_only_requests_total",

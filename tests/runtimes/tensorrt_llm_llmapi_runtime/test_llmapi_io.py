@@ -12,12 +12,12 @@ from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_INPUTS, LLMAPI_OUTPUTS, LLMAPIAdapterParameters
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest, decode_answer, decode_request, encode_answer, \
     encode_request
-from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows, templated
+from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows, past_draft_window, templated
 
 SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True, max_request_seconds=600.0,
-                                   tensorrt_llm="main")
+                                   tensorrt_llm="main", draft_max_seq_len=2048)
 TARGET_ALONE = LLMAPIAdapterParameters(num_draft_tokens=0, end_id=2, streams=True, max_request_seconds=0.0,
-                                       tensorrt_llm="main")
+                                       tensorrt_llm="main", draft_max_seq_len=2048)
 
 
 def ensemble_request(rows: int = 1, **values: object) -> dict[str, np.ndarray]:
@@ -112,7 +112,7 @@ def test_a_public_request_maps_onto_sampling_params() -> None:
 
 def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> None:
     settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=0.0,
-                                       tensorrt_llm="1.2")
+                                       tensorrt_llm="1.2", draft_max_seq_len=2048)
     [row] = parse_rows(ensemble_request(stream=True), settings)
     assert row.stream and not row.llm.streaming
 
@@ -194,6 +194,19 @@ def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about
                                              "last_token_time_ns")] == [5, 10, 20, 30]
     progress.tokens = 3
     assert progress.response("c", arrival_ns=5)["num_output_tokens"].item() == 1  # the tokens since the last one
+
+
+@pytest.mark.parametrize(("prompt_tokens", "tokens", "settings", "past"), [
+    (2000, 48, SETTINGS, False),  # prompt + answer within the draft's 2048 positions
+    (2000, 49, SETTINGS, True),  # beyond them: TensorRT-LLM stopped drafting for it (model_drafter.py)
+    (2000, 49, TARGET_ALONE, False),  # nothing drafts: nothing to stop
+])
+def test_a_row_past_the_draft_window_is_counted(prompt_tokens: int, tokens: int,
+                                                settings: LLMAPIAdapterParameters, past: bool) -> None:
+    [row] = parse_rows(ensemble_request(), settings)
+    progress = RowProgress(0, row=row, prompt_tokens=prompt_tokens)
+    progress.tokens = tokens
+    assert past_draft_window(progress, settings) is past
 
 
 def test_a_stop_reason_of_the_model_adds_nothing() -> None:

@@ -148,7 +148,7 @@ def test_every_config_parses_and_the_repository_cross_checks(release: compiler.C
     assert adapter.model_transaction_policy.decoupled
     assert LLMAPIAdapterParameters.from_parameters(parameters(adapter)) == LLMAPIAdapterParameters(
         num_draft_tokens=4, end_id=1, streams=False, max_request_seconds=release.spec.triton.max_request_seconds,
-        tensorrt_llm="1.2")
+        tensorrt_llm="1.2", draft_max_seq_len=release.spec.limits.draft_max_seq_len)
     llmapi = read_config(repo / LLMAPI_MODEL)
     assert (llmapi.backend, llmapi.max_batch_size, llmapi.model_transaction_policy.decoupled) == ("python", 0, True)
     assert [t.name for t in llmapi.input] == [t.name for t in LLMAPI_INPUTS]

@@ -101,6 +101,15 @@ def test_limits_come_from_the_spec_and_max_seq_len_is_not_raised_by_the_plan() -
     assert plan.world_size == 1 and plan.logits_dtype == "float32"
 
 
+def test_each_engine_is_built_at_its_own_model_s_window() -> None:
+    """The target at the release's limits, the draft at its own window (the orchestrator sends it only what fits)."""
+    spec = make_spec(max_input_len=3200, max_seq_len=4800, draft_max_seq_len=2048)
+    target, draft = (trt.build_plan(spec, role, "/c", "/e").build_config for role in ("target", "draft"))
+    assert (target["max_input_len"], target["max_seq_len"]) == (3200, 4800)
+    assert (draft["max_input_len"], draft["max_seq_len"]) == (2047, 2048) and "max_draft_len" not in draft
+    assert "--max_seq_len=2048" in trt.build_plan(spec, "draft", "/c", "/e").argv
+
+
 # --- convert plans: mappings per rank, dtype, argv ----------------------------------------------------
 @pytest.mark.parametrize(("tp", "pp", "expected"), [
     (1, 1, [(1, 0, 1, 1)]),

@@ -204,8 +204,9 @@ def _build_argv(checkpoint_dir: str, output_dir: str, build_config: dict[str, An
 
 
 def build_plan(spec: BuildSpec, role: Role, checkpoint_dir: str | Path, output_dir: str | Path) -> BuildPlan:
-    """Plan the engine build of one model from its converted checkpoint."""
-    limits = spec.limits
+    """Plan the engine build of one model from its converted checkpoint, at that model's limits (the draft's at its
+    own window: the orchestrator sends it only what fits)."""
+    limits = spec.limits.of(role)
     build_config: dict[str, Any] = {
         "max_batch_size": limits.max_batch_size,
         "max_input_len": limits.max_input_len,

@@ -7,7 +7,8 @@ naming it, as the orchestrator answers): the text (as deltas when streamed, the 
 time), the acceptance figures TensorRT-LLM reports, timings, and the generated token count (the LLM-API model
 returns text only: ``max_tokens`` when the answer ran to it, else the text re-tokenized with the target's tokenizer,
 shipped under ``tokenizer/``). Its metrics (``specbuild_*``, under ``model="llmapi_adapter"``) are the request
-counters, the in-flight gauge, the drafted and accepted totals TensorRT-LLM reports, and the latency histograms
+counters, the in-flight gauge, the drafted and accepted totals TensorRT-LLM reports, the requests that outgrew
+the draft's window (TensorRT-LLM stops drafting there), and the latency histograms
 timed on the text the LLM-API model returns; rounds, positions, engine seconds, fallbacks and prompt lookup happen
 inside TensorRT-LLM, which exports none of them. The request handling is in
 :mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests` and :mod:`specbuild.runtimes.tensorrt_llm_llmapi.tensors`
@@ -35,7 +36,12 @@ from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.contract import ENSEMBLE_INPUTS  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_WANTS, LLMAPIAdapterParameters  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import decode_answer, encode_request  # noqa: E402
-from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows, templated  # noqa: E402
+from specbuild.runtimes.tensorrt_llm_llmapi.requests import (  # noqa: E402
+    RowProgress,
+    parse_rows,
+    past_draft_window,
+    templated,
+)
 from specbuild.triton_models.common import (  # noqa: E402
     FINAL,
     model_dir,
@@ -126,6 +132,7 @@ class TritonPythonModel:
             answer = item.answer
             stats.drafted_tokens += (answer and answer.total_draft_tokens) or 0
             stats.accepted_tokens += (answer and answer.total_accepted_draft_tokens) or 0
+            stats.draft_window += past_draft_window(item, self.settings)
         self.metrics.record(stats, sum(item.tokens for item in progress))
 
     async def _answer(self, request: Any, sender: Any, progress: list[RowProgress],

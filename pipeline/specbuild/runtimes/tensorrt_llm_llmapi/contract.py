@@ -92,6 +92,9 @@ class LLMAPIAdapterParameters(ModelParameters):
     streams: bool
     max_request_seconds: float  # a request's time limit (0: none), as the orchestrator's
     tensorrt_llm: str  # the release's TensorRT-LLM line (a lines.LINES key): what its refusals name
+    # the draft's window (its max_position_embeddings, at most max_seq_len): TensorRT-LLM stops drafting for a request
+    # past it (model_drafter.py), which the adapter counts in specbuild_draft_window_requests_total
+    draft_max_seq_len: int
     llmapi_model: str = LLMAPI_MODEL
 
     def __post_init__(self) -> None:

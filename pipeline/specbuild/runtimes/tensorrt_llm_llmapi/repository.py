@@ -183,7 +183,8 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], tokenizer_
                                       end_id=tokenizer_end_id(tokenizer_dir),
                                       streams=LINES[spec.triton.tensorrt_llm].streams,
                                       max_request_seconds=spec.triton.max_request_seconds,
-                                      tensorrt_llm=spec.triton.tensorrt_llm)
+                                      tensorrt_llm=spec.triton.tensorrt_llm,
+                                      draft_max_seq_len=engines[contract.DRAFT_MODEL].record.limits.max_seq_len)
     models = {
         contract.ENSEMBLE_MODEL: ensemble_config(spec),
         ADAPTER_MODEL: python_model_config(ADAPTER_MODEL, spec, contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS,

@@ -215,3 +215,13 @@ class RowProgress(public_rows.RowProgress):
                                accepted=(answer and answer.total_accepted_draft_tokens) or 0,
                                drafted=(answer and answer.total_draft_tokens) or 0)
         return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_), **figures}
+
+
+def past_draft_window(progress: RowProgress, settings: LLMAPIAdapterParameters) -> bool:
+    """Whether a speculating row's sequence outgrew the draft's window: TensorRT-LLM's LLM API then stops drafting
+    for it and verifies placeholder drafts (NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/speculative/model_drafter.py``,
+    ``_prepare_draft_batch``: skipped once its tokens minus one reach the draft engine's ``max_seq_len``, which
+    ``PyTorchModelEngine._init_max_seq_len`` caps at the draft's max_position_embeddings; ``py_executor_creator.py``:
+    "The draft model engine will infer its own max_seq_len. We'll stop drafting when we hit the max."). The answer
+    goes on with the target's tokens, exact: no error, a cost."""
+    return settings.num_draft_tokens > 0 and progress.prompt_tokens + progress.tokens > settings.draft_max_seq_len

@@ -8,7 +8,8 @@ mounts would), and answers :class:`~specbuild.runtimes.tensorrt_llm_llmapi.tenso
 API does, running draft-target speculation with specbuild's own loop
 (:class:`~specbuild.runtimes.torch.inprocess.InProcessSpeculator`): the draft length fixed at load, verification by
 token matching, the tokenizer's end token, the whole text so far in every streamed answer, acceptance figures from
-the loop's statistics; a ``model.yaml`` without ``speculative_config`` serves the target alone (and applies presence
+the loop's statistics, the draft at its own window (past it the loop drafts no more, where TensorRT-LLM verifies
+placeholder drafts: the same tokens, at another cost); a ``model.yaml`` without ``speculative_config`` serves the target alone (and applies presence
 and frequency penalties, exact there). It reads ``model.yaml`` by the rule table of the release's TensorRT-LLM line,
 so what that line's parser refuses fails here too. It computes in float32 on the CPU whatever ``dtype`` says (that
 is TensorRT-LLM's business on the GPU).
@@ -60,8 +61,9 @@ class LLMAPIStandIn:
                   "cache_tokens": config.kv_cache_config.max_tokens}
         limits = BuildLimits(max_batch_size=config.max_batch_size, max_input_len=config.max_input_len,
                              max_seq_len=config.max_seq_len, max_draft_len=self.max_draft_len)
-        draft = (TorchEngine(host_path(speculative.speculative_model, mounts), max_seq_len=config.max_seq_len,
-                             **engine) if speculative else None)
+        draft = TorchEngine(host_path(speculative.speculative_model, mounts), **engine) if speculative else None
+        if draft is not None:  # at its own window, as TensorRT-LLM's draft engine (PyTorchModelEngine._init_max_seq_len)
+            draft.max_seq_len = min(draft.max_seq_len, config.max_seq_len)
         self.speculator = InProcessSpeculator(
             TorchEngine(target_dir, max_seq_len=limits.engine_seq_len,
                         max_draft_len=self.max_draft_len, **engine), draft)

@@ -72,5 +72,6 @@ class InProcessSpeculator:
 
         drafts = draft_sources(request, call_draft if self.draft else None, max_draft_len=self.target.max_draft_len,
                                stats=stats, health=self.health,
-                               lookup_draft_fallback=self.lookup_draft_fallback, costs=self.costs)
+                               lookup_draft_fallback=self.lookup_draft_fallback, costs=self.costs,
+                               draft_window=self.draft.max_seq_len if self.draft else None)
         return speculate(request, call_target, drafts, stats=stats, costs=self.costs)
