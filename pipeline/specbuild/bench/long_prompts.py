@@ -18,8 +18,6 @@ import sysconfig
 from functools import lru_cache
 from pathlib import Path
 
-from specbuild.bench.prompts import Prompt
-
 CHARS_PER_TOKEN = 4  # English prose and Python in a BPE vocabulary of about 50k (SmolLM2's: 3.9-4.3 on these texts)
 QA_TOKENS = {"qa-1k": 1000, "qa-2k": 2000}
 CHAT_TOKENS = 1500
@@ -28,22 +26,23 @@ PER_KIND = 2
 KINDS = (*QA_TOKENS, "chat-long", "code-edit")
 
 
-def long_prompts(per_kind: int = PER_KIND) -> list[Prompt]:
-    """``per_kind`` prompts of each kind in :data:`KINDS`, in kind order (the bench interleaves them)."""
+def long_prompts(per_kind: int = PER_KIND) -> list[tuple[str, str]]:
+    """``per_kind`` prompts of each kind in :data:`KINDS`, as (kind, text), in kind order (the bench interleaves
+    them and makes them :class:`~specbuild.bench.prompts.Prompt` records)."""
     from specbuild.drafts.passages import local_passages
 
     texts = [passage.text for passage in local_passages()]
-    prompts: list[Prompt] = []
+    prompts: list[tuple[str, str]] = []
     start = 0
     for kind, tokens in QA_TOKENS.items():
         for _ in range(per_kind):
             document, start = _take(texts, start, tokens * CHARS_PER_TOKEN)
-            prompts.append(Prompt(category=kind, prompt=_grounded_question(document)))
+            prompts.append((kind, _grounded_question(document)))
     for _ in range(per_kind):
         chat, start = _chat(texts, start, CHAT_TOKENS * CHARS_PER_TOKEN)
-        prompts.append(Prompt(category="chat-long", prompt=chat))
+        prompts.append(("chat-long", chat))
     for path in _modules()[:per_kind]:
-        prompts.append(Prompt(category="code-edit", prompt=_code_edit(path)))
+        prompts.append(("code-edit", _code_edit(path)))
     return prompts
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specbuild.bench import BUNDLED
+from specbuild.bench.long_prompts import long_prompts
 from specbuild.errors import UsageError
 
 Workload = Literal["general", "structured", "long"]
@@ -70,9 +71,7 @@ def load_prompts(path: str | Path | None = None, *, workload: Workload = "genera
     ``limit``, taken round-robin across categories so a short run still sees every kind of prompt; the structured
     workload's prompts each twice, with their schema and without (``limit`` counts the pairs)."""
     if path is None and workload == "long":
-        from specbuild.bench.long_prompts import long_prompts
-
-        prompts = long_prompts()
+        prompts = [Prompt(category=kind, prompt=text) for kind, text in long_prompts()]
     elif path is None:
         name = BUNDLED[workload]
         prompts = parse_jsonl(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"),
