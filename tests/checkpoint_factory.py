@@ -71,7 +71,7 @@ def save(model, tokenizer, folder: Path, **kwargs) -> Path:
     """``save_pretrained``, with RoPE also at the top level of config.json as checkpoints saved by transformers 4.x
     (most of the Hub's) hold it: what every runtime can serve (one holding only transformers 5's
     ``rope_parameters``: :func:`strip_legacy_rope`)."""
-    from specbuild.checkpoint.info import write_legacy_rope
+    from specbuild.checkpoint.rope import write_legacy_rope
 
     model.save_pretrained(folder, **kwargs)
     write_legacy_rope(folder)

@@ -4,7 +4,6 @@ against a real Triton server on the tiny pair (slow). No test asserts on timing 
 from __future__ import annotations
 
 import json
-import os
 import math
 from pathlib import Path
 

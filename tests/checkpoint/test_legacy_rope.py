@@ -11,7 +11,8 @@ import pytest
 from checkpoint_factory import Checkpoints, copy_checkpoint, pair_spec, strip_legacy_rope
 
 from specbuild.check.compatibility import PairParams, check_pair
-from specbuild.checkpoint.info import legacy_rope_keys, read_checkpoint, write_legacy_rope
+from specbuild.checkpoint.info import read_checkpoint
+from specbuild.checkpoint.rope import legacy_rope_keys, write_legacy_rope
 from specbuild.runtimes.names import TENSORRT_LLM, TENSORRT_LLM_LLMAPI, TORCH
 
 SCALED = {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0}

@@ -85,16 +85,6 @@ def test_a_target_given_as_parts_is_joined_and_checked(tmp_path):
         resolve_target(target, None, False, tmp_path / "work")
 
 
-def test_the_recipe_is_the_demo_drafts_at_four_layers_and_valid():
-    options = draft_options("cuda", 4.0, tiny=False)
-    options.validate()
-    assert (options.layers, options.device, options.answers, options.teacher) == (LAYERS, "cuda", "greedy+sampled",
-                                                                                  "joint")
-    assert options.minutes == 4.0 and options.prompts > 10_000
-    has_head_option = "head_vocabulary" in DraftOptions.__dataclass_fields__
-    assert (getattr(options, "head_vocabulary", None) is not None) == has_head_option
-
-
 def test_a_missing_target_is_a_clear_error(tmp_path, capsys):
     assert main([str(tmp_path / "out"), "--device", "cpu", "--target", str(tmp_path / "nothing")]) == 2
     error = capsys.readouterr().err

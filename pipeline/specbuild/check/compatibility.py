@@ -344,7 +344,7 @@ def _legacy_rope(target: CheckpointInfo, draft: CheckpointInfo, params: PairPara
     transformers 5 saves it (``rope_parameters``): transformers 4.57 there runs its config class's default theta
     (10000 for Llama), unscaled, and TensorRT-LLM with it (``getattr(hf_config, "rope_theta", 10000.0)`` in its
     converters, ``config.rope_theta`` in its PyTorch backend), so the release would serve other text than the torch
-    runtime's (:func:`specbuild.checkpoint.info.legacy_rope_keys`)."""
+    runtime's (:func:`specbuild.checkpoint.rope.legacy_rope_keys`)."""
     runtime = runtime_for(params.runtime)
     if not runtime.reads_checkpoints_in_image:
         return

@@ -11,8 +11,6 @@ The config is read here; the weights in :mod:`specbuild.checkpoint.weights`, the
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from pydantic import BaseModel
 
 from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
 from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
+from specbuild.checkpoint.rope import legacy_rope_keys, legacy_scaling
 from specbuild.checkpoint.tokenizer_files import TokenizerInfo, read_tokenizer
 from specbuild.checkpoint.weights import WeightsInfo, read_weights
 from specbuild.errors import CheckpointError
@@ -57,7 +56,7 @@ class CheckpointInfo(BaseModel):
     weights: WeightsInfo
     tokenizer: TokenizerInfo
     head_vocabulary: HeadVocabulary | None = None  # a draft's sub-vocabulary head (head_vocabulary.json)
-    # what config.json lacks for transformers 4.57 to read its RoPE as 5.x does (:func:`legacy_rope_keys`)
+    # what config.json lacks for transformers 4.57 to read its RoPE as 5.x does (:func:`specbuild.checkpoint.rope.legacy_rope_keys`)
     legacy_rope_missing: dict[str, Any] = {}
 
     @property
@@ -145,53 +144,8 @@ def _rope(config: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
     theta = config.get("rope_theta", params.get("rope_theta"))
     scaling = config.get("rope_scaling")
     if scaling is None and params.get("rope_type", "default") != "default":
-        scaling = _legacy_scaling(params)
+        scaling = legacy_scaling(params)
     return (float(theta) if isinstance(theta, (int, float)) else None), (scaling if isinstance(scaling, dict) else None)
-
-
-# RoPE keys transformers 5 keeps inside ``rope_parameters`` that 4.57 reads at the top level of the config.
-_TOP_LEVEL_ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
-
-
-def _legacy_scaling(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in params.items() if key not in _TOP_LEVEL_ROPE_KEYS}
-
-
-def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level RoPE keys transformers 4.57 reads that ``config`` (a config.json) lacks, from transformers 5's
-    ``rope_parameters``: ``rope_theta`` (and ``partial_rotary_factor``), and ``rope_scaling`` where the RoPE type is
-    not ``default``; empty where nothing is missing (a 4.x config, or one with per-layer-type RoPE dicts).
-
-    4.57 knows only the top-level keys (``LlamaConfig.__init__(rope_theta=10000.0, rope_scaling=None)``,
-    transformers v4.57.3 ``src/transformers/models/llama/configuration_llama.py``; the other decoders alike), so
-    a config holding RoPE only in ``rope_parameters`` runs at theta 10000, unscaled, there. 5.x saves only
-    ``rope_parameters`` and still reads the legacy keys (``PreTrainedConfig.__init__`` ->
-    ``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``, v5.25.0 ``src/transformers/modeling_rope_utils.py``:
-    ``rope_scaling`` replaces ``rope_parameters`` and ``rope_theta`` fills its theta), so a config holding both
-    reads the same RoPE in both."""
-    params = config.get("rope_parameters")
-    if not isinstance(params, Mapping) or "rope_theta" not in params:
-        return {}
-    missing = {key: params[key] for key in _TOP_LEVEL_ROPE_KEYS if key in params and key not in config}
-    if params.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
-        missing["rope_scaling"] = _legacy_scaling(params)
-    return missing
-
-
-def write_legacy_rope(folder: Path) -> dict[str, Any]:
-    """Add :func:`legacy_rope_keys` to ``folder/config.json`` (and to its ``text_config``), written as
-    ``save_pretrained`` writes it; returns what was added to the top level."""
-    path = folder / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    added = legacy_rope_keys(config)
-    nested = config.get("text_config")
-    nested_added = legacy_rope_keys(nested) if isinstance(nested, dict) else {}
-    if added or nested_added:
-        config.update(added)
-        if nested_added:
-            nested.update(nested_added)
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return added
 
 
 # --- the whole checkpoint ------------------------------------------------------------------------------

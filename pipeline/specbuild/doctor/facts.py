@@ -80,7 +80,8 @@ def recorded_logits(checkpoint: Path, prompt_ids: list[list[int]]) -> dict[str, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, trust_remote_code=False,
+                                                 use_safetensors=True)
     model.eval()
     top = []
     with torch.no_grad():
@@ -91,10 +92,13 @@ def recorded_logits(checkpoint: Path, prompt_ids: list[list[int]]) -> dict[str, 
     return {"prompt_ids": prompt_ids, "top": top, "tolerance": LOGIT_TOLERANCE}
 
 
-def _parameters(checkpoint: Path) -> int:
+def _records_logits(checkpoint: Path) -> bool:
+    """Whether the build records logits of ``checkpoint``: safetensors weights (a pickle is never loaded to record
+    figures, even where the user allowed pickles for the conversion) of at most LOGITS_PARAMETER_CAP parameters."""
     from specbuild.checkpoint.info import read_checkpoint
 
-    return read_checkpoint(checkpoint).num_parameters
+    return any(checkpoint.glob("*.safetensors")) and \
+        read_checkpoint(checkpoint).num_parameters <= LOGITS_PARAMETER_CAP
 
 
 def _tensorrt_llm_line(spec: BuildSpec) -> str | None:
@@ -124,7 +128,7 @@ def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(str(spec.target.checkpoint), trust_remote_code=False)
         prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in LOGIT_PROMPTS]
         logits = {role: recorded_logits(Path(getattr(spec, role).checkpoint), prompt_ids) for role in ROLES
-                  if _parameters(Path(getattr(spec, role).checkpoint)) <= LOGITS_PARAMETER_CAP}
+                  if _records_logits(Path(getattr(spec, role).checkpoint))}
     line = _tensorrt_llm_line(spec)
     return {"format": FACTS_FORMAT, "runtime": spec.runtime, "line": line,
             "tensorrt_llm": line if line == "1.2" else None,  # the installed version's prefix; main has none

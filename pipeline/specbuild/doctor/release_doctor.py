@@ -362,8 +362,9 @@ def check_logits(release: Release, role: str) -> Iterator[Check]:
     name = f"logits:{role}"
     recorded = (release.facts.get("logits") or {}).get(role)
     if not recorded:
-        yield Check(name, UNCHECKABLE, "the release recorded no logits for it (it was packaged without torch, or "
-                    f"the checkpoint has over {LOGITS_PARAMETER_CAP:,} parameters, too many to run on a CPU)")
+        yield Check(name, UNCHECKABLE, "the release recorded no logits for it (it was packaged without torch, its "
+                    f"weights are not safetensors, or it has over {LOGITS_PARAMETER_CAP:,} parameters, too many to run "
+                    "on a CPU)")
         return
     folder, looked = release.checkpoint(role)
     if folder is None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,7 +208,7 @@ def head_vocabulary(data: DistillData, vocab_size: int, options: DraftOptions) -
     vocabulary = rank_head_vocabulary(answers, vocab_size, options.head_vocabulary, {
         "ranked_from": "the target's answers that specbuild draft distilled from", "seed": options.seed})
     held_out = coverage(vocabulary, data.answers(range(data.held_out)))
-    return vocabulary.model_copy(update={"provenance": {**vocabulary.provenance, "held_out_coverage": held_out}})
+    return replace(vocabulary, provenance={**vocabulary.provenance, "held_out_coverage": held_out})
 
 
 # --- evaluation ------------------------------------------------------------------------------------------

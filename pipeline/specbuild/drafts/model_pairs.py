@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from specbuild.checkpoint.info import write_legacy_rope
+from specbuild.checkpoint.rope import write_legacy_rope
 from specbuild.errors import UsageError
 
 if TYPE_CHECKING:  # heavy imports stay lazy: importing specbuild must not load torch

@@ -238,7 +238,7 @@ def test_the_time_limit_is_max_time_within_the_release_s() -> None:
 def test_on_a_line_that_does_not_stream_max_time_is_refused_naming_why() -> None:
     """1.2's model sends the whole answer at its end: a time limit could only end the request with no text."""
     settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=600.0,
-                                       tensorrt_llm="1.2")
+                                       tensorrt_llm="1.2", draft_max_seq_len=2048)
     with pytest.raises(RequestError) as refused:
         parse_rows(ensemble_request(max_time=2.0), settings)
     assert "max_time=2.0" in refused.value.message and "does not stream" in refused.value.message

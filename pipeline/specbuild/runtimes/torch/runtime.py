@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
-from specbuild.checkpoint.info import write_legacy_rope
+from specbuild.checkpoint.rope import write_legacy_rope
 from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import CheckpointError
 from specbuild.package.backend_contract import EngineModel
