@@ -13,6 +13,7 @@ import pytest
 from random_llama import VOCAB
 from specbuild.speculation.drafting import DraftHealth, draft_sources, next_draft_length
 from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.modes import VERIFICATION_MODES, VerificationMode
 from specbuild.runtimes.torch.inprocess import Generated, InProcessSpeculator
 from specbuild.speculation.loop import Round, speculate
 from specbuild.speculation.request import GenerationRequest
@@ -220,12 +221,23 @@ def test_an_engine_that_returns_nothing_ends_the_request():
 
 def test_sampled_generation_is_reproducible_by_seed(speculator):
     params = SamplingParams(temperature=1.0, top_k=10)
-    def draw(seed: int, use_draft_logits: bool) -> Generated:
+    def draw(seed: int, use_draft_logits: bool, verification: VerificationMode = "token") -> Generated:
         return speculator.generate(GenerationRequest(PROMPTS[1], 20, sampling=params, seed=seed, num_draft_tokens=3,
-                                                     use_draft_logits=use_draft_logits))
-    for mode in (True, False):
-        assert draw(7, mode).tokens == draw(7, mode).tokens
-        assert len({tuple(draw(seed, mode).tokens) for seed in range(5)}) > 1
+                                                     use_draft_logits=use_draft_logits, verification=verification))
+    for mode in ((True,), (False,), (True, "block")):
+        assert draw(7, *mode).tokens == draw(7, *mode).tokens
+        assert len({tuple(draw(seed, *mode).tokens) for seed in range(5)}) > 1
+
+
+def test_the_target_verifies_by_the_request_s_rule(tiny, target):
+    """The request's verification reaches every target call that verifies a draft."""
+    draft = TorchEngine(tiny.perturbed)
+    for verification in VERIFICATION_MODES:
+        targets: list[EngineRequest] = []
+        run_loop(GenerationRequest(PROMPTS[4], 12, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
+                                   verification=verification), engine_call(target, targets), engine_call(draft))
+        assert any(r.draft_tokens for r in targets)
+        assert all(r.verification == verification for r in targets)
 
 
 def test_bad_words_never_appear_and_greedy_stays_exact(speculator, alone):

@@ -707,22 +707,23 @@ def exact_continuations(model_dir: Path, prompt: list[int], length: int, params:
     return paths
 
 
-END_TO_END_CASES = [pytest.param(k, logits, "draft", id=f"{k}-{'draft-logits' if logits else 'token-match'}")
+END_TO_END_CASES = [pytest.param(k, logits, "draft", "token", id=f"{k}-{'draft-logits' if logits else 'token-match'}")
                     for k in (1, 3) for logits in (True, False)] + [
-    pytest.param(3, True, "lookup+draft", id="3-draft-logits-lookup+draft"),
-    pytest.param(2, True, "lookup", id="2-draft-logits-lookup-only"),
-    pytest.param(3, True, "sub-vocabulary draft", id="3-draft-logits-sub-vocabulary-head"),
+    pytest.param(3, True, "lookup+draft", "token", id="3-draft-logits-lookup+draft"),
+    pytest.param(2, True, "lookup", "token", id="2-draft-logits-lookup-only"),
+    pytest.param(3, True, "sub-vocabulary draft", "token", id="3-draft-logits-sub-vocabulary-head"),
+    pytest.param(3, True, "draft", "block", id="3-draft-logits-block-verification"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("k", "use_draft_logits", "drafter"), END_TO_END_CASES)
-def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits, drafter):
+@pytest.mark.parametrize(("k", "use_draft_logits", "drafter", "verification"), END_TO_END_CASES)
+def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits, drafter, verification):
     """Sampled 4-token continuations from InProcessSpeculator: the first two tokens (jointly) and the fourth
     (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution.
     With prompt lookup (on a prompt that repeats itself), lookup drafts are verified by token matching, mixed
     with draft-model rounds under rejection sampling, or alone. A draft with a sub-vocabulary head (10 of 16 ids)
-    is accepted against its own distribution, zero outside its ids."""
+    is accepted against its own distribution, zero outside its ids. Block verification likewise."""
     from specbuild.speculation.request import GenerationRequest
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup
@@ -742,7 +743,7 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     for seed in range(draws):
         result = speculator.generate(GenerationRequest(
             prompt, length, sampling=params, seed=seed, num_draft_tokens=k, use_draft_logits=use_draft_logits,
-            prompt_lookup=lookup))
+            prompt_lookup=lookup, verification=verification))
         assert len(result.tokens) == length
         outputs.append(tuple(result.tokens))
         accepted += result.stats.accepted_tokens

@@ -153,6 +153,7 @@ def _target_request(request: GenerationRequest, context: list[int], draft: Draft
         seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
         min_new_tokens=min(new_tokens, unfinished),
         draft_tokens=draft.tokens if draft else None, draft_logits=draft.logits if draft else None,
+        verification=request.verification,
         bad_words=request.bad_words, guide=request.engine_guide,
     )
 

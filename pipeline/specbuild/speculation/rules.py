@@ -14,7 +14,8 @@ exactly as the target alone would produce it:
 * block rejection (Sun et al. 2024): judges the drafted block as a whole, accepting a prefix at least as long in
   expectation as token-by-token rejection does (:func:`verify_block`).
 
-Both rejection rules need the draft's probabilities; :data:`VerificationMode` names the one a release uses.
+Both rejection rules need the draft's probabilities; a release picks one
+(:data:`~specbuild.speculation.modes.VerificationMode`, ``speculation.verification``).
 
 Sampling transforms (temperature, top-k, top-p) are applied by :func:`probabilities` to draft and target
 logits identically, so ``q`` is the distribution the draft really sampled from and ``p`` the one the target
@@ -30,11 +31,9 @@ from typing import Literal
 import torch
 
 from specbuild.errors import RequestError
+from specbuild.speculation.modes import VerificationMode
 
 Rule = Literal["greedy", "token-match", "rejection"]
-# how drafts are verified against the draft's probabilities: token by token or as a block (speculation.verification)
-VerificationMode = Literal["token", "block"]
-VERIFICATION_MODES: tuple[VerificationMode, ...] = ("token", "block")
 
 
 @dataclass(frozen=True)
