@@ -15,7 +15,7 @@ from specbuild.speculation.drafting import DraftHealth, draft_sources, next_draf
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.modes import VERIFICATION_MODES, VerificationMode
 from specbuild.runtimes.torch.inprocess import Generated, InProcessSpeculator
-from specbuild.speculation.loop import Round, speculate
+from specbuild.speculation.loop import Round, _accepted_prefix, speculate
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
@@ -227,6 +227,18 @@ def test_sampled_generation_is_reproducible_by_seed(speculator):
     for mode in ((True,), (False,), (True, "block")):
         assert draw(7, *mode).tokens == draw(7, *mode).tokens
         assert len({tuple(draw(seed, *mode).tokens) for seed in range(5)}) > 1
+
+
+@pytest.mark.parametrize(("returned", "end_id", "accepted"), [
+    ([4, 5, 6, 9], None, 3),  # every draft accepted, then the target's bonus token
+    ([4, 5, 8], None, 2),  # rejected at the third: the target's own token differs
+    ([4, 6], None, 1),  # block verification's correction may equal the drafted token: still the target's own
+    ([4, 5, 6], None, 2),
+    ([4, 5], 5, 2),  # a drafted end token accepted: the target adds nothing after it
+    ([4, 5], 2, 1),
+])
+def test_a_round_counts_the_drafted_tokens_the_target_accepted(returned, end_id, accepted):
+    assert _accepted_prefix([4, 5, 6], returned, end_id) == accepted
 
 
 def test_the_target_verifies_by_the_request_s_rule(tiny, target):
