@@ -511,15 +511,15 @@ def test_rejection_invariants(case):
 @given(rounds())
 def test_block_invariants(case):
     drafts, q, p, seed = case
-    out = verify_block(drafts, q, p, make_generator(seed))
-    check_common_invariants(drafts, out, p)
-    assert out == verify_block(drafts, q, p, make_generator(seed))  # a seed gives the same answer
     weights = block_weights(drafts, q, p)
-    assert weights[out.accepted] > 0  # never accepts a prefix the target could not produce or the draft propose
     stops = block_stop_probabilities(weights, q, p)
     assert all(0.0 <= h <= 1.0 for h in stops)
     if len(drafts) == 1:  # one token: block verification is token-by-token rejection
         assert stops == [acceptance_probability(p[0], q[0], drafts[0])]
+    out = verify_block(drafts, q, p, make_generator(seed))
+    check_common_invariants(drafts, out, p)
+    assert out == verify_block(drafts, q, p, make_generator(seed))  # a seed gives the same answer
+    assert weights[out.accepted] > 0  # never accepts a prefix the target could not produce or the draft propose
 
 
 @DETERMINISTIC
