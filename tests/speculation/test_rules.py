@@ -29,6 +29,7 @@ from specbuild.speculation.rules import (
     acceptance_probability,
     block_stop_probabilities,
     block_weights,
+    expected_accepted,
     explicit_sampling,
     make_generator,
     probabilities,
@@ -245,15 +246,15 @@ def target_joint(p: Tables, length: int) -> dict[tuple[int, ...], float]:
             for sequence in itertools.product(range(vocab), repeat=length)}
 
 
-def token_level_expected_accepted(p: Tables, q: Tables, k: int) -> float:
-    """Token-by-token rejection's expected accepted length: sum over i of P(x_1..x_i all accepted)."""
+def expected_accepted_over_drafts(p: Tables, q: Tables, k: int, mode: str) -> float:
+    """A rule's expected accepted length (:func:`expected_accepted`, per drafted block) over every block x ~ q."""
     vocab = len(p[()])
     total = 0.0
     for drafts in itertools.product(range(vocab), repeat=k):
         chance = math.prod(float(q[drafts[:i]][token]) for i, token in enumerate(drafts))
-        accepts = itertools.accumulate((acceptance_probability(p[drafts[:i]], q[drafts[:i]], token)
-                                        for i, token in enumerate(drafts)), lambda a, b: a * b)
-        total += chance * sum(accepts)
+        if chance:
+            total += chance * expected_accepted(list(drafts), torch.stack([q[drafts[:i]] for i in range(k)]),
+                                                torch.stack([p[drafts[:i]] for i in range(k + 1)]), mode)
     return total
 
 
@@ -275,8 +276,9 @@ def test_block_verification_emits_exactly_the_targets_joint_distribution(vocab, 
     assert sum(emitted.values()) == pytest.approx(1.0, abs=1e-12)
     got, want = continued_by_target(emitted, p, k + 1), target_joint(p, k + 1)
     assert max(abs(got[sequence] - want[sequence]) for sequence in want) < 1e-12
-    token_accepted = token_level_expected_accepted(p, q, k)
+    token_accepted = expected_accepted_over_drafts(p, q, k, "token")
     assert block_accepted >= token_accepted - 1e-12
+    assert expected_accepted_over_drafts(p, q, k, "block") == pytest.approx(block_accepted, abs=1e-12)
     if k == 1:
         assert block_accepted == pytest.approx(token_accepted, abs=1e-12)
 
@@ -292,7 +294,7 @@ def test_block_verification_accepts_more_than_token_rejection_in_a_worked_case()
     emitted, block_accepted = block_round(p, q, 2)
     got, want = continued_by_target(emitted, p, 3), target_joint(p, 3)
     assert max(abs(got[sequence] - want[sequence]) for sequence in want) < 1e-12
-    assert token_level_expected_accepted(p, q, 2) == pytest.approx(0.5 * (1 + 0.5))
+    assert expected_accepted_over_drafts(p, q, 2, "token") == pytest.approx(0.5 * (1 + 0.5))
     assert block_accepted == pytest.approx(1.0, abs=1e-12)
 
 
