@@ -1,6 +1,6 @@
 """Block verification against token-by-token rejection: tokens per round on the same sampled requests, in process.
 
-Every bundled benchmark prompt, at each temperature (top-p 0.9) and seed, is generated under both rules
+Every bundled benchmark prompt, at each temperature (top-p 0.9) and with ``--seeds`` seeds of its own, is generated under both rules
 (``speculation.verification``: token, block) with the same K and seed, draft-logits acceptance, by
 :class:`~specbuild.runtimes.torch.inprocess.InProcessSpeculator` (no server). Two figures per temperature, each
 with a 95% interval (normal approximation):
@@ -69,8 +69,8 @@ def main(pair: Path, k: int, seeds: int, max_tokens: int, temperatures: tuple[fl
         sampling = SamplingParams(temperature=temperature, top_p=0.9)
         realized: dict[str, list[float]] = {mode: [] for mode in VERIFICATION_MODES}
         blocks.clear()
-        for ids in prompts:
-            for seed in range(seeds):
+        for index, ids in enumerate(prompts):
+            for seed in range(index * seeds, (index + 1) * seeds):  # a seed of its own per request: independent draws
                 for mode in VERIFICATION_MODES:
                     stats = speculator.generate(GenerationRequest(
                         ids, max_tokens, sampling=sampling, seed=seed, num_draft_tokens=k, verification=mode)).stats
