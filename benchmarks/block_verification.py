@@ -1,7 +1,7 @@
 """Block verification against token-by-token rejection: tokens per round on the same sampled requests, in process.
 
-Every bundled benchmark prompt, at each temperature (top-p 0.9) and with ``--seeds`` seeds of its own, is generated under both rules
-(``speculation.verification``: token, block) with the same K and seed, draft-logits acceptance, by
+Every bundled benchmark prompt, at each temperature (top-p 0.9) and with ``--seeds`` seeds of its own, is generated
+under both rules (``speculation.verification``: token, block) with the same K and seed, draft-logits acceptance, by
 :class:`~specbuild.runtimes.torch.inprocess.InProcessSpeculator` (no server). Two figures per temperature, each
 with a 95% interval (normal approximation):
 
