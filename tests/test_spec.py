@@ -94,6 +94,8 @@ def test_overrides_beat_the_file_and_parse_yaml_values(tmp_path: Path) -> None:
     ({"triton.engine_mount": "engines"}, "triton.engine_mount"),
     ({"triton.engine_mount": "/a/../b"}, "without '..'"),
     ({"name": "bad name!"}, "name"),
+    ({"speculation.verification": "tree"}, "'token' or 'block'"),
+    ({"speculation.verification": "block", "speculation.acceptance": "token-match"}, "set acceptance: draft-logits"),
 ])
 def test_bad_values_name_the_field(overrides: dict, expected: str, tmp_path: Path) -> None:
     with pytest.raises(SpecError) as error:

@@ -20,6 +20,7 @@ from specbuild.errors import SpecError
 from specbuild.runtimes.names import RUNTIME_NAMES
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
+from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
 
 RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
@@ -80,6 +81,11 @@ class SpeculationSpec(_Strict):
         description="draft-logits: rejection sampling on p/q (exact, higher acceptance); "
         "token-match: target samples and accepts equal tokens (exact, no draft logits)",
     )
+    verification: VerificationMode = Field(
+        "token", description="how draft-logits acceptance judges a sampled round's drafts: token (rejection "
+        "sampling, token by token) or block (Sun et al. 2024: the drafted block as a whole; the same output "
+        "distribution, at least as many tokens accepted); torch runtime only (TensorRT-LLM's engine verifies draft "
+        "logits itself, token by token); greedy requests and token matching are unaffected")
     adaptive: bool = Field(False, description="adapt K per request: longer after full acceptance, shorter after "
                            "rejections")
     busy_in_flight: int | None = Field(
@@ -124,6 +130,14 @@ class SpeculationSpec(_Strict):
             return DraftLenSchedule.from_mapping(self.draft_len_schedule)
         busy = self.busy_in_flight
         return DraftLenSchedule.from_threshold(default_busy_in_flight if busy is None else busy)
+
+    @model_validator(mode="after")
+    def _block_needs_draft_logits(self) -> SpeculationSpec:
+        if self.verification == "block" and self.acceptance != "draft-logits":
+            raise ValueError(f"verification: block judges drafts on the draft's logits, but acceptance is "
+                             f"{self.acceptance!r}, which never sends them; set acceptance: draft-logits or "
+                             "verification: token")
+        return self
 
     @model_validator(mode="after")
     def _k_within_engine(self) -> SpeculationSpec:

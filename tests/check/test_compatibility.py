@@ -207,6 +207,21 @@ def test_spec_supplies_the_parameters(target: CheckpointInfo, draft: CheckpointI
     assert isinstance(check_pair(target, draft, spec), CompatibilityReport)
 
 
+@pytest.mark.parametrize("runtime", ["torch", "tensorrt-llm", "tensorrt-llm-llmapi"])
+def test_block_verification_needs_a_runtime_whose_target_runs_it(target: CheckpointInfo, draft: CheckpointInfo,
+                                                                  runtime: str) -> None:
+    spec = BuildSpec(runtime=runtime, target=ModelSpec(checkpoint="t"), draft=ModelSpec(checkpoint="d"),
+                     speculation={"verification": "block"})
+    reasons = [f for f in check_pair(target, draft, spec).reasons if f.code == "verification"]
+    if runtime == "torch":
+        assert reasons == []
+    else:
+        [reason] = reasons
+        assert f"the {runtime} runtime" in reason.message and "verification: token" in reason.fix
+    token = spec.model_copy(update={"speculation": spec.speculation.model_copy(update={"verification": "token"})})
+    assert not [f for f in check_pair(target, draft, token).reasons if f.code == "verification"]
+
+
 # -- a sub-vocabulary head --------------------------------------------------------------------------------
 def with_head_vocabulary(info: CheckpointInfo, ids: tuple[int, ...]) -> CheckpointInfo:
     from specbuild.checkpoint.head_vocabulary import HeadVocabulary

@@ -60,8 +60,9 @@ def test_engine_models_implement_the_tensorrtllm_interface(torch_release: Path) 
     for role in ("target", "draft"):
         config = read_config(torch_release / role)
         assert config.backend == "python"
-        # the backend's inputs, and the guide masks the torch engine applies (specbuild's own)
-        assert [t.name for t in config.input] == [t.name for t in ENGINE_INPUTS] + ["guide_token_masks"]
+        # the backend's inputs, and the guide masks and block verification the torch engine applies (specbuild's own)
+        assert [t.name for t in config.input] == [t.name for t in ENGINE_INPUTS] + ["guide_token_masks",
+                                                                                    "block_verification"]
         assert {t.name for t in config.output} == {"output_ids", "sequence_length", "generation_logits"}
         params = {key: value.string_value for key, value in config.parameters.items()}
         assert TorchEngineParameters.from_parameters(params).gpt_model_path == f"engines/{role}"
@@ -70,6 +71,7 @@ def test_engine_models_implement_the_tensorrtllm_interface(torch_release: Path) 
     assert (torch_release / "orchestrator" / "1" / "tokenizer" / "tokenizer.json").is_file()  # it compiles guides
     orchestrator = read_config(torch_release / "orchestrator")
     assert orchestrator.parameters["guided_decoding"].string_value == "true"
+    assert orchestrator.parameters["verification"].string_value == "token"  # the spec's default
 
 
 # What may differ between a torch and a tensorrt-llm release's engine configs: the backend, the weights path (a
@@ -95,8 +97,9 @@ def test_both_runtimes_render_the_same_engine_configs(torch_release: Path, tmp_p
         assert differing <= ENGINE_CONFIG_DIFFERENCES, differing
         torch_config.ClearField("parameters")
         gpu_config.ClearField("parameters")
-        # the torch engine's one more input, specbuild's guide masks, last (the tensorrtllm backend has none)
-        assert torch_config.input.pop().name == "guide_token_masks"
+        # the torch engine's inputs of specbuild's own, guide masks and block verification, last (the tensorrtllm
+        # backend has neither)
+        assert [torch_config.input.pop().name for _ in range(2)] == ["block_verification", "guide_token_masks"]
         assert torch_config == gpu_config  # inputs, outputs, batching, instances: identical
 
 

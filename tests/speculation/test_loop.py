@@ -14,8 +14,9 @@ from random_llama import VOCAB
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.drafting import DraftHealth, draft_sources, next_draft_length
 from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.modes import VERIFICATION_MODES, VerificationMode
 from specbuild.runtimes.torch.inprocess import Generated, InProcessSpeculator
-from specbuild.speculation.loop import Round, speculate
+from specbuild.speculation.loop import Round, _accepted_prefix, speculate
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
@@ -221,12 +222,35 @@ def test_an_engine_that_returns_nothing_ends_the_request():
 
 def test_sampled_generation_is_reproducible_by_seed(speculator):
     params = SamplingParams(temperature=1.0, top_k=10)
-    def draw(seed: int, use_draft_logits: bool) -> Generated:
+    def draw(seed: int, use_draft_logits: bool, verification: VerificationMode = "token") -> Generated:
         return speculator.generate(GenerationRequest(PROMPTS[1], 20, sampling=params, seed=seed, num_draft_tokens=3,
-                                                     use_draft_logits=use_draft_logits))
-    for mode in (True, False):
-        assert draw(7, mode).tokens == draw(7, mode).tokens
-        assert len({tuple(draw(seed, mode).tokens) for seed in range(5)}) > 1
+                                                     use_draft_logits=use_draft_logits, verification=verification))
+    for mode in ((True,), (False,), (True, "block")):
+        assert draw(7, *mode).tokens == draw(7, *mode).tokens
+        assert len({tuple(draw(seed, *mode).tokens) for seed in range(5)}) > 1
+
+
+@pytest.mark.parametrize(("returned", "end_id", "accepted"), [
+    ([4, 5, 6, 9], None, 3),  # every draft accepted, then the target's bonus token
+    ([4, 5, 8], None, 2),  # rejected at the third: the target's own token differs
+    ([4, 6], None, 1),  # block verification's correction may equal the drafted token: still the target's own
+    ([4, 5, 6], None, 2),
+    ([4, 5], 5, 2),  # a drafted end token accepted: the target adds nothing after it
+    ([4, 5], 2, 1),
+])
+def test_a_round_counts_the_drafted_tokens_the_target_accepted(returned, end_id, accepted):
+    assert _accepted_prefix([4, 5, 6], returned, end_id) == accepted
+
+
+def test_the_target_verifies_by_the_request_s_rule(tiny, target):
+    """The request's verification reaches every target call that verifies a draft."""
+    draft = TorchEngine(tiny.perturbed)
+    for verification in VERIFICATION_MODES:
+        targets: list[EngineRequest] = []
+        run_loop(GenerationRequest(PROMPTS[4], 12, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
+                                   verification=verification), engine_call(target, targets), engine_call(draft))
+        assert any(r.draft_tokens for r in targets)
+        assert all(r.verification == verification for r in targets)
 
 
 def test_bad_words_never_appear_and_greedy_stays_exact(speculator, alone):

@@ -2,7 +2,8 @@
 
 Three kinds of proof:
 * analytic: the one-step (and, for k=2, the two-token) output distribution of each rule, computed by
-  enumerating every draft path with the module's own pieces, equals the target's distribution to 1e-6;
+  enumerating every draft path with the module's own pieces, equals the target's distribution to 1e-6; block
+  verification's whole round (every draft block, every stopping point, every correction) likewise, for k = 1..3;
 * Monte Carlo through the real ``verify_*`` functions, and end to end through ``InProcessSpeculator`` on a
   tiny model pair, judged by chi-square goodness of fit;
 * property-based (hypothesis) invariants of the rules, and worked examples of the sampling transforms.
@@ -11,7 +12,8 @@ Three kinds of proof:
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+import math
+from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +27,9 @@ from specbuild.speculation.rules import (
     GREEDY,
     SamplingParams,
     acceptance_probability,
+    block_stop_probabilities,
+    block_weights,
+    expected_accepted,
     explicit_sampling,
     make_generator,
     probabilities,
@@ -32,6 +37,7 @@ from specbuild.speculation.rules import (
     round_seed,
     sample,
     verify,
+    verify_block,
     verify_greedy,
     verify_rejection,
     verify_token_match,
@@ -177,6 +183,128 @@ def test_two_token_joint_for_k2_is_exactly_the_targets(rule, params, seed):
     if blind.sum() > 0:
         q1 = blind / blind.sum()
     torch.testing.assert_close(two_token_joint(rule, p1, p2, q1, q2), p1[:, None] * p2, atol=1e-6, rtol=0)
+
+
+# -- block verification: the whole round, enumerated ----------------------------------------------------
+Tables = dict[tuple[int, ...], torch.Tensor]
+
+
+def prefix_tables(vocab: int, k: int, seed: int, params: SamplingParams) -> tuple[Tables, Tables]:
+    """Target ``p[prefix]`` for every prefix of up to k tokens and draft ``q[prefix]`` up to k - 1, each context
+    its own distribution; the draft is blind to the target's likeliest first token and agrees with the target
+    exactly after the prefix ``(0,)``."""
+    g = torch.Generator().manual_seed(seed)
+    prefixes = [prefix for n in range(k + 1) for prefix in itertools.product(range(vocab), repeat=n)]
+    p = {prefix: random_dist(vocab, g, params) for prefix in prefixes}
+    q = {prefix: random_dist(vocab, g, params) for prefix in prefixes if len(prefix) < k}
+    blind = q[()].clone()
+    blind[p[()].argmax()] = 0.0
+    if blind.sum() > 0:
+        q[()] = blind / blind.sum()
+    if (0,) in q:
+        q[(0,)] = p[(0,)].clone()
+    return p, q
+
+
+def block_round(p: Tables, q: Tables, k: int, stops=block_stop_probabilities) -> tuple[dict, float]:
+    """One round of block verification, exactly: the distribution of what it emits (accepted prefix plus the
+    correction, a tuple of 1..k+1 tokens) over every draft block x ~ q and stopping point tau, and the expected
+    accepted length. ``stops`` computes h_1..h_k from the weights (swapped out to show the check has power)."""
+    vocab = len(p[()])
+    emitted: dict[tuple[int, ...], float] = defaultdict(float)
+    expected_accepted = 0.0
+    for drafts in itertools.product(range(vocab), repeat=k):
+        chance = math.prod(float(q[drafts[:i]][token]) for i, token in enumerate(drafts))
+        if chance == 0.0:
+            continue
+        q_rows = torch.stack([q[drafts[:i]] for i in range(k)])
+        p_rows = torch.stack([p[drafts[:i]] for i in range(k + 1)])
+        weights = block_weights(list(drafts), q_rows, p_rows)
+        h = stops(weights, q_rows, p_rows)
+        for tau in range(k + 1):  # tau: the largest i with eta_i < h_i, 0 if none
+            stopped = (h[tau - 1] if tau else 1.0) * math.prod(1.0 - h[j] for j in range(tau, k))
+            correction = p_rows[k] if tau == k else residual_distribution(p_rows[tau], q_rows[tau], weights[tau])
+            expected_accepted += chance * stopped * tau
+            for token, chance_of_token in enumerate(correction.tolist()):
+                emitted[drafts[:tau] + (token,)] += chance * stopped * chance_of_token
+    return emitted, expected_accepted
+
+
+def continued_by_target(emitted: dict, p: Tables, length: int) -> dict[tuple[int, ...], float]:
+    """The distribution of ``length`` tokens when the target samples what follows each emitted block."""
+    vocab = len(p[()])
+    joint = {}
+    for sequence in itertools.product(range(vocab), repeat=length):
+        joint[sequence] = sum(chance * math.prod(float(p[sequence[:j]][sequence[j]]) for j in range(n, length))
+                              for n in range(1, length + 1) if (chance := emitted.get(sequence[:n], 0.0)))
+    return joint
+
+
+def target_joint(p: Tables, length: int) -> dict[tuple[int, ...], float]:
+    vocab = len(p[()])
+    return {sequence: math.prod(float(p[sequence[:j]][sequence[j]]) for j in range(length))
+            for sequence in itertools.product(range(vocab), repeat=length)}
+
+
+def expected_accepted_over_drafts(p: Tables, q: Tables, k: int, mode: str) -> float:
+    """A rule's expected accepted length (:func:`expected_accepted`, per drafted block) over every block x ~ q."""
+    vocab = len(p[()])
+    total = 0.0
+    for drafts in itertools.product(range(vocab), repeat=k):
+        chance = math.prod(float(q[drafts[:i]][token]) for i, token in enumerate(drafts))
+        if chance:
+            total += chance * expected_accepted(list(drafts), torch.stack([q[drafts[:i]] for i in range(k)]),
+                                                torch.stack([p[drafts[:i]] for i in range(k + 1)]), mode)
+    return total
+
+
+BLOCK_CASES = [pytest.param(vocab, k, params, seed, id=f"V{vocab}-K{k}-{name}-{seed}")
+               for vocab, k in ((3, 1), (3, 2), (3, 3), (4, 2), (4, 3))
+               for name, params in (("plain", SamplingParams()), ("sharp", SamplingParams(temperature=0.5)),
+                                    ("top-p", SamplingParams(temperature=0.7, top_p=0.9)))
+               for seed in (0, 1)]
+
+
+@pytest.mark.parametrize(("vocab", "k", "params", "seed"), BLOCK_CASES)
+def test_block_verification_emits_exactly_the_targets_joint_distribution(vocab, k, params, seed):
+    """Every draft block, stopping point and correction enumerated: the emitted block, continued by the target,
+    is distributed over all k + 1 positions exactly as the target's own k + 1 tokens; and block verification
+    accepts at least as many tokens in expectation as token-by-token rejection on the same p and q (the same for
+    k = 1, where the two rules are one)."""
+    p, q = prefix_tables(vocab, k, seed, params)
+    emitted, block_accepted = block_round(p, q, k)
+    assert sum(emitted.values()) == pytest.approx(1.0, abs=1e-12)
+    got, want = continued_by_target(emitted, p, k + 1), target_joint(p, k + 1)
+    assert max(abs(got[sequence] - want[sequence]) for sequence in want) < 1e-12
+    token_accepted = expected_accepted_over_drafts(p, q, k, "token")
+    assert block_accepted >= token_accepted - 1e-12
+    assert expected_accepted_over_drafts(p, q, k, "block") == pytest.approx(block_accepted, abs=1e-12)
+    if k == 1:
+        assert block_accepted == pytest.approx(token_accepted, abs=1e-12)
+
+
+def test_block_verification_accepts_more_than_token_rejection_in_a_worked_case():
+    """The draft always proposes token 0 first (the target: 1/2), then 1 or 2 evenly where the target is sure of 1.
+    Token by token accepts x_1 with 1/2, then x_2 = 1 surely and x_2 = 2 never: 1/2 + 1/4 = 3/4 tokens. The block
+    (0, 1) is drafted with chance 1/2, the target's own chance of it, so block verification accepts it whenever it
+    is drafted (w_2 = min(1, 1/2 * 1 / (1/2)) = 1) and (0, 2) never: 1 token."""
+    p = {(): dist(1, 1, 0), (0,): dist(0, 1, 0), (1,): dist(1, 1, 1), (2,): dist(1, 1, 1)}
+    p |= {prefix: dist(1, 1, 1) for prefix in itertools.product(range(3), repeat=2)}
+    q = {(): dist(1, 0, 0), (0,): dist(0, 1, 1), (1,): dist(1, 1, 1), (2,): dist(1, 1, 1)}
+    emitted, block_accepted = block_round(p, q, 2)
+    got, want = continued_by_target(emitted, p, 3), target_joint(p, 3)
+    assert max(abs(got[sequence] - want[sequence]) for sequence in want) < 1e-12
+    assert expected_accepted_over_drafts(p, q, 2, "token") == pytest.approx(0.5 * (1 + 0.5))
+    assert block_accepted == pytest.approx(1.0, abs=1e-12)
+
+
+def test_block_enumeration_detects_a_wrong_stop_rule():
+    """The enumeration is a real check: stopping where each weight says (h_i = w_i, a plausible mistake) skews
+    the emitted distribution."""
+    p, q = prefix_tables(3, 2, 0, SamplingParams())
+    emitted, _ = block_round(p, q, 2, stops=lambda weights, q_rows, p_rows: weights[1:])
+    got, want = continued_by_target(emitted, p, 3), target_joint(p, 3)
+    assert max(abs(got[sequence] - want[sequence]) for sequence in want) > 1e-3
 
 
 def sub_vocabulary_dist(ids: list[int], vocab: int, generator: torch.Generator, params: SamplingParams) -> torch.Tensor:
@@ -326,6 +454,8 @@ def test_shape_errors():
         verify_rejection([1], torch.full((2, 5), 0.2), torch.full((2, 5), 0.2), None)
     with pytest.raises(ValueError, match="draft probabilities"):
         verify_rejection([1], torch.full((1, 4), 0.25), torch.full((2, 5), 0.2), None)
+    with pytest.raises(ValueError, match="draft probabilities"):
+        verify_block([1, 2], torch.full((1, 5), 0.2), torch.full((3, 5), 0.2), None)
 
 
 def test_seeds_are_reproducible_and_rounds_independent():
@@ -381,6 +511,21 @@ def test_rejection_invariants(case):
 
 @DETERMINISTIC
 @given(rounds())
+def test_block_invariants(case):
+    drafts, q, p, seed = case
+    weights = block_weights(drafts, q, p)
+    stops = block_stop_probabilities(weights, q, p)
+    assert all(0.0 <= h <= 1.0 for h in stops)
+    if len(drafts) == 1:  # one token: block verification is token-by-token rejection
+        assert stops == [acceptance_probability(p[0], q[0], drafts[0])]
+    out = verify_block(drafts, q, p, make_generator(seed))
+    check_common_invariants(drafts, out, p)
+    assert out == verify_block(drafts, q, p, make_generator(seed))  # a seed gives the same answer
+    assert weights[out.accepted] > 0  # never accepts a prefix the target could not produce or the draft propose
+
+
+@DETERMINISTIC
+@given(rounds())
 def test_token_match_invariants(case):
     drafts, _, p, seed = case
     out = verify_token_match(drafts, p, make_generator(seed))
@@ -406,15 +551,18 @@ def test_greedy_is_rejection_with_one_hot_target(case):
 def test_verify_dispatches_by_request(case, params):
     drafts, q, p, seed = case
     target_logits, draft_logits = torch.log(p), torch.log(q.clamp_min(1e-30))
-    got = verify(drafts, target_logits, params, make_generator(seed), draft_logits)
-    if params.is_greedy:
-        expected = verify_greedy(drafts, target_logits)
-    elif drafts:
-        expected = verify_rejection(drafts, probabilities(draft_logits, params), probabilities(target_logits, params),
-                                    make_generator(seed))
-    else:
-        expected = verify_token_match(drafts, probabilities(target_logits, params), make_generator(seed))
-    assert got == expected
+    for mode, rejection in (("token", verify_rejection), ("block", verify_block)):
+        got = verify(drafts, target_logits, params, make_generator(seed), draft_logits, mode)
+        if params.is_greedy:
+            expected = verify_greedy(drafts, target_logits)
+        elif drafts:
+            expected = rejection(drafts, probabilities(draft_logits, params), probabilities(target_logits, params),
+                                 make_generator(seed))
+        else:
+            expected = verify_token_match(drafts, probabilities(target_logits, params), make_generator(seed))
+        assert got == expected
+    assert verify(drafts, target_logits, params, make_generator(seed), draft_logits) == verify(
+        drafts, target_logits, params, make_generator(seed), draft_logits, "token")  # token by token by default
     without_logits = verify(drafts, target_logits, params, make_generator(seed))
     if not params.is_greedy:
         assert without_logits == verify_token_match(drafts, probabilities(target_logits, params), make_generator(seed))
@@ -509,15 +657,16 @@ def speculate_two_tokens(rule: str, p, q, k: int, generator: torch.Generator) ->
             draft_rows.append(row)
             drafts.append(sample(row, generator))
         target_rows = torch.stack([lookup(p, out + drafts[:i]) for i in range(k + 1)])
-        if rule == "rejection":
-            verdict = verify_rejection(drafts, torch.stack(draft_rows), target_rows, generator)
+        if rule in ("rejection", "block"):
+            rejection = verify_block if rule == "block" else verify_rejection
+            verdict = rejection(drafts, torch.stack(draft_rows), target_rows, generator)
         else:
             verdict = verify_token_match(drafts, target_rows, generator)
         out.extend(verdict.tokens)
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("rule", ["rejection", "token-match"])
+@pytest.mark.parametrize("rule", ["rejection", "token-match", "block"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_monte_carlo_two_tokens_match_target(rule, k):
     vocab, draws = 5, 6000
@@ -560,22 +709,23 @@ def exact_continuations(model_dir: Path, prompt: list[int], length: int, params:
     return paths
 
 
-END_TO_END_CASES = [pytest.param(k, logits, "draft", id=f"{k}-{'draft-logits' if logits else 'token-match'}")
+END_TO_END_CASES = [pytest.param(k, logits, "draft", "token", id=f"{k}-{'draft-logits' if logits else 'token-match'}")
                     for k in (1, 3) for logits in (True, False)] + [
-    pytest.param(3, True, "lookup+draft", id="3-draft-logits-lookup+draft"),
-    pytest.param(2, True, "lookup", id="2-draft-logits-lookup-only"),
-    pytest.param(3, True, "sub-vocabulary draft", id="3-draft-logits-sub-vocabulary-head"),
+    pytest.param(3, True, "lookup+draft", "token", id="3-draft-logits-lookup+draft"),
+    pytest.param(2, True, "lookup", "token", id="2-draft-logits-lookup-only"),
+    pytest.param(3, True, "sub-vocabulary draft", "token", id="3-draft-logits-sub-vocabulary-head"),
+    pytest.param(3, True, "draft", "block", id="3-draft-logits-block-verification"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("k", "use_draft_logits", "drafter"), END_TO_END_CASES)
-def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits, drafter):
+@pytest.mark.parametrize(("k", "use_draft_logits", "drafter", "verification"), END_TO_END_CASES)
+def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits, drafter, verification):
     """Sampled 4-token continuations from InProcessSpeculator: the first two tokens (jointly) and the fourth
     (marginally, reached through bonus tokens and later rounds) follow the target's exact distribution.
     With prompt lookup (on a prompt that repeats itself), lookup drafts are verified by token matching, mixed
     with draft-model rounds under rejection sampling, or alone. A draft with a sub-vocabulary head (10 of 16 ids)
-    is accepted against its own distribution, zero outside its ids."""
+    is accepted against its own distribution, zero outside its ids. Block verification likewise."""
     from specbuild.speculation.request import GenerationRequest
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup
@@ -595,7 +745,7 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     for seed in range(draws):
         result = speculator.generate(GenerationRequest(
             prompt, length, sampling=params, seed=seed, num_draft_tokens=k, use_draft_logits=use_draft_logits,
-            prompt_lookup=lookup))
+            prompt_lookup=lookup, verification=verification))
         assert len(result.tokens) == length
         outputs.append(tuple(result.tokens))
         accepted += result.stats.accepted_tokens

@@ -120,6 +120,12 @@ def test_rows_take_their_own_prompt_and_a_broadcast_setting():
     assert all(row.max_seconds == 600.0 for row in rows)  # the server's limit
 
 
+def test_the_release_s_verification_reaches_every_row():
+    assert all(row.generation.verification == "token" for row in parse_rows(request(), SETTINGS))
+    rows = parse_rows(request(), replace(SETTINGS, verification="block"))
+    assert all(row.generation.verification == "block" for row in rows)
+
+
 def test_a_temperature_alone_is_greedy_as_in_nvidia_s_backend():
     """What NVIDIA's end_to_end_grpc_client sends by default: temperature 1.0, no top_k/top_p."""
     [row, _] = parse_rows(request(temperature=np.array([[1.0]], dtype=np.float32)), SETTINGS)
@@ -231,11 +237,14 @@ ROUND_TRIPS = [
     EngineRequest([1, 2], 5, sampling=SamplingParams(temperature=0.5, top_k=1, repetition_penalty=1.25,
                                                      presence_penalty=0.375, frequency_penalty=-0.5)),
     EngineRequest([9], 1, draft_tokens=[4, 5], token_masks=torch.tensor([[5, -1], [7, 0], [-1, 3]], dtype=torch.int32)),
+    EngineRequest([9], 3, sampling=SamplingParams(), seed=7, draft_tokens=[4, 5], draft_logits=torch.randn(2, 11),
+                  verification="block"),
 ]
 
 
 @pytest.mark.parametrize("engine_request", ROUND_TRIPS, ids=["greedy", "sampled-draft-call", "verification",
-                                                                   "penalised-greedy", "guided-verification"])
+                                                                   "penalised-greedy", "guided-verification",
+                                                                   "block-verification"])
 def test_an_engine_request_survives_the_backend_tensors(engine_request):
     arrays = encode_request(engine_request)
     assert {"random_seed", "min_length"}.isdisjoint(arrays)  # the backend's current names only
@@ -243,9 +252,12 @@ def test_an_engine_request_survives_the_backend_tensors(engine_request):
     assert decoded.exclude_input is True  # the orchestrator always asks for new tokens only
     got, expected = decoded.request, engine_request
     assert (got.input_ids, got.max_new_tokens, got.sampling, got.seed, got.end_id, got.min_new_tokens,
-            got.draft_tokens, got.return_logits, got.bad_words) == (
+            got.draft_tokens, got.return_logits, got.bad_words, got.verification) == (
         expected.input_ids, expected.max_new_tokens, expected.sampling, expected.seed, expected.end_id,
-        expected.min_new_tokens, expected.draft_tokens, expected.return_logits, expected.bad_words)
+        expected.min_new_tokens, expected.draft_tokens, expected.return_logits, expected.bad_words,
+        expected.verification)
+    # block verification is specbuild's own input: a token-level request sends what a tensorrtllm engine takes
+    assert ("block_verification" in arrays) == (expected.verification == "block")
     if expected.token_masks is None:
         assert got.token_masks is None and "guide_token_masks" not in arrays  # never sent to a tensorrtllm engine
     else:

@@ -87,7 +87,14 @@ def check_pair(target: CheckpointInfo, draft: CheckpointInfo,
                   _positions, _rope, _legacy_rope):
         check(target, draft, params, report)
     if isinstance(spec_or_params, BuildSpec):
-        for finding in runtime_for(params.runtime).spec_findings(spec_or_params):
+        runtime, verification = runtime_for(params.runtime), spec_or_params.speculation.verification
+        if verification not in runtime.verifications:
+            report.reasons.append(Finding(
+                code="verification", message=f"speculation.verification is {verification}, but the {runtime.name} "
+                "runtime's target verifies draft logits itself, token by token (TensorRT-LLM has no block "
+                "verification)",
+                fix="set speculation.verification: token, or use --runtime torch"))
+        for finding in runtime.spec_findings(spec_or_params):
             (report.reasons if finding.blocking else report.warnings).append(
                 Finding(code=finding.code, message=finding.message, fix=finding.fix))
     return report

@@ -23,7 +23,7 @@ from specbuild.spec import BuildSpec, LimitsSpec, ModelSpec
 
 # The spec fields :func:`check` reads (dotted, as :mod:`specbuild.stages.reads` takes them), besides those the
 # runtime's own findings read (``Runtime.reads["check"]``): the pair rules, the resolved limits, the memory plan.
-SPEC_READS = ("runtime", "target", "draft", "limits", "security", "speculation.acceptance",
+SPEC_READS = ("runtime", "target", "draft", "limits", "security", "speculation.acceptance", "speculation.verification",
               "speculation.max_draft_len", "triton.gpu_memory_gib", "triton.kv_cache_free_gpu_mem_fraction")
 
 

@@ -84,13 +84,15 @@ class EngineParameters(ModelParameters):
 @dataclass(frozen=True)
 class EngineModel:
     """How a release serves one engine: the Triton backend of its model, the config's parameters, how many
-    instances, the python model it runs (None: the backend's own), and whether it takes :data:`GUIDE_MASKS`."""
+    instances, the python model it runs (None: the backend's own), and whether it takes :data:`GUIDE_MASKS` and
+    :data:`BLOCK_VERIFICATION`."""
 
     backend: str
     parameters: EngineParameters
     instances: int = 1
     source: Path | None = None
     guide_masks: bool = False
+    block_verification: bool = False
 
 
 # --- request and response tensors (names as the backend reads them) --------------------------------------
@@ -130,6 +132,9 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
 # specbuild's own, not the tensorrtllm backend's: the tokens a request's guide allows at each new position
 # (speculation/guide.py), int32 bitmask rows [positions, ceil(vocab / 32)]; declared by engine models that apply it
 GUIDE_MASKS = Tensor("guide_token_masks", "TYPE_INT32", (-1, -1), True)
+# specbuild's own too: judge draft_logits by block verification (speculation.rules.verify_block) rather than token by
+# token; sent only when true, declared by engine models that verify with specbuild's rules
+BLOCK_VERIFICATION = Tensor("block_verification", "TYPE_BOOL", (1,), True)
 ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("output_ids", "TYPE_INT32", (-1, -1)),  # [beam, tokens]
     Tensor("sequence_length", "TYPE_INT32", (-1,)),  # [beam]

@@ -23,6 +23,7 @@ from typing import ClassVar
 from specbuild.package.parameters import OPTIONAL, ModelParameters
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
+from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
 
 
@@ -208,6 +209,7 @@ class OrchestratorParameters(ModelParameters):
     verify_costs: tuple[float, ...]  # V(1)..V(max_draft_len), in target steps
     cost_measured: bool  # c measured on the build host (else the parameter ratio)
     measured_acceptance: float | None = field(default=None, metadata=OPTIONAL)  # the break-even's prior
+    verification: VerificationMode = "token"  # how the target judges draft logits (speculation.verification)
     guided_decoding: bool = False  # the engines take guide masks (guide_token_masks): guided requests run
     # the target engine applies NVIDIA's guided decoding inputs itself (the tensorrtllm backend's xgrammar): guided
     # requests run on the target alone, each answer in one call (triton_models/request_runner.py)

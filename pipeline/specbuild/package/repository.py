@@ -22,7 +22,8 @@ from specbuild.checkpoint.tokenizer_files import copy_tokenizer
 from specbuild.errors import StageError
 from specbuild.package import contract
 from specbuild.package.backend_guides import guided_decoding_configured
-from specbuild.package.backend_contract import (ENGINE_INPUTS, ENGINE_OUTPUTS, GUIDE_MASKS, EngineModel,
+from specbuild.package.backend_contract import (BLOCK_VERIFICATION, ENGINE_INPUTS, ENGINE_OUTPUTS, GUIDE_MASKS,
+                                                 EngineModel,
                                                 EngineParameters)
 from specbuild.package.build_record import Engine
 from specbuild.package.contract import OrchestratorParameters, PreprocessingParameters, Tensor
@@ -63,7 +64,8 @@ def python_model_config(name: str, spec: BuildSpec, inputs: tuple[Tensor, ...], 
 
 
 def engine_model_config(name: str, spec: BuildSpec, backend: str, parameters: EngineParameters,
-                        instances: int, guide_masks: bool = False) -> mc.ModelConfig:
+                        instances: int, guide_masks: bool = False,
+                        block_verification: bool = False) -> mc.ModelConfig:
     """An engine model's ``config.pbtxt``, the same for every runtime but its backend and parameter values.
 
     Non-decoupled (the orchestrator calls it with BLS and waits for the whole answer); CPU instances (the
@@ -74,7 +76,8 @@ def engine_model_config(name: str, spec: BuildSpec, backend: str, parameters: En
     config.model_transaction_policy.decoupled = False
     config.dynamic_batching.SetInParent()
     config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
-    for tensor in ENGINE_INPUTS + ((GUIDE_MASKS,) if guide_masks else ()):
+    own = ((GUIDE_MASKS,) if guide_masks else ()) + ((BLOCK_VERIFICATION,) if block_verification else ())
+    for tensor in ENGINE_INPUTS + own:
         entry = config.input.add(name=tensor.name, data_type=mc.DataType.Value(tensor.dtype), dims=tensor.dims,
                                  optional=tensor.optional)
         if tensor.dtype == "TYPE_STRING":
@@ -138,6 +141,7 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load
         max_draft_len=record.limits.max_draft_len,
         num_draft_tokens=s.num_draft_tokens,
         use_draft_logits=s.acceptance == "draft-logits",
+        verification=s.verification,
         adaptive_draft=s.adaptive,
         draft_len_schedule=str(load_schedule),
         prompt_lookup=s.prompt_lookup.enabled,
@@ -245,7 +249,8 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
                                        target_parameters.xgrammar_tokenizer_info_path)),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
-        **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks)
+        **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks,
+                                     model.block_verification)
            for role, model in engine_models.items()},
     }
     for name, config in models.items():

@@ -25,6 +25,7 @@ from specbuild.package.build_record import BUILD_INFO, BuildLimits, BuildRecord,
 from specbuild.package.contract import ORCHESTRATOR_MODEL
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LAUNCH_SETTINGS, BundledPlan, LaunchPlan
 from specbuild.spec import ROLES
+from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ RENDER_READS: tuple[str, ...] = (
     "launch.fast_logits", "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
     "speculation.draft_len_schedule", "speculation.num_draft_tokens", "speculation.prompt_lookup",
     "triton.max_request_seconds", "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost",
-    "speculation.verify_cost", "speculation.measured_acceptance")
+    "speculation.verify_cost", "speculation.measured_acceptance", "speculation.verification")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class Runtime(abc.ABC):
     steps: ClassVar[tuple[Step, ...]] = STEPS  # its compile pipeline, in order
     # Verification rules the runtime can run, preferred first (speculation.acceptance falls back to the first).
     acceptances: ClassVar[tuple[str, ...]] = ("draft-logits", "token-match")
+    # How its target judges draft logits (speculation.verification): TensorRT-LLM's engines verify them themselves,
+    # token by token; specbuild's own rules (speculation.rules) also verify the drafted block as a whole.
+    verifications: ClassVar[tuple[VerificationMode, ...]] = ("token",)
     # The Triton model that answers each request and exports the requests in flight (stats.IN_FLIGHT, under its
     # name as label ``model``): what autoscaling follows.
     serving_model: ClassVar[str] = ORCHESTRATOR_MODEL

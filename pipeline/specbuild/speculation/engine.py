@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 import torch
 
 from specbuild.speculation.guide_spec import GuideSpec
+from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.rules import GREEDY, SamplingParams
 
 
@@ -33,6 +34,8 @@ class EngineRequest:
     # draft_logits: the raw logits the draft sampled ``draft_tokens`` from, [k, vocab] (or, with TensorRT-LLM's
     # fast logits, the draft engine's opaque handle, passed through unchanged); None: accept by token matching
     draft_logits: torch.Tensor | None = None
+    # how the target judges draft_logits (rules.verify's mode); block: specbuild's own engine models only
+    verification: VerificationMode = "token"
     return_logits: bool = False  # return_generation_logits
     bad_words: list[list[int]] = field(default_factory=list)
     # the tokens a guide allows at each new position (speculation/guide.py): int32 bitmask rows

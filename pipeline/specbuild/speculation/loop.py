@@ -97,7 +97,7 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
                 costs.alone(target_seconds, len(verdict.tokens))
             else:
                 costs.verified(drafted, target_seconds, draft_seconds if draft.source == ModelDrafts.name else None)
-        accepted = _accepted_prefix(draft.tokens, verdict.tokens) if draft else 0
+        accepted = _accepted_prefix(draft.tokens, verdict.tokens, request.end_id) if draft else 0
         stats.record_round(drafted, accepted, source=draft.source if draft else None)
         if draft is not None:
             sources.update(draft, accepted)
@@ -153,15 +153,18 @@ def _target_request(request: GenerationRequest, context: list[int], draft: Draft
         seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
         min_new_tokens=min(new_tokens, unfinished),
         draft_tokens=draft.tokens if draft else None, draft_logits=draft.logits if draft else None,
+        verification=request.verification,
         bad_words=request.bad_words, guide=request.engine_guide,
     )
 
 
-def _accepted_prefix(drafted: list[int], returned: list[int]) -> int:
-    """Drafted tokens the target accepted: their common prefix, since every rule's own token at a mismatch
-    differs from the drafted one. (Capping at ``len(returned) - 1`` would miss an accepted end token, after
-    which the target returns no token of its own.)"""
+def _accepted_prefix(drafted: list[int], returned: list[int], end_id: int | None) -> int:
+    """Drafted tokens the target accepted: their common prefix, but for the round's last token, the target's own
+    (block verification's correction may equal the drafted token there; the other rules' never does), unless that
+    is an end token the draft proposed, after which the target returns no token of its own."""
     accepted = 0
     while accepted < min(len(drafted), len(returned)) and drafted[accepted] == returned[accepted]:
         accepted += 1
-    return accepted
+    if returned and returned[-1] == end_id:
+        return accepted
+    return min(accepted, len(returned) - 1)

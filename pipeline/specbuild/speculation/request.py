@@ -8,6 +8,7 @@ from specbuild.speculation.cost import CostModel
 from specbuild.speculation.guide import Guide
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.lookup import PromptLookup
+from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.rules import GREEDY, SamplingParams
 
 
@@ -25,6 +26,7 @@ class GenerationRequest:
     bad_words: list[list[int]] = field(default_factory=list)
     num_draft_tokens: int = 4
     use_draft_logits: bool = True
+    verification: VerificationMode = "token"  # how the draft's logits are judged (rules.verify's mode)
     adaptive: bool = False
     prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
     # The release's cost model: drafting switches off while it does not pay for this request (None: never).

@@ -11,6 +11,11 @@ exactly as the target alone would produce it:
   at the first mismatch. Exact for any draft; needs no draft probabilities.
 * rejection: accept ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))``; at the first rejection emit
   a sample of ``norm(max(0, p_i - q_i))``; after full acceptance emit a sample of ``p_{k+1}``.
+* block rejection (Sun et al. 2024): judges the drafted block as a whole, accepting a prefix at least as long in
+  expectation as token-by-token rejection does (:func:`verify_block`).
+
+Both rejection rules need the draft's probabilities; a release picks one
+(:data:`~specbuild.speculation.modes.VerificationMode`, ``speculation.verification``).
 
 Sampling transforms (temperature, top-k, top-p) are applied by :func:`probabilities` to draft and target
 logits identically, so ``q`` is the distribution the draft really sampled from and ``p`` the one the target
@@ -19,13 +24,16 @@ alone would sample from.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from specbuild.errors import RequestError
+from specbuild.speculation.modes import VerificationMode
 
 Rule = Literal["greedy", "token-match", "rejection"]
 
@@ -188,13 +196,14 @@ def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: int) -> floa
     return min(1.0, float(p[token]) / q_x)
 
 
-def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``norm(max(0, p - q))``: what to sample from after a rejection.
+def residual_distribution(p: torch.Tensor, q: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
+    """``norm(max(0, weight * p - q))``: what to sample from after a rejection (``weight`` < 1 only for
+    :func:`verify_block`'s residuals).
 
-    When ``p <= q`` everywhere (only possible if ``p == q``, where rejection has probability 0) fall
-    back to ``p`` so the function is total.
+    When ``weight * p <= q`` everywhere (with weight 1 only possible if ``p == q``, where rejection has
+    probability 0; with less, where :func:`verify_block` never stops) fall back to ``p`` so the function is total.
     """
-    residual = torch.clamp(p.to(torch.float64) - q.to(torch.float64), min=0.0)
+    residual = torch.clamp(weight * p.to(torch.float64) - q.to(torch.float64), min=0.0)
     total = residual.sum()
     if total <= 0.0:
         return p.to(torch.float64)
@@ -213,6 +222,14 @@ def _check_shapes(draft_tokens: list[int], target: torch.Tensor) -> None:
     if target.dim() != 2 or target.shape[0] != len(draft_tokens) + 1:
         raise ValueError(
             f"target scores must be [k+1, vocab] for k={len(draft_tokens)} draft tokens, got {tuple(target.shape)}"
+        )
+
+
+def _check_draft_shape(draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor) -> None:
+    if draft_probs.shape != (len(draft_tokens), target_probs.shape[1]):
+        raise ValueError(
+            f"draft probabilities must be [k, vocab] = [{len(draft_tokens)}, {target_probs.shape[1]}], "
+            f"got {tuple(draft_probs.shape)}"
         )
 
 
@@ -246,11 +263,7 @@ def verify_rejection(
 ) -> Verification:
     """Speculative rejection sampling: exact for any draft distribution ``q`` the drafts were drawn from."""
     _check_shapes(draft_tokens, target_probs)
-    if draft_probs.shape != (len(draft_tokens), target_probs.shape[1]):
-        raise ValueError(
-            f"draft probabilities must be [k, vocab] = [{len(draft_tokens)}, {target_probs.shape[1]}], "
-            f"got {tuple(draft_probs.shape)}"
-        )
+    _check_draft_shape(draft_tokens, draft_probs, target_probs)
     for position, drafted in enumerate(draft_tokens):
         p, q = target_probs[position], draft_probs[position]
         threshold = acceptance_probability(p, q, drafted)
@@ -262,19 +275,95 @@ def verify_rejection(
     return Verification(len(draft_tokens), list(draft_tokens) + [sample(target_probs[-1], generator)])
 
 
+def block_weights(draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor) -> list[float]:
+    """Block verification's weights ``w_0..w_k``: ``w_0 = 1``, ``w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i))``
+    (0 for a token the draft could not draw, as :func:`acceptance_probability` rejects it)."""
+    weights = [1.0]
+    for position, drafted in enumerate(draft_tokens):
+        q_x = float(draft_probs[position, drafted])
+        ratio = float(target_probs[position, drafted]) / q_x if q_x > 0.0 else 0.0
+        weights.append(min(1.0, weights[-1] * ratio))
+    return weights
+
+
+def block_stop_probabilities(weights: list[float], draft_probs: torch.Tensor,
+                             target_probs: torch.Tensor) -> list[float]:
+    """Block verification's ``h_1..h_k`` for ``weights`` (:func:`block_weights`): ``h_k = w_k``; for ``i < k``
+    ``h_i = r_i / (r_i + 1 - w_i)`` with ``r_i = sum_x max(0, w_i p_{i+1}(x) - q_{i+1}(x))`` the residual mass at
+    the next position (0 where ``w_i = 1`` and ``r_i = 0``: there ``p_{i+1} = q_{i+1}`` and a later ``h`` is 1)."""
+    k = len(weights) - 1
+    if k == 0:
+        return []
+    inner = torch.tensor(weights[1:k], dtype=torch.float64)
+    residual = torch.clamp(inner[:, None] * target_probs[1:k].to(torch.float64)
+                           - draft_probs[1:k].to(torch.float64), min=0.0).sum(dim=-1).tolist()
+    stops = [r / (r + (1.0 - w)) if r + (1.0 - w) > 0.0 else 0.0 for r, w in zip(residual, weights[1:k])]
+    return stops + [weights[k]]
+
+
+def verify_block(
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verification:
+    """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Beirami, Ro, Suresh 2024, "Block Verification
+    Accelerates Speculative Decoding", arXiv 2403.10444, Algorithm 2): exact for any draft ``q`` the drafts were
+    drawn from, like :func:`verify_rejection`, and accepts at least as many tokens in expectation.
+
+    With weights ``w_i`` (:func:`block_weights`) and stop probabilities ``h_i`` (:func:`block_stop_probabilities`),
+    draw ``eta_1..eta_k ~ U[0, 1)`` and keep ``tau``, the largest ``i`` with ``eta_i < h_i`` (0 if none): the
+    prefix ``x_1..x_tau`` is accepted, then one token is emitted from ``p_{k+1}`` if ``tau = k``, else from
+    ``norm(max(0, w_tau p_{tau+1} - q_{tau+1}))``. Where token-by-token rejection stops at the first rejection,
+    a rejected token here may still be followed by an accepted block: the weights carry the target's surplus
+    probability forward along the block.
+
+    Lossless: for a draft block ``x ~ q``, the emitted prefix plus its correction, continued by the target's own
+    samples, is distributed as the target's ``p`` over the whole block (the paper's Theorem 1; checked by exact
+    enumeration in ``tests/speculation/test_rules.py``). With ``k = 1`` it is token-by-token rejection. Seeded,
+    it draws ``k`` uniforms then one token from ``generator``, so a seed gives the same answer every time.
+    """
+    _check_shapes(draft_tokens, target_probs)
+    _check_draft_shape(draft_tokens, draft_probs, target_probs)
+    weights = block_weights(draft_tokens, draft_probs, target_probs)
+    stops = block_stop_probabilities(weights, draft_probs, target_probs)
+    eta = torch.rand(len(draft_tokens), generator=generator, dtype=torch.float64).tolist()
+    accepted = max((i for i, (u, h) in enumerate(zip(eta, stops), start=1) if u < h), default=0)
+    if accepted == len(draft_tokens):
+        return Verification(accepted, list(draft_tokens) + [sample(target_probs[-1], generator)])
+    residual = residual_distribution(target_probs[accepted], draft_probs[accepted], weights[accepted])
+    return Verification(accepted, list(draft_tokens[:accepted]) + [sample(residual, generator)])
+
+
+def expected_accepted(draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                      mode: VerificationMode) -> float:
+    """How many of ``draft_tokens`` a rejection rule accepts in expectation, exactly, for this drafted block: token
+    by token ``sum_i prod_{j <= i} min(1, p_j(x_j) / q_j(x_j))``; as a block ``sum_t t P(tau = t)`` with
+    ``P(tau = t) = h_t prod_{j > t} (1 - h_j)``. Averaged over blocks drawn from ``q`` it is each rule's acceptance;
+    block verification's is never below token-by-token rejection's there (not block by block)."""
+    if mode == "token":
+        chances = (acceptance_probability(target_probs[i], draft_probs[i], x) for i, x in enumerate(draft_tokens))
+        return sum(itertools.accumulate(chances, operator.mul))
+    stops = block_stop_probabilities(block_weights(draft_tokens, draft_probs, target_probs), draft_probs, target_probs)
+    return sum(t * stops[t - 1] * math.prod(1.0 - h for h in stops[t:]) for t in range(1, len(stops) + 1))
+
+
 def verify(
     draft_tokens: list[int],
     target_logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None,
     draft_logits: torch.Tensor | None = None,
+    mode: VerificationMode = "token",
 ) -> Verification:
-    """Pick the rule from the request: greedy, rejection (draft logits given) or token matching."""
+    """Pick the rule from the request: greedy, rejection (draft logits given; token by token or as a block, by
+    ``mode``) or token matching."""
     if params.is_greedy:
         return verify_greedy(draft_tokens, target_logits)
     target_probs = probabilities(target_logits, params)
     if draft_logits is not None and len(draft_tokens) > 0:
-        return verify_rejection(draft_tokens, probabilities(draft_logits, params), target_probs, generator)
+        rejection = verify_block if mode == "block" else verify_rejection
+        return rejection(draft_tokens, probabilities(draft_logits, params), target_probs, generator)
     return verify_token_match(draft_tokens, target_probs, generator)
 
 

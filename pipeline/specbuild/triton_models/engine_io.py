@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from specbuild.errors import RequestError
-from specbuild.package.backend_contract import ENGINE_INPUTS, GUIDE_MASKS
+from specbuild.package.backend_contract import BLOCK_VERIFICATION, ENGINE_INPUTS, GUIDE_MASKS
 from specbuild.package.backend_guides import backend_guide
 from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.speculation.engine import EngineOutput, EngineRequest
@@ -57,6 +57,8 @@ def encode_request(request: EngineRequest) -> dict[str, np.ndarray]:
         arrays["draft_input_ids"] = np.array([request.draft_tokens], dtype=np.int32)
     if request.draft_logits is not None:
         arrays["draft_logits"] = request.draft_logits.numpy().astype(np.float32)[None]
+    if request.verification == "block":  # specbuild's own input too: never sent to the tensorrtllm backend
+        arrays[BLOCK_VERIFICATION.name] = _scalar(True, bool)
     if request.return_logits:
         arrays["return_generation_logits"] = _scalar(True, bool)
     if request.token_masks is not None:  # specbuild's own input (backend_contract.GUIDE_MASKS): torch engines only
@@ -120,6 +122,7 @@ def decode_requests(arrays: Arrays, *, exclude_input_default: bool,
             draft_tokens=drafts,
             draft_logits=None if draft_logits is None or not draft_logits.size
             else torch.from_numpy(np.asarray(draft_logits[row], dtype=np.float32).reshape(-1, draft_logits.shape[-1])),
+            verification="block" if get(BLOCK_VERIFICATION.name) else "token",
             return_logits=bool(get("return_generation_logits")),
             bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
             token_masks=None if masks is None or not masks.size

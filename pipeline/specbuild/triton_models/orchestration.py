@@ -89,6 +89,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
                 num_draft_tokens=k,
                 use_draft_logits=settings.use_draft_logits if public.use_draft_logits is None
                 else public.use_draft_logits,
+                verification=settings.verification,
                 adaptive=settings.adaptive_draft if public.adaptive_draft is None else public.adaptive_draft,
                 prompt_lookup=settings.lookup if lookup else None,
                 break_even=settings.cost_model if break_even else None,

@@ -412,7 +412,7 @@ class TorchEngine:
             if request.token_masks is not None:  # the draft sampled under the same masks: q renormalised as p is
                 draft = restrict(draft, allowed_tokens(request.token_masks[: len(drafts)], self.vocab_size))
             draft, _ = self._sampled(draft, contexts, request.sampling)
-        outcome = verify(drafts, target, params, make_generator(request.seed), draft)
+        outcome = verify(drafts, target, params, make_generator(request.seed), draft, request.verification)
         rejected = len(drafts) - outcome.accepted
         if rejected:
             cache.crop(-rejected)

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
-from specbuild.package.backend_contract import ENGINE_INPUTS, GUIDE_MASKS  # noqa: E402
+from specbuild.package.backend_contract import BLOCK_VERIFICATION, ENGINE_INPUTS, GUIDE_MASKS  # noqa: E402
 from specbuild.package.backend_guides import guided_decoding_configured  # noqa: E402
 from specbuild.runtimes.torch.parameters import TorchEngineParameters  # noqa: E402
 from specbuild.package.build_record import BUILD_INFO, BuildRecord  # noqa: E402
@@ -101,7 +101,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                rows = decode_requests(request_arrays(request, ENGINE_INPUTS + (GUIDE_MASKS,)),
+                rows = decode_requests(request_arrays(request, ENGINE_INPUTS + (GUIDE_MASKS, BLOCK_VERIFICATION)),
                                        exclude_input_default=self.parameters.exclude_input_in_output,
                                        guided_decoding=self.guided)
                 outputs = [self.runner.run(row.request) for row in rows]

@@ -32,6 +32,7 @@ from specbuild.runtimes.names import TORCH
 from specbuild.runtimes.torch.launch import cpu_pod_plan
 from specbuild.runtimes.torch.parameters import TorchEngineParameters
 from specbuild.spec import BuildSpec, Role
+from specbuild.speculation.modes import VERIFICATION_MODES
 
 if TYPE_CHECKING:
     from specbuild.checkpoint.info import CheckpointInfo
@@ -65,6 +66,7 @@ class TorchRuntime(Runtime):
     busy_in_flight = 2
     ttft_p95_seconds = 5.0  # a CPU's prefill is seconds for long prompts
     sub_vocabulary_heads = True  # engine.SubVocabularyHead
+    verifications = VERIFICATION_MODES  # the engine model verifies with speculation.rules
     reads = {"check": ("torch.device",), "convert": ("target.dtype", "draft.dtype"), "build": BUILD_READS,
              "plan": BUILD_READS,
              "package": (*RENDER_READS, "torch", "triton.engine_instances")}
@@ -127,7 +129,8 @@ class TorchRuntime(Runtime):
             torch_threads=getattr(spec.torch, f"{engine.role}_threads"),
             head_vocabulary_sha256=engine.record.head_vocabulary.sha256 if engine.record.head_vocabulary else None,
         )
-        return EngineModel("python", parameters, spec.triton.engine_instances, ENGINE_MODEL, guide_masks=True)
+        return EngineModel("python", parameters, spec.triton.engine_instances, ENGINE_MODEL, guide_masks=True,
+                           block_verification="block" in self.verifications)
 
 
     def launch_plan(self, spec: BuildSpec, repository: Path, engines: Path, checkpoints: Mapping[str, Path], *,
