@@ -45,8 +45,9 @@ verify() {
 }
 
 serve() {
-  specbuild serve "$REPOSITORY" --http-port 0 --grpc-port 0 --metrics-port 0 --timeout "$SERVE_TIMEOUT" \
-    --json > "$SERVER" 2> "$REPORTS_DIR/serve.log" &
+  # free ports only, and no OpenAI API (the gate speaks gRPC): two pipelines on one runner never meet on a port
+  specbuild serve "$REPOSITORY" --http-port 0 --grpc-port 0 --metrics-port 0 --no-openai \
+    --timeout "$SERVE_TIMEOUT" --json > "$SERVER" 2> "$REPORTS_DIR/serve.log" &
   local pid=$!
   echo "$pid" > "$REPORTS_DIR/serve.pid"
   until grep -qs '"event": "ready"' "$SERVER"; do
