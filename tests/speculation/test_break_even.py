@@ -15,6 +15,7 @@ from specbuild.speculation.cost import (
     expected_speedup,
     leviathan_tokens_per_step,
 )
+from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.stats import METRICS
 
 DEMO = CostModel(draft_cost=0.18, verify_cost={1: 1.15, 2: 1.18, 4: 1.23}, acceptance=0.49, measured=True)
@@ -142,6 +143,10 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
     from specbuild.speculation.request import GenerationRequest
 
     speculator = InProcessSpeculator(TorchEngine(tiny.target, max_draft_len=4), TorchEngine(tiny.unrelated))
+    measuring = InProcessSpeculator(speculator.target, speculator.draft)
+    # Here the break-even decides at the release's costs: at this host's measured ones the decision would follow
+    # its load (the unrelated draft agrees about 0.1-0.15, near where c and V(1) of a busy host put the break-even).
+    speculator.costs = RoundCosts(exclusive=lambda: False)
     alone = InProcessSpeculator(speculator.target, None)
     chunk = 1 if stream else None
     for prompt in ([1, 5, 9], [3, 3, 7, 2], [11, 4]):
@@ -155,7 +160,10 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
         assert plain.stats.break_even_rounds == 0
         if not stream:  # a stretch is one target call of its tokens
             assert gated.stats.rounds < plain.stats.rounds
-    costs = speculator.costs  # what the rounds after each request's first cost, for the break-even (round_costs.py)
+        measured = measuring.generate(GenerationRequest(prompt, 60, num_draft_tokens=4, target_only_chunk=chunk,
+                                                        break_even=DEMO))
+        assert measured.tokens == expected  # whatever this host's costs decide
+    costs = measuring.costs  # what the rounds after each request's first cost, for the break-even (round_costs.py)
     assert costs.alone_token.ready and costs.draft_token.ready and costs.verification
 
 
