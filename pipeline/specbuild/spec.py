@@ -291,7 +291,8 @@ class TorchSpec(_Strict):
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when the server has a GPU")
     target_threads: int = Field(0, ge=0, le=1024, description="intra-op threads of the target's process; 0: "
-                                "every core of the host (the models take turns and do not spin-wait)")
+                                "every core of the host while they are free, one while other work competes for them "
+                                "(judged step by step)")
     draft_threads: int = Field(0, ge=0, le=1024, description="the same for the draft's process")
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +25,7 @@ import torch
 
 from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
 from specbuild.errors import RequestError
+from specbuild.runtimes.torch.threads import ThreadGovernor
 from specbuild.speculation.engine import EngineOutput, EngineRequest
 from specbuild.speculation.rules import (SamplingParams, allowed_tokens, make_generator, penalize, probabilities,
                                         restrict, sample, verify)
@@ -40,13 +41,6 @@ def resolve_device(requested: str) -> str:
     if requested != "auto":
         return requested
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def threads(requested: int) -> int:
-    """Intra-op threads for an engine: ``requested``, or for 0 every core this process may run on. Draft and
-    target of one request run one after the other, so each may use every core; their idle threads must then
-    sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``, set by the engine model before torch starts)."""
-    return requested or len(os.sched_getaffinity(0))
 
 
 class PackedLinear(torch.nn.Module):
@@ -229,10 +223,12 @@ class TorchEngine:
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
         trust_remote_code: bool = False,
         pack_weights: bool = True,
+        governor: ThreadGovernor | None = None,
     ) -> None:
         """``pack_weights``: run the linears as :class:`PackedLinear` where that applies (float32 on a CPU). A
         ``head_vocabulary.json`` in ``model_dir`` (validated against the head's rows) makes the head a
-        :class:`SubVocabularyHead`; its logits are returned vocabulary-wide all the same."""
+        :class:`SubVocabularyHead`; its logits are returned vocabulary-wide all the same. ``governor`` chooses
+        each step's intra-op threads (None: the process's setting)."""
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -253,6 +249,7 @@ class TorchEngine:
         self.max_seq_len = int(max_seq_len or getattr(config, "max_position_embeddings", 2048))
         self.max_draft_len = max_draft_len
         self.cache = PrefixCache(cache_tokens)
+        self.governor = governor
         self._lock = threading.Lock()
 
     # -- public -----------------------------------------------------------------------------------
@@ -331,8 +328,14 @@ class TorchEngine:
         draft's decoder layers."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         kept = {"logits_to_keep": keep} if self._keeps_logits else {}
+        count = self.governor.choose() if self.governor is not None else None
+        if count is not None and count != torch.get_num_threads():
+            torch.set_num_threads(count)
+        started = time.perf_counter()
         out = self.model(input_ids=ids, use_cache=True, **kept, **{self._cache_argument: cache})
         logits = out.logits[0, -keep:].float()
+        if self.governor is not None:
+            self.governor.observe(count, len(tokens), time.perf_counter() - started)
         return logits if self._head is None else self._head.scatter(logits)
 
     def _new_cache(self) -> Any:

@@ -12,14 +12,14 @@ vocabulary in its folder is the one its build record and ``head_vocabulary_sha25
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 if not __name__.startswith("specbuild."):  # inside a repository: this release's own copy of specbuild first
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-# Before torch starts its thread pool: threads that wait sleep instead of spinning on cores other models need.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from specbuild.runtimes.torch.threads import ThreadGovernor, spin_briefly, threads, wait_policy  # noqa: E402
+
+spin_briefly()  # before torch starts its thread pool (runtimes/torch/threads.py says why)
 
 from typing import Any  # noqa: E402
 
@@ -39,7 +39,7 @@ from specbuild.triton_models.common import (  # noqa: E402
     response,
 )
 from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine  # noqa: E402
-from specbuild.runtimes.torch.engine import TorchEngine, resolve_device, threads  # noqa: E402
+from specbuild.runtimes.torch.engine import TorchEngine, resolve_device  # noqa: E402
 
 def resolve_engine_dir(value: str, release_root: Path) -> Path:
     """``gpt_model_path`` as a folder; a relative one may not climb out of the release folder."""
@@ -75,9 +75,13 @@ class TritonPythonModel:
         engine_dir = resolve_engine_dir(self.parameters.gpt_model_path, release_root)
         record = BuildRecord.read(engine_dir)
         device = resolve_device(self.parameters.torch_device)
-        torch.set_num_threads(threads(self.parameters.torch_threads))
-        pb_utils.Logger.log_info(f"{args['model_name']}: torch on {device} with {torch.get_num_threads()} intra-op "
-                                 f"threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+        count = threads(self.parameters.torch_threads)
+        torch.set_num_threads(count)
+        # 0 (every core): each step runs with every core while they are free, one while they are not
+        governor = ThreadGovernor(count) if not self.parameters.torch_threads and device == "cpu" else None
+        chosen = f"1 or {count} (by measured steps)" if governor and count > 1 else str(count)
+        pb_utils.Logger.log_info(f"{args['model_name']}: torch on {device} with {chosen} intra-op threads, "
+                                 f"{wait_policy()}")
         self.engine = TorchEngine(
             engine_dir,
             dtype=record.dtype,
@@ -86,6 +90,7 @@ class TritonPythonModel:
             max_draft_len=record.limits.max_draft_len,
             cache_tokens=(self.parameters.max_tokens_in_paged_kv_cache or 0)
             if self.parameters.enable_kv_cache_reuse else 0,
+            governor=governor,
         )
         check_head_vocabulary(self.engine.head_vocabulary.sha256 if self.engine.head_vocabulary else None,
                               record.head_vocabulary.sha256 if record.head_vocabulary else None,
