@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specbuild.bench.metrics import (BY_SOURCE, COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare,
-                                     drift_warnings, match_baseline, percentiles, summarize)
+                                     drift_warnings, match_baseline, percentiles, served_efficiency, summarize)
 from specbuild.bench.runner import BenchPlan, is_loopback, rotated
 from specbuild.errors import UsageError
 from specbuild.speculation.cost import expected_speedup, leviathan_tokens_per_step, per_token_acceptance
@@ -433,6 +433,53 @@ def test_bench_against_a_real_server(bench_release: Path, tmp_path: Path):
     assert data["order"] == "interleaved"
     impossible = [c for c in data["cells"] if c["k"] and c["verify_cost"] < 1]
     assert len(data["warnings"]) == len(impossible)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_in_process_cells_run_the_release_s_own_engines_beside_the_server(bench_release: Path, tmp_path: Path):
+    """``--in-process``: every concurrency-1 cell again with the release's preprocessing, orchestrator code and
+    engines in the bench's process; the same texts as the served target alone, counters read as a server's, and
+    the served path's efficiency per cell (served tokens/s over in-process)."""
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [
+        "bench", "--repository", str(bench_release.parent / "triton_repo"), "--in-process", "--k", "2",
+        "--concurrency", "1,2", "--lookup", "on", "--num-prompts", "3", "--requests", "3", "--max-tokens", "12",
+        "--out", str(out), "--no-plots", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "bench.json").read_text())
+    local = {cell["label"]: cell for cell in data["in_process"]}
+    assert set(local) == {"K=0", "K=2+lookup"}  # concurrency 1 only
+    for label, cell in local.items():
+        assert cell["concurrency"] == 1 and cell["requests"] == 3 and cell["errors"] == 0
+        assert cell["source"] == "metrics"  # the request runner's own counters, read as a server's
+        assert cell["matches_baseline"] == 1.0  # the served target alone's texts, token for token
+        assert data["served_efficiency"][label] > 0
+    assert local["K=2+lookup"]["drafted_per_round"] > 0 and local["K=0"]["drafted_per_round"] == 0
+    assert data["environment"]["cpu_model"]
+    assert "The served path against the same release in process" in (out / "bench.md").read_text()
+
+
+def test_in_process_needs_the_release_s_folder():
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--url", "127.0.0.1:1", "--in-process"])
+    assert result.exit_code == 2 and "--in-process" in result.output and "--repository" in result.output
+
+
+def test_served_efficiency_pairs_each_in_process_cell_with_the_served_one():
+    served = [summarize(0, 1, False, [], 1.0), summarize(2, 1, False, [], 1.0)]
+    served[0].tokens_per_second, served[1].tokens_per_second = 30.0, 45.0
+    local = [summarize(0, 1, False, [], 1.0), summarize(2, 1, False, [], 1.0), summarize(3, 1, False, [], 1.0)]
+    local[0].tokens_per_second, local[1].tokens_per_second, local[2].tokens_per_second = 40.0, 50.0, 50.0
+    pairs = [(cell.k, ratio) for cell, ratio in served_efficiency(served, local)]
+    assert pairs == [(0, 0.75), (2, 0.9), (3, None)]
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import ipaddress
 import os
 import pickle
 import shutil
-import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from specbuild.serve.client import SpecbuildClient
 from specbuild.errors import CheckpointError, StageError, UsageError
 from specbuild.package.manifest import verify
 from specbuild.serve.server import TritonServer
-from locations import IMAGE_PYTHON
+from specbuild.runtimes.torch.engine_loading import check_head_vocabulary, resolve_engine_dir
 
 SECRETS = {"HF_TOKEN": "hf_specbuildSECRETtoken1234", "AWS_SECRET_ACCESS_KEY": "awsSECRETkey5678",
            "TRITON_API_KEY": "tritonSECRETkey9012"}
@@ -116,40 +115,27 @@ def test_cli_refuses_an_output_holding_the_checkpoints_with_exit_2(checkpoints, 
     assert result.exit_code == 2 and "outputs.engines_dir" in result.output and "Traceback" not in result.output
 
 
-@pytest.fixture
-def engine_model(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """The torch engine model's module, importable outside Triton: the backend's utils are the tests' stand-in
-    (tests/image_python; the function under test does not use them)."""
-    monkeypatch.syspath_prepend(str(IMAGE_PYTHON))
-    for name in ("triton_python_backend_utils", "specbuild.triton_models.common",
-                 "specbuild.runtimes.torch.engine_model"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    import specbuild.runtimes.torch.engine_model as module
-
-    return module
-
-
-def test_engine_dir_parameter_cannot_climb_out_of_the_release(engine_model, tmp_path):
+def test_engine_dir_parameter_cannot_climb_out_of_the_release(tmp_path):
     release = tmp_path / "release"
     (release / "engines" / "target").mkdir(parents=True)
     (release / "engines" / "target" / "build_info.json").write_text("{}")
     (release / "triton_repo").mkdir()
     (release / "escape").symlink_to(tmp_path)
-    assert engine_model.resolve_engine_dir("engines/target", release) == release / "engines" / "target"
+    assert resolve_engine_dir("engines/target", release) == release / "engines" / "target"
     for value in ("../engines", "engines/../../..", "escape/elsewhere"):
         with pytest.raises(ValueError, match="escapes the release folder"):
-            engine_model.resolve_engine_dir(value, release)
+            resolve_engine_dir(value, release)
     with pytest.raises(ValueError, match="no engine at"):  # the backend refuses a gpt_model_path without engine
-        engine_model.resolve_engine_dir("engines", release)
+        resolve_engine_dir("engines", release)
 
 
-def test_a_draft_loads_only_with_the_head_vocabulary_it_was_built_and_packaged_with(engine_model):
+def test_a_draft_loads_only_with_the_head_vocabulary_it_was_built_and_packaged_with():
     a, b = "a" * 64, "b" * 64
-    engine_model.check_head_vocabulary(None, None, None)  # a full head
-    engine_model.check_head_vocabulary(a, a, a)
+    check_head_vocabulary(None, None, None)  # a full head
+    check_head_vocabulary(a, a, a)
     for loaded, recorded, parameter in ((b, a, a), (a, b, a), (a, a, b), (None, a, a), (a, None, None)):
         with pytest.raises(ValueError, match="head vocabulary mismatch.*recompile"):
-            engine_model.check_head_vocabulary(loaded, recorded, parameter)
+            check_head_vocabulary(loaded, recorded, parameter)
 
 
 def test_manifest_records_symlinks_instead_of_following_them(checkpoints, tmp_path):

@@ -394,6 +394,14 @@ def compare(cells: Sequence[Cell]) -> list[Cell]:
     return compared
 
 
+def served_efficiency(cells: Sequence[Cell], in_process: Sequence[Cell]) -> list[tuple[Cell, float | None]]:
+    """Each in-process cell with the served tokens/s of the same cell over its own: what serving keeps of the
+    engines' speed (``bench --in-process``)."""
+    served = {cell.key: cell for cell in cells}
+    return [(cell, _ratio(served[cell.key].tokens_per_second, cell.tokens_per_second) if cell.key in served else None)
+            for cell in in_process]
+
+
 def drift_warnings(cells: Sequence[Cell]) -> list[str]:
     """One warning per cell whose V(K) came out below 1: verifying K+1 tokens cannot cost less than making
     one, so the machine ran faster during that cell than during K=0 and its ratios are not to be trusted."""
@@ -403,13 +411,15 @@ def drift_warnings(cells: Sequence[Cell]) -> list[str]:
             for cell in cells if cell.k and cell.verify_cost is not None and cell.verify_cost < 1.0]
 
 
-def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]]) -> None:
-    """Set each cell's ``matches_baseline``: the share of its prompts whose output equals K=0's.
+def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]],
+                   baseline: Mapping[int, str] | None = None) -> None:
+    """Set each cell's ``matches_baseline``: the share of its prompts whose output equals K=0's (or
+    ``baseline``'s: the served K=0 texts, for cells run in process).
 
     ``texts`` maps each cell's :attr:`Cell.key` to {prompt index: output text}. Meaningful for greedy runs.
     """
     for cell in cells:
-        base = texts.get((0, False, False, cell.concurrency), {})
+        base = baseline if baseline is not None else texts.get((0, False, False, cell.concurrency), {})
         mine = texts.get(cell.key, {})
         shared = [i for i in mine if i in base]
         cell.matches_baseline = sum(mine[i] == base[i] for i in shared) / len(shared) if shared else None

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 from rich.table import Table
 
-from specbuild.bench.metrics import Cell
+from specbuild.bench.metrics import Cell, served_efficiency
 from specbuild.errors import UsageError
 from specbuild.speculation.stats import E2E, QUEUE, TPOT, TTFT, Metric
 
@@ -100,6 +100,39 @@ def kind_rows(cells: Sequence[Cell]) -> list[tuple[str, ...]]:
             for kind in kinds for cell in cells if (figures := cell.by_kind.get(kind)) is not None]
 
 
+SERVED_PATH_COLUMNS = ("K", "served tok/s", "in process tok/s", "served / in process", "speedup served",
+                       "speedup in process", "a served / in process", "c served / in process",
+                       "V(K) served / in process", "= served K0 text")
+
+
+def served_path_rows(report: Any) -> list[tuple[str, ...]]:
+    """``bench --in-process``: per concurrency-1 cell, the served figures beside the same release's in process."""
+    served = {cell.key: cell for cell in report.cells}
+
+    def pair(cell: Cell, figure: Callable[[Cell], float | None], digits: int = 2) -> str:
+        return f"{_num(figure(served[cell.key]), digits)} / {_num(figure(cell), digits)}"
+
+    return [(cell.label.removeprefix("K="), _num(served[cell.key].tokens_per_second, 1),
+             _num(cell.tokens_per_second, 1), _num(efficiency, 2, "x"), pair(cell, lambda c: c.speedup),
+             _num(cell.speedup, 2, "x"), pair(cell, lambda c: c.per_token_acceptance),
+             pair(cell, lambda c: c.cost_ratio), pair(cell, lambda c: c.verify_cost),
+             "-" if cell.matches_baseline is None else f"{cell.matches_baseline:.0%}")
+            for cell, efficiency in served_efficiency(report.cells, report.in_process) if cell.key in served]
+
+
+def served_path_table(report: Any) -> list[Table]:
+    """The served path's table, when the report has in-process cells."""
+    rows = served_path_rows(report)
+    if not rows:
+        return []
+    table = Table(title="the served path against the same release in process (concurrency 1)", title_justify="left")
+    for name in SERVED_PATH_COLUMNS:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    return [table]
+
+
 def tables(cells: Sequence[Cell]) -> list[Table]:
     """Rich tables: speed and acceptance, latency, and (prompts of several kinds) speed by kind."""
     result = []
@@ -131,7 +164,7 @@ def markdown(report: Any) -> str:
         f"- {report.prompts} prompts, {plan.requests} requests per cell (no new round after {plan.max_seconds:g} s), "
         f"max_tokens {plan.max_tokens}, {'greedy' if not plan.temperature else f'temperature {plan.temperature}'}, "
         "streaming",
-        f"- machine: {env.get('machine')}, {env.get('cpus')} CPUs, load average {env.get('load_average')}, "
+        f"- machine: {env.get('machine')} ({env.get('cpu_model') or 'CPU model unknown'}), {env.get('cpus')} CPUs, load average {env.get('load_average')}, "
         f"{env.get('date')}",
         "- cells interleaved: at each concurrency C, every cell runs each block of C prompts in turn, in an "
         "order rotating from block to block", "",
@@ -142,6 +175,15 @@ def markdown(report: Any) -> str:
                   "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(render(cell) for _, render in columns) + " |" for cell in report.cells]
         lines.append("")
+    if rows := served_path_rows(report):
+        lines += ["## The served path against the same release in process", "",
+                  "| " + " | ".join(SERVED_PATH_COLUMNS) + " |", "|" + "---|" * len(SERVED_PATH_COLUMNS)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines += ["", "Concurrency 1. In process: the release's preprocessing, orchestrator code and engines (loaded as "
+                  "its engine models load them) in the bench's process, each block right after the server ran it; "
+                  "served / in process is what serving keeps of the engines' speed (Triton, BLS calls, the "
+                  "postprocessing model, the stream, processes sharing the cores). a = per-token acceptance, "
+                  "c and V(K) as above.", ""]
     if rows := kind_rows(report.cells):
         lines += ["## By kind of prompt", "", "| " + " | ".join(KIND_COLUMNS) + " |", "|" + "---|" * len(KIND_COLUMNS)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specbuild.bench.histograms import Latencies
 from specbuild.bench.metrics import (Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare,
-                                     drift_warnings, match_baseline, summarize)
+                                     drift_warnings, match_baseline, served_efficiency, summarize)
 from specbuild.package.contract import PREPROCESSING_MODEL
 from specbuild.errors import RequestError, ServerError, UsageError
 from specbuild.bench.prompts import Prompt
@@ -102,11 +102,16 @@ class BenchReport:
     metrics: bool  # whether the server's counters were read
     environment: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # cells whose figures cannot be trusted, and why
+    # --in-process: the concurrency-1 cells again with the release's engines in the bench's process (bench.in_process)
+    in_process: list[Cell] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "specbuild.bench/v1", "url": self.url, "prompts": self.prompts, "metrics": self.metrics,
                 "order": "interleaved", "plan": self.plan.model_dump(mode="json"), "environment": self.environment,
-                "warnings": self.warnings, "cells": [cell.to_dict() for cell in self.cells]}
+                "warnings": self.warnings, "cells": [cell.to_dict() for cell in self.cells],
+                "in_process": [cell.to_dict() for cell in self.in_process],
+                "served_efficiency": {cell.label: efficiency for cell, efficiency in served_efficiency(self.cells,
+                                                                                                  self.in_process)}}
 
 
 def rotated(items: Sequence[T], shift: int) -> list[T]:
@@ -255,11 +260,27 @@ class _CellRun:
     latencies: Latencies | None = None
 
 
+def run_in_process(release: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, key: CellKey,
+                   block: Sequence[int], run: _CellRun) -> None:
+    """One block of a concurrency-1 cell answered by the release in this process
+    (:class:`~specbuild.bench.in_process.InProcessRelease`), one request after another, added to ``run``."""
+    k, adaptive, lookup, _ = key
+    before = release.counts.counters()
+    for request_index in block:
+        index = request_index % len(prompts)
+        trace = release.trace(index, prompts[index].category, _request(prompts[index], plan, k, adaptive, lookup))
+        run.traces.append(trace)
+        run.wall += trace.total_time
+    run.counters = (run.counters or Counters()) + (release.counts.counters() - before)
+
+
 def run_level(client: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, concurrency: int, metrics_url: str | None,
-              on_done: Callable[[], None] = lambda: None) -> dict[CellKey, _CellRun]:
+              on_done: Callable[[], None] = lambda: None,
+              in_process: tuple[Any, dict[CellKey, _CellRun]] | None = None) -> dict[CellKey, _CellRun]:
     """Every cell of one concurrency level, interleaved block by block (see the module docstring). After a
     round of blocks (every cell once), no further round starts if a cell has run ``plan.max_seconds``, so
-    every cell has sent the same prompts."""
+    every cell has sent the same prompts. ``in_process`` (a release in this process and its cells' runs): at
+    concurrency 1, each block runs there too, right after the server ran it."""
     runs = {key: _CellRun(counters=Counters(), latencies=Latencies({})) if metrics_url else _CellRun()
             for key in plan.cells() if key[3] == concurrency}
     schedule = plan.schedule(concurrency)
@@ -277,19 +298,36 @@ def run_level(client: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, concu
             run.latencies += after[1] - before[1]
         else:  # a missed reading leaves the cell without server figures rather than with wrong ones
             run.counters = run.latencies = None
+        if in_process is not None and concurrency == 1:
+            release, in_runs = in_process
+            run_in_process(release, prompts, plan, key, block, in_runs.setdefault(key, _CellRun()))
     return runs
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``): machines of one kind differ in speed and in their floating
+    point results, so every figure says which CPU made it."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return platform.processor() or None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
 
 
 def environment() -> dict[str, Any]:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "machine": platform.machine(), "cpu_model": cpu_model(), "cpus": os.cpu_count(),
+            "python": platform.python_version(),
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
 def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_url: str | None = None,
-              tokenizer_dir: str | Path | None = None, console: Any = None) -> BenchReport:
+              tokenizer_dir: str | Path | None = None, console: Any = None,
+              in_process: Any = None) -> BenchReport:
     """Sweep ``plan`` against the ensemble at ``url`` (gRPC; another machine only when the user named it) and
-    compute every cell's figures."""
+    compute every cell's figures; with ``in_process`` (an
+    :class:`~specbuild.bench.in_process.InProcessRelease` of the served release) the concurrency-1 cells also run
+    there, interleaved, for the served path's efficiency."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specbuild.serve.client import SpecbuildClient
@@ -310,13 +348,15 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
                                   "check that the server at the given address serves a specbuild ensemble")
     metrics = read_counters(metrics_url) is not None
     cells, outputs = [], {}
+    in_runs: dict[CellKey, _CellRun] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task("bench (interleaved)", total=len(plan.cells()) * plan.requests)
         for concurrency in plan.concurrencies:
             progress.update(task, description=f"bench (interleaved), concurrency {concurrency}")
             runs = run_level(client, sent, plan, concurrency, metrics_url if metrics else None,
-                             on_done=lambda: progress.advance(task))
+                             on_done=lambda: progress.advance(task),
+                             in_process=(in_process, in_runs) if in_process is not None else None)
             for key, run in runs.items():
                 k, adaptive, lookup, _ = key
                 if run.traces and all(t.error for t in run.traces):
@@ -325,12 +365,21 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
                                       "check the server log; lower K below the engine's max_draft_len")
                 cells.append(summarize(k, concurrency, adaptive, run.traces, run.wall, run.counters, lookup=lookup,
                                        server_latency=run.latencies and run.latencies.percentiles()))
-                outputs[key] = {t.prompt_index: t.text for t in run.traces if t.error is None}
+                outputs[key] = run_texts(run)
     cells = compare(cells)
+    local = compare([summarize(key[0], key[3], key[1], run.traces, run.wall, run.counters, lookup=key[2])
+                     for key, run in in_runs.items()])
     if not plan.temperature:
+        served_k0 = outputs.get((0, False, False, 1), {})
         match_baseline(cells, outputs)
+        # in process, the same texts as the served target alone: the served path changes no token
+        match_baseline(local, {key: run_texts(run) for key, run in in_runs.items()}, baseline=served_k0)
     return BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells, metrics=metrics,
-                       environment=environment(), warnings=drift_warnings(cells))
+                       environment=environment(), warnings=drift_warnings(cells), in_process=local)
+
+
+def run_texts(run: _CellRun) -> dict[int, str]:
+    return {trace.prompt_index: trace.text for trace in run.traces if trace.error is None}
 
 
 @contextlib.contextmanager

@@ -99,10 +99,10 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) -> None:
     """The report's tables on the terminal (not under ``--json``: the caller prints the document), its files in
     ``out_dir``."""
-    from specbuild.bench.report import tables, write_outputs
+    from specbuild.bench.report import served_path_table, tables, write_outputs
 
     if not json_mode:
-        for table in tables(report.cells):
+        for table in tables(report.cells) + served_path_table(report):
             console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
@@ -119,6 +119,9 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
               help="start a server on this repository for the run (loopback, free ports)")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
               help="wrap prompts in this tokenizer's chat template  [default: the repository's, if given]")
+@click.option("--in-process", "in_process", is_flag=True,
+              help="with --repository (torch runtime): the concurrency-1 cells run again with the release's own "
+                   "engines and orchestrator code in this process, interleaved: what serving keeps of their speed")
 @click.option("--k", "ks", default="0,1,2,4", show_default=True, callback=_int_list,
               help="K values, comma-separated (0 is always included)")
 @click.option("--concurrency", "concurrencies", default="1", show_default=True, callback=_int_list,
@@ -138,7 +141,7 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
                    "request fails the run")
 @json_option
 @reports_errors
-def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None,
+def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None, in_process: bool,
           ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, temperature: float | None,
           prompts_file: str | None, workload: str, categories: tuple[str, ...], num_prompts: int | None,
           max_tokens: int, requests: int, max_seconds: float, out_dir: str, plots: bool, gate: tuple[str, ...],
@@ -170,9 +173,17 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
     prompts = load_prompts(prompts_file, workload=workload, categories=categories or None,  # type: ignore[arg-type]
                            limit=num_prompts)
     tokenizer = tokenizer or (repository_tokenizer(repository) if repository else None)
+    if in_process and repository is None:
+        raise UsageError("--in-process runs the release's engines in this process: it needs --repository",
+                         "pass --repository with the release's folder (a server is started on it)")
+    local = None
+    if in_process:
+        from specbuild.bench.in_process import InProcessRelease
+
+        local = InProcessRelease(repository)  # before the server starts: its engines' warm-up runs alone
     with bench_server(url, repository) as (grpc_url, server_metrics_url):
         report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url or server_metrics_url,
-                           tokenizer_dir=tokenizer, console=console)
+                           tokenizer_dir=tokenizer, console=console, in_process=local)
     _show_bench(report, out_dir, plots, json_mode)
     verdict = evaluate(report.to_dict(), thresholds)
     _gate_outcome(verdict, {**report.to_dict(), "gate": verdict.to_dict()}, out_dir, json_mode)

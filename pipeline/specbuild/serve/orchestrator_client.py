@@ -42,6 +42,42 @@ class Piece:
     final: bool
 
 
+def release_requests(repository: str | Path) -> tuple[Preprocessor, OrchestratorParameters]:
+    """What turns a request into the orchestrator's inputs for the release in ``repository``: its preprocessing
+    (tokenizer and parameters) and its orchestrator's parameters, as Triton serves them."""
+    from transformers import AutoTokenizer
+
+    from specbuild.package.repository import orchestrator_settings, read_config
+
+    repository = Path(repository)
+    preprocessing = {key: value.string_value
+                     for key, value in read_config(repository / PREPROCESSING_MODEL).parameters.items()}
+    settings = orchestrator_settings(repository)
+    if settings is None:
+        raise UsageError(f"{repository} has no {ORCHESTRATOR_MODEL} model", "use a release with specbuild's "
+                         "orchestrator (the torch or tensorrt-llm runtime)")
+    tokenizer = AutoTokenizer.from_pretrained(str(repository / PREPROCESSING_MODEL / "1" / "tokenizer"),
+                                              trust_remote_code=False)
+    return Preprocessor(tokenizer, PreprocessingParameters.from_parameters(preprocessing)), settings
+
+
+def orchestrator_arrays(preprocessor: Preprocessor, settings: OrchestratorParameters, prompt_ids: Sequence[int],
+                        max_tokens: int, *, stream: bool, stop_words: Sequence[str] = (),
+                        **request_settings: Any) -> dict[str, Any]:
+    """The orchestrator's inputs for one prompt, checked as the orchestrator checks them (a :class:`RequestError`
+    naming the input at fault); ``request_settings`` are request settings by input name, None left out."""
+    values = {"input_ids": list(prompt_ids), "input_length": len(prompt_ids), "max_tokens": max_tokens,
+              "end_id": preprocessor.parameters.end_id, "stream": stream, "exclude_input_in_output": True,
+              **{name: value for name, value in request_settings.items() if value is not None}}
+    unknown = sorted(set(values) - set(_INPUTS))
+    if unknown:
+        raise RequestError(f"unknown request settings: {', '.join(unknown)}")
+    arrays = batch_of_one(values, _INPUTS)
+    arrays["stop_words_ids"] = encode_word_list(preprocessor.word_ids(stop_words))[None]
+    parse_rows(arrays, settings)
+    return arrays
+
+
 class OrchestratorClient:
     """Generation by a release's orchestrator model on a Triton server (gRPC ``url``, ``host:port``)."""
 
@@ -54,20 +90,7 @@ class OrchestratorClient:
     @classmethod
     def for_release(cls, url: str, repository: str | Path) -> OrchestratorClient:
         """For the release in ``repository`` (its tokenizer and its models' parameters, as Triton serves them)."""
-        from transformers import AutoTokenizer
-
-        from specbuild.package.repository import orchestrator_settings, read_config
-
-        repository = Path(repository)
-        preprocessing = {key: value.string_value
-                         for key, value in read_config(repository / PREPROCESSING_MODEL).parameters.items()}
-        settings = orchestrator_settings(repository)
-        if settings is None:
-            raise UsageError(f"{repository} has no {ORCHESTRATOR_MODEL} model", "serve the OpenAI API for a release "
-                             "with specbuild's orchestrator (the torch or tensorrt-llm runtime)")
-        tokenizer = AutoTokenizer.from_pretrained(str(repository / PREPROCESSING_MODEL / "1" / "tokenizer"),
-                                                  trust_remote_code=False)
-        return cls(url, Preprocessor(tokenizer, PreprocessingParameters.from_parameters(preprocessing)), settings)
+        return cls(url, *release_requests(repository))
 
     @property
     def client(self) -> Any:
@@ -92,19 +115,9 @@ class OrchestratorClient:
 
     def arrays(self, prompt_ids: Sequence[int], max_tokens: int, *, stream: bool, stop_words: Sequence[str] = (),
                **settings: Any) -> dict[str, Any]:
-        """The orchestrator's inputs for one prompt, checked as the orchestrator checks them (a
-        :class:`RequestError` naming the input at fault); ``settings`` are request settings by input name,
-        None left out."""
-        values = {"input_ids": list(prompt_ids), "input_length": len(prompt_ids), "max_tokens": max_tokens,
-                  "end_id": self.preprocessor.parameters.end_id, "stream": stream, "exclude_input_in_output": True,
-                  **{name: value for name, value in settings.items() if value is not None}}
-        unknown = sorted(set(values) - set(_INPUTS))
-        if unknown:
-            raise RequestError(f"unknown request settings: {', '.join(unknown)}")
-        arrays = batch_of_one(values, _INPUTS)
-        arrays["stop_words_ids"] = encode_word_list(self.preprocessor.word_ids(stop_words))[None]
-        parse_rows(arrays, self.settings)
-        return arrays
+        """:func:`orchestrator_arrays` for this client's release."""
+        return orchestrator_arrays(self.preprocessor, self.settings, prompt_ids, max_tokens, stream=stream,
+                                   stop_words=stop_words, **settings)
 
     async def generate(self, arrays: dict[str, Any]) -> AsyncIterator[Piece]:
         """Send a request (:meth:`arrays`) and yield its text as responses arrive. Closing the iterator early

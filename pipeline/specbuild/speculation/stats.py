@@ -197,3 +197,11 @@ LATENCY_METRICS = (
 )
 TTFT, TPOT, E2E, QUEUE = LATENCY_METRICS
 METRICS = REQUEST_METRICS + SPECULATION_METRICS + (IN_FLIGHT,) + LATENCY_METRICS
+
+
+def request_samples(stats: SpeculationStats, output_tokens: int) -> list[tuple[Metric, dict[str, str], float]]:
+    """What one finished request adds to the counters of :data:`METRICS`: (metric, labels, value) per series."""
+    totals = {metric.key: metric for metric in REQUEST_METRICS}
+    return [(totals["requests"], {}, 1.0), (totals["output_tokens"], {}, float(output_tokens))] + [
+        (metric, labels, value) for metric in SPECULATION_METRICS for labels, value in metric.series(stats)]
+

@@ -13,8 +13,8 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from specbuild.speculation.stats import (E2E, IN_FLIGHT, METRICS, QUEUE, SPECULATION_METRICS, TPOT, TTFT,
-                                        SpeculationStats)
+from specbuild.speculation.stats import (E2E, IN_FLIGHT, METRICS, QUEUE, TPOT, TTFT, SpeculationStats,
+                                        request_samples)
 
 NS = 1e-9
 
@@ -73,15 +73,12 @@ class Metrics:
             self._metrics[key].observe(seconds)
 
     def record(self, stats: SpeculationStats, output_tokens: int) -> None:
-        self.count("requests")
-        self.count("output_tokens", output_tokens)
-        for metric in SPECULATION_METRICS:
-            for labels, value in metric.series(stats):
-                if not labels:
-                    self.count(metric.key, value)
-                    continue
-                series = (metric.name, tuple(sorted(labels.items())))
-                if series not in self._labelled:
-                    self._labelled[series] = self._families[metric.name].Metric(labels={**self._labels, **labels})
-                if value:
-                    self._labelled[series].increment(value)
+        for metric, labels, value in request_samples(stats, output_tokens):
+            if not labels:
+                self.count(metric.key, value)
+                continue
+            series = (metric.name, tuple(sorted(labels.items())))
+            if series not in self._labelled:
+                self._labelled[series] = self._families[metric.name].Metric(labels={**self._labels, **labels})
+            if value:
+                self._labelled[series].increment(value)

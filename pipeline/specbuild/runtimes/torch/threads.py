@@ -51,7 +51,8 @@ def wait_policy() -> str:
 
 @dataclass
 class ThreadGovernor:
-    """Chooses each step's thread count between one and ``most`` by measuring steps.
+    """Chooses each step's thread count between one and ``most`` by measuring steps (``adaptive``), or runs every
+    step with ``most``: an engine sets its count before each step, so engines sharing a process keep their own.
 
     It runs with its current count, and now and then (a *probe*) a few steps with the other; the other takes
     over when its step is at least ``1 - SWITCH_MARGIN`` faster than the current count's recent steps of the same
@@ -62,6 +63,7 @@ class ThreadGovernor:
     ``tests/runtimes/torch_runtime/test_threads.py``)."""
 
     most: int
+    adaptive: bool = True  # False: always ``most`` threads, never probing
     current: int = 0
     switches: int = 0
     _steps: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
@@ -77,13 +79,17 @@ class ThreadGovernor:
     def other(self) -> int:
         return 1 if self.current != 1 else self.most
 
+    def describe(self) -> str:
+        """The counts it chooses from, for a log line."""
+        return f"1 or {self.most} (by measured steps)" if self.adaptive and self.most > 1 else str(self.most)
+
     def choose(self) -> int:
         """The thread count for the next step."""
         return self.other if self._probing else self.current
 
     def observe(self, threads_used: int, tokens: int, seconds: float) -> None:
         """A step of ``tokens`` new tokens took ``seconds`` with ``threads_used`` threads."""
-        if self.most == 1 or tokens > MEASURED_TOKENS:
+        if not self.adaptive or self.most == 1 or tokens > MEASURED_TOKENS:
             return
         self._steps.setdefault((threads_used, tokens), deque(maxlen=RECENT)).append(seconds)
         if self._probing:
