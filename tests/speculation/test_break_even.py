@@ -164,7 +164,8 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
                                                         break_even=DEMO))
         assert measured.tokens == expected  # whatever this host's costs decide
     costs = measuring.costs  # what the rounds after each request's first cost, for the break-even (round_costs.py)
-    assert costs.alone_token.ready and costs.draft_token.ready and costs.verification
+    # the draft step only from rounds that follow a drafted round (few here: the break-even stops this draft early)
+    assert costs.alone_token.ready and costs.verification and costs.draft_token.samples > 0
 
 
 @pytest.mark.slow

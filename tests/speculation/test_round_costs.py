@@ -121,3 +121,51 @@ def test_a_seeded_sampled_request_decides_without_host_timings_so_its_text_is_re
     drafts = draft_sources(request, lambda *_: None, max_draft_len=4, stats=SpeculationStats(),
                            health=DraftHealth(), costs=RoundCosts())
     assert drafts.gate.calibration is None
+
+
+def test_a_draft_call_that_catches_up_after_rounds_without_it_does_not_price_the_draft_step():
+    """The draft model's time enters c only for calls that follow its call of the round before: after a stretch of
+    target-alone rounds (or rounds another source drafted) its call also reads the tokens it missed, a cost of the
+    stretch, not of drafting; counting it would raise c and with it the stretches (measured: c 0.40 instead of 0.15
+    on the demo pair at 64 tokens, the break-even off in 65-86 % of rounds)."""
+    import asyncio
+
+    from specbuild.speculation.drafting import ModelDrafts
+    from specbuild.speculation.engine import EngineOutput
+
+    async def draft_call(request):
+        return EngineOutput([7] * request.max_new_tokens, None)
+
+    request = GenerationRequest([1, 2, 3], 64, num_draft_tokens=2)
+    source = ModelDrafts(draft_call, request, SpeculationStats(), DraftHealth())
+
+    async def rounds(indices):
+        return [(await source.propose([1, 2, 3], 2, index)).steady for index in indices]
+
+    assert asyncio.run(rounds([0, 1, 2, 5, 6, 8])) == [False, True, True, False, True, False]
+
+    class Recorded(RoundCosts):
+        def __init__(self) -> None:
+            super().__init__()
+            self.draft_times: list[float | None] = []
+
+        def verified(self, drafted: int, target_seconds: float, draft_seconds: float | None) -> None:
+            self.draft_times.append(draft_seconds)
+            super().verified(drafted, target_seconds, draft_seconds)
+
+    async def target_call(engine_request):
+        return EngineOutput(list(engine_request.draft_tokens or []) + [7] if engine_request.draft_tokens
+                            else [7] * engine_request.max_new_tokens, None)
+
+    from specbuild.speculation.loop import speculate
+
+    costs = Recorded()
+    looped = GenerationRequest([1, 2, 3], 12, num_draft_tokens=2)
+    drafts = draft_sources(looped, draft_call, max_draft_len=4, stats=SpeculationStats(), health=DraftHealth())
+
+    async def run():
+        return [step async for step in speculate(looped, target_call, drafts, costs=costs)]
+
+    asyncio.run(run())
+    # round 0 (the prompt's) is never timed; every later round drafted right after the one before: all timed
+    assert costs.draft_times and all(seconds is not None for seconds in costs.draft_times)

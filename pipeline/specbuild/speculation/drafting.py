@@ -46,6 +46,9 @@ class Draft:
     tokens: list[int]
     logits: torch.Tensor | None
     source: str  # the name of the source that proposed it
+    # the draft model's call followed its call of the round before: it read one round's tokens, so its time is what
+    # drafting costs round after round (after a stretch without it, the call also catches up on the tokens it missed)
+    steady: bool = False
 
     def cut(self, length: int) -> Draft | None:
         """Its first ``length`` tokens (with their logits), or None for none."""
@@ -53,7 +56,7 @@ class Draft:
             return self
         if length <= 0:
             return None
-        return Draft(self.tokens[:length], None if self.logits is None else self.logits[:length], self.source)
+        return replace(self, tokens=self.tokens[:length], logits=None if self.logits is None else self.logits[:length])
 
 
 class DraftSource(Protocol):
@@ -130,12 +133,14 @@ class ModelDrafts:
         self.may_propose = health.available
         if not self.may_propose:
             stats.fallbacks += 1
+        self._next_round = -1  # the round a call continues the previous one in
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         room = self.room(len(context))
         if not self.may_propose:
             return None
         k = k if room is None else min(k, room)
+        steady, self._next_round = round_index == self._next_round, round_index + 1
         request = self.request
         started = time.perf_counter()
         try:
@@ -159,7 +164,7 @@ class ModelDrafts:
             self.stats.draft_seconds += time.perf_counter() - started
         tokens = output.tokens[:k]
         logits = output.logits[: len(tokens)] if self.with_logits and output.logits is not None else None
-        return Draft(tokens, logits, self.name) if tokens else None
+        return Draft(tokens, logits, self.name, steady) if tokens else None
 
     def room(self, context_length: int) -> int | None:
         """Draft tokens that still fit the draft's window after a context of ``context_length`` tokens (None: no

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from specbuild.speculation.drafting import Draft, Drafts, ModelDrafts
+from specbuild.speculation.drafting import Draft, Drafts
 from specbuild.speculation.engine import EngineCall, EngineRequest
 from specbuild.speculation.request import GenerationRequest
 from specbuild.speculation.round_costs import RoundCosts
@@ -96,7 +96,7 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
             if draft is None:
                 costs.alone(target_seconds, len(verdict.tokens))
             else:
-                costs.verified(drafted, target_seconds, draft_seconds if draft.source == ModelDrafts.name else None)
+                costs.verified(drafted, target_seconds, draft_seconds if draft.steady else None)
         accepted = _accepted_prefix(draft.tokens, verdict.tokens, request.end_id) if draft else 0
         stats.record_round(drafted, accepted, source=draft.source if draft else None)
         if draft is not None:

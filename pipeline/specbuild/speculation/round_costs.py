@@ -72,7 +72,8 @@ class RoundCosts:
 
     def verified(self, drafted: int, target_seconds: float, draft_seconds: float | None) -> None:
         """A round verified ``drafted`` tokens in ``target_seconds``; ``draft_seconds``: what the draft model took to
-        propose them (None: another source, prompt lookup, which costs no model call)."""
+        propose them (None: another source, prompt lookup, which costs no model call, or a draft call that also
+        caught up on rounds it missed, :attr:`~specbuild.speculation.drafting.Draft.steady`)."""
         if drafted <= 0 or not self.exclusive():
             return
         self.verification.setdefault(drafted, _Average()).add(target_seconds)
