@@ -105,6 +105,8 @@ SURFACES = {"http": _http, "grpc": _grpc, "openai": _openai, "cli": _cli}
 FLAGS = {setting.name for setting in REQUEST_SETTINGS if setting.flag}
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("surface", SURFACES)
 @pytest.mark.parametrize("name", [setting.name for setting in REQUEST_SETTINGS])
 def test_a_setting_sent_through_a_surface_changes_what_the_orchestrator_does(served, openai_url, name, surface):
