@@ -46,7 +46,7 @@ def test_a_fixed_k_request_is_judged_at_the_ks_it_drafts_an_adaptive_one_at_ever
         return drafts.gate.max_k
 
     assert gate(num_draft_tokens=1) == 1 and gate(num_draft_tokens=8) == 4
-    assert gate(num_draft_tokens=1, adaptive=True) == 4
+    assert gate(num_draft_tokens=1, adaptive_draft=True) == 4
 
 
 def test_a_round_drafts_at_most_the_best_k_at_the_requests_own_acceptance():

@@ -84,7 +84,7 @@ def test_adaptive_k_stays_within_bounds_and_exact(tiny, target, alone):
     for prompt in PROMPTS[:6]:
         expected = alone.generate(GenerationRequest(prompt, 24)).tokens
         seen: list[EngineRequest] = []
-        rounds = run_loop(GenerationRequest(prompt, 24, num_draft_tokens=3, adaptive=True),
+        rounds = run_loop(GenerationRequest(prompt, 24, num_draft_tokens=3, adaptive_draft=True),
                           engine_call(target), engine_call(draft, seen))
         assert [t for r in rounds for t in r.tokens] == expected
         ks = [r.max_new_tokens for r in seen]
@@ -322,7 +322,7 @@ def test_a_draft_identical_to_the_target_is_always_accepted_up_to_the_end_token(
         for i, token in enumerate(full) if i >= 3 and token not in full[:i]
     )  # an end token the target reaches after a few tokens
     stats = SpeculationStats()
-    rounds = run_loop(GenerationRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive=True),
+    rounds = run_loop(GenerationRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive_draft=True),
                       engine_call(target), twin_draft, stats)
     assert [t for r in rounds for t in r.tokens] == full[: full.index(end_id)]
     assert rounds[-1].finish_reason == "end_id" and stats.acceptance_rate == 1.0

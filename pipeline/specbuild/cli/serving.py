@@ -16,6 +16,7 @@ from specbuild.cli.common import console, generation_json, json_option, main, pr
 from specbuild.monitoring.rules import DEFAULT_MIN_ACCEPTANCE
 from specbuild.runtimes.pod_plans import CPU_IMAGE, REPLICA_CEILING, DeployOptions
 from specbuild.spec import LOCAL_GRPC_URL, TRITON_DEFAULTS, parse_override
+from specbuild.speculation.request_settings import REQUEST_SETTINGS
 
 DEPLOY = DeployOptions()  # `specbuild deploy`'s defaults
 
@@ -337,6 +338,17 @@ def openai_command(repository: str, triton_url: str, host: str, port: int, dry_r
         print_json({"event": "stopped", "exit_code": 0}, line=True)
 
 
+def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """An option for each request setting that has one (``--prompt-lookup/--no-prompt-lookup`` for a flag), passed to
+    the command by the setting's name; unset: the release's default."""
+    for setting in reversed([setting for setting in REQUEST_SETTINGS if setting.flag]):
+        name = "--" + setting.name.replace("_", "-")
+        kind = {} if setting.kind is bool else {"type": setting.kind}
+        command = click.option(f"{name}/--no-{name[2:]}" if setting.kind is bool else name, setting.name,
+                               default=None, help=setting.option_help, **kind)(command)
+    return command
+
+
 @main.command()
 @click.argument("prompt")
 @click.option("--url", default=LOCAL_GRPC_URL, show_default=True, help="Triton gRPC address")
@@ -350,9 +362,7 @@ def openai_command(repository: str, triton_url: str, host: str, port: int, dry_r
 @click.option("--top-k", type=click.IntRange(min=0), default=None)
 @click.option("--top-p", type=click.FloatRange(0, 1), default=None)
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None, help="reproducible sampling")
-@click.option("--num-draft-tokens", type=int, default=None, help="K for this request; 0 = target alone")
-@click.option("--prompt-lookup/--no-prompt-lookup", default=None,
-              help="draft from the request's own tokens first  [default: the server's]")
+@setting_options
 @click.option("--stop", "stop_words", multiple=True, help="stop after this text (repeatable)")
 @click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="hold the answer to the JSON schema in this file (guided decoding)")
@@ -364,9 +374,9 @@ def openai_command(repository: str, triton_url: str, host: str, port: int, dry_r
               "JSON Lines: one object per chunk, then the summary")
 @reports_errors
 def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, raw: bool, temperature: float | None,
-             top_k: int | None, top_p: float | None, seed: int | None, num_draft_tokens: int | None,
-             prompt_lookup: bool | None, stop_words: tuple[str, ...], json_schema: Path | None, regex: str | None,
-             grammar: Path | None, timeout: float, json_mode: bool) -> None:
+             top_k: int | None, top_p: float | None, seed: int | None, stop_words: tuple[str, ...],
+             json_schema: Path | None, regex: str | None, grammar: Path | None, timeout: float, json_mode: bool,
+             **settings: Any) -> None:
     """Send PROMPT (or - for stdin, kept exactly as read) to a served ensemble; text on stdout, figures on
     stderr."""
     from specbuild.errors import UsageError
@@ -382,8 +392,7 @@ def generate(prompt: str, url: str, model: str, max_tokens: int, stream: bool, r
     if len(chosen) > 1:
         raise UsageError("--json-schema, --regex and --grammar each guide the whole answer", "pass one of them")
     guide_type, guide = next(iter(chosen.items()), (None, None))
-    request = GenerationRequest(text, max_tokens, stream=stream, chat=None if raw else True, seed=seed,
-                                num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
+    request = GenerationRequest(text, max_tokens, stream=stream, chat=None if raw else True, seed=seed, **settings,
                                 stop_words=list(stop_words) or None, guided_decoding_guide_type=guide_type,
                                 guided_decoding_guide=guide, **explicit_sampling(temperature, top_k, top_p))
     client = SpecbuildClient(url, model, timeout=timeout)

@@ -6,8 +6,9 @@ them. Shapes exclude the batch dimension (every model has ``max_batch_size > 0``
 
 * ``ENSEMBLE_*``: the public interface, kept name-for-name with NVIDIA's tensorrtllm_backend ensemble, both
   before and after its May 2025 renames (so its clients, GenAI-Perf's tensorrtllm mode, Triton's generate
-  endpoint and Triton's OpenAI frontend work), plus ``num_draft_tokens`` and ``use_draft_logits`` from its
-  BLS model, ``adaptive_draft``, ``prompt_lookup``, ``apply_chat_template`` and ``max_time``.
+  endpoint and Triton's OpenAI frontend work), plus the request settings
+  (:data:`specbuild.speculation.request_settings.REQUEST_SETTINGS`: ``num_draft_tokens`` and ``use_draft_logits``
+  from its BLS model, then specbuild's), ``apply_chat_template`` and ``max_time``.
 * the engine models' tensors and parameters: :mod:`specbuild.package.backend_contract`.
 
 Each python model's ``parameters`` are a typed class here (:class:`~specbuild.package.parameters.ModelParameters`):
@@ -24,6 +25,7 @@ from specbuild.package.parameters import OPTIONAL, ModelParameters
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.modes import VerificationMode
+from specbuild.speculation.request_settings import REQUEST_SETTINGS
 from specbuild.speculation.schedule import DraftLenSchedule
 
 
@@ -37,10 +39,11 @@ class Tensor:
 
 
 # --- public ensemble interface -------------------------------------------------------------------------
-# Request settings the ensemble hands to the orchestrator unchanged. NVIDIA's names and meanings (sampling as
-# the tensorrtllm backend reads it, see SamplingParams.from_backend), both spellings where tensorrtllm_backend
-# renamed an input (PR #749, May 2025: random_seed -> seed, min_length -> min_tokens), then specbuild's own.
-REQUEST_SETTINGS: tuple[Tensor, ...] = (
+# The inputs the ensemble hands to the orchestrator unchanged. NVIDIA's names and meanings (sampling as the
+# tensorrtllm backend reads it, see SamplingParams.from_backend), both spellings where tensorrtllm_backend renamed an
+# input (PR #749, May 2025: random_seed -> seed, min_length -> min_tokens), then specbuild's own: the request
+# settings' table (speculation.request_settings), the time limit and NVIDIA's guided decoding inputs.
+REQUEST_INPUTS: tuple[Tensor, ...] = (
     Tensor("max_tokens", "TYPE_INT32", (1,), description="tokens to generate"),
     Tensor("stream", "TYPE_BOOL", (1,), True, "one response per round as tokens are accepted"),
     Tensor("temperature", "TYPE_FP32", (1,), True, "default 1; greedy whatever it is when top_k and top_p are 0"),
@@ -61,12 +64,7 @@ REQUEST_SETTINGS: tuple[Tensor, ...] = (
     Tensor("return_num_output_tokens", "TYPE_BOOL", (1,), True, "accepted; num_output_tokens is always returned"),
     Tensor("beam_width", "TYPE_INT32", (1,), True, "only 1: beam search does not combine with draft-target"),
     Tensor("num_return_sequences", "TYPE_INT32", (1,), True, "only 1"),
-    Tensor("num_draft_tokens", "TYPE_INT32", (1,), True, "K for this request: 0 = target alone"),
-    Tensor("use_draft_logits", "TYPE_BOOL", (1,), True, "rejection sampling on draft logits (else token match)"),
-    Tensor("adaptive_draft", "TYPE_BOOL", (1,), True, "adapt K from this request's acceptance"),
-    Tensor("prompt_lookup", "TYPE_BOOL", (1,), True, "draft from the request's own tokens first (n-gram lookup)"),
-    Tensor("break_even", "TYPE_BOOL", (1,), True, "false: draft every round even where this request's acceptance "
-           "says drafting does not pay (the release's per-request break-even)"),
+    *(Tensor(setting.name, setting.dtype, (1,), True, setting.help) for setting in REQUEST_SETTINGS),
     Tensor("max_time", "TYPE_FP32", (1,), True, "seconds: stop after the round that passes them (within the "
            "server's max_request_seconds)"),
     # NVIDIA's guided decoding inputs (tensorrtllm_backend's ensemble and GuidedDecodingParams' guide types)
@@ -96,7 +94,7 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     Tensor("bad_words", "TYPE_STRING", (-1,), True, "never generate these strings"),
     Tensor("apply_chat_template", "TYPE_BOOL", (1,), True, "text_input is a user message: wrap it in the "
            "tokenizer's chat template (a tokenizer without one takes the text as it is)"),
-) + REQUEST_SETTINGS
+) + REQUEST_INPUTS
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (Tensor("text_output", "TYPE_STRING", (-1,)),) + RESPONSE_FIGURES
 
 # --- preprocessing: text -> ids -------------------------------------------------------------------------
@@ -130,7 +128,7 @@ ORCHESTRATOR_INPUTS: tuple[Tensor, ...] = (
     Tensor("end_id", "TYPE_INT32", (1,), True),
     Tensor("echo_ids", "TYPE_INT32", (-1,), True, "default: input_ids"),
     Tensor("echo_length", "TYPE_INT32", (1,), True),
-) + REQUEST_SETTINGS
+) + REQUEST_INPUTS
 ORCHESTRATOR_OUTPUTS: tuple[Tensor, ...] = (
     # Tokens for postprocessing to decode, and how many leading ones were already sent as text.
     Tensor("output_ids", "TYPE_INT32", (-1,)),

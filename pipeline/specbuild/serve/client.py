@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, make_dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -24,6 +24,7 @@ import numpy as np
 from specbuild.package.contract import ENSEMBLE_INPUTS, ENSEMBLE_MODEL, NUMPY_DTYPES, Tensor, by_name
 from specbuild.errors import RequestError, ServerError
 from specbuild.spec import LOCAL_GRPC_URL
+from specbuild.speculation.request_settings import REQUEST_SETTINGS
 
 _INPUTS = by_name(ENSEMBLE_INPUTS)
 # GenerationRequest field -> ensemble input, where the names differ.
@@ -31,9 +32,16 @@ _INPUT_NAMES = {"prompt": "text_input", "chat": "apply_chat_template"}
 _SERVE_FIX = "start the server with `specbuild serve REPO`, or point --url at a running one"
 
 
+# The request settings (speculation.request_settings) as keywords of a request, None: the release's default.
+_RequestSettings = make_dataclass(
+    "_RequestSettings", [(setting.name, setting.kind | None, field(default=None, kw_only=True))
+                         for setting in REQUEST_SETTINGS], frozen=True)
+
+
 @dataclass(frozen=True)
-class GenerationRequest:
-    """One request to the ensemble; ``None`` leaves an optional input out (the server's default).
+class GenerationRequest(_RequestSettings):  # type: ignore[misc, valid-type]
+    """One request to the ensemble; ``None`` leaves an optional input out (the server's default). The request
+    settings (``num_draft_tokens``, ``prompt_lookup``, ...) are keywords named as their inputs.
 
     Sampling follows NVIDIA's backend: with ``top_k`` and ``top_p`` left out (or 0), decoding is greedy whatever
     the temperature; :func:`specbuild.speculation.rules.explicit_sampling` gives the inputs that sample.
@@ -52,11 +60,6 @@ class GenerationRequest:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     max_time: float | None = None
-    num_draft_tokens: int | None = None
-    use_draft_logits: bool | None = None
-    adaptive_draft: bool | None = None
-    prompt_lookup: bool | None = None
-    break_even: bool | None = None
     stop_words: Sequence[str] | None = None
     bad_words: Sequence[str] | None = None
     end_id: int | None = None

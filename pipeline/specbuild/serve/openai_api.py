@@ -12,8 +12,8 @@ generation within one round. Semantics:
   ``max_completion_tokens``) defaults to the rest of the context; ``usage`` counts prompt and generated tokens;
 * ``stream: true``: server-sent events, ``data: [DONE]`` last; ``stream_options.include_usage`` adds the usage
   chunk;
-* extra fields: ``top_k``, ``min_tokens``, ``repetition_penalty`` and the speculation settings
-  ``num_draft_tokens``, ``prompt_lookup``, ``use_draft_logits``, ``adaptive_draft``, ``break_even``;
+* extra fields: ``top_k``, ``min_tokens``, ``repetition_penalty`` and the request settings, named as their
+  ensemble inputs (:data:`specbuild.speculation.request_settings.REQUEST_SETTINGS`);
 * chat's ``response_format``: ``json_object`` (any JSON object) and ``json_schema`` (its schema, strict or not)
   are guided decoding (the orchestrator's ``guided_decoding_guide_type`` json_schema and ``guided_decoding_guide``);
 * chat's ``tools`` with ``tool_choice`` ``required`` or a named function: the answer is a call, held to its schema
@@ -37,7 +37,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specbuild.errors import RequestError, ServerError
@@ -45,6 +45,7 @@ from specbuild.serve.openai_tools import (NamedToolChoice, Tool, ToolCall, ToolC
                                           ToolChoiceMode, plan_tool_call, tool_calls_for_template, tools_for_template,
                                           with_tools_described)
 from specbuild.serve.orchestrator_client import OrchestratorClient, Piece
+from specbuild.speculation.request_settings import REQUEST_SETTINGS
 from specbuild.speculation.rules import explicit_sampling
 from specbuild.triton_models.text import StopStrings
 
@@ -77,8 +78,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _GenerationRequest(BaseModel):
-    """Fields both endpoints take (OpenAI's, then specbuild's extras)."""
+class _OpenAIFields(BaseModel):
+    """Fields both endpoints take (OpenAI's, then specbuild's extras; the request settings are added from their
+    table: :data:`_GenerationRequest`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -98,11 +100,6 @@ class _GenerationRequest(BaseModel):
     top_k: int | None = Field(None, ge=0)
     min_tokens: int | None = Field(None, ge=0)
     repetition_penalty: float | None = Field(None, gt=0)
-    num_draft_tokens: int | None = Field(None, ge=0)
-    prompt_lookup: bool | None = None
-    use_draft_logits: bool | None = None
-    adaptive_draft: bool | None = None
-    break_even: bool | None = None
 
     def check(self) -> None:
         if (self.n or 1) > 1:
@@ -124,12 +121,15 @@ class _GenerationRequest(BaseModel):
         return {**explicit_sampling(temperature, self.top_k, self.top_p), "seed": self.seed,
                 "min_tokens": self.min_tokens, "repetition_penalty": self.repetition_penalty,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                "num_draft_tokens": self.num_draft_tokens, "prompt_lookup": self.prompt_lookup,
-                "use_draft_logits": self.use_draft_logits, "adaptive_draft": self.adaptive_draft,
-                "break_even": self.break_even}
+                **{setting.name: getattr(self, setting.name) for setting in REQUEST_SETTINGS}}
 
 
-class CompletionRequest(_GenerationRequest):
+# Both endpoints' fields: OpenAI's, then specbuild's request settings (extra fields named as their inputs).
+_GenerationRequest = create_model("_GenerationRequest", __base__=_OpenAIFields, **{
+    setting.name: (setting.kind | None, Field(None, ge=setting.minimum)) for setting in REQUEST_SETTINGS})
+
+
+class CompletionRequest(_GenerationRequest):  # type: ignore[misc, valid-type]
     prompt: str | list[str]
     echo: bool = False
     suffix: str | None = None
@@ -203,7 +203,7 @@ class ResponseFormat(BaseModel):
         return {}
 
 
-class ChatRequest(_GenerationRequest):
+class ChatRequest(_GenerationRequest):  # type: ignore[misc, valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
@@ -373,7 +373,7 @@ def create_app(client: OrchestratorClient, model: str) -> FastAPI:
             raise APIError(404, f"The model `{name}` does not exist (this server serves `{model}`)", param="model",
                            code="model_not_found")
 
-    def _start(request: _GenerationRequest, prompt_ids: list[int], budget: int | None) -> Generation:
+    def _start(request: _OpenAIFields, prompt_ids: list[int], budget: int | None) -> Generation:
         request.check()
         room = client.settings.max_seq_len - len(prompt_ids)
         max_tokens = budget if budget is not None else max(1, room)
@@ -384,7 +384,7 @@ def create_app(client: OrchestratorClient, model: str) -> FastAPI:
             raise APIError(400, exc.message) from None
         return Generation(client, arrays, request.stop_strings, max_tokens, len(prompt_ids))
 
-    async def _answer(http: Request, generation: Generation, kind: str, request: _GenerationRequest,
+    async def _answer(http: Request, generation: Generation, kind: str, request: _OpenAIFields,
                       shape: Callable[[str | None, str | None], dict[str, Any] | None]) -> Any:
         """A whole answer as JSON, or (``stream``) the pieces as server-sent events; ``shape(text, finish)`` gives
         one choice (None: nothing to send for that piece yet)."""

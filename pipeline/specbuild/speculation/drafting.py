@@ -192,18 +192,19 @@ def next_draft_length(current: int, drafted: int, accepted: int, max_draft_len: 
 
 class Drafts:
     """One request's drafting: the first proposal of its sources, in order (prompt lookup first: it costs no model
-    call), ``length`` tokens a round (at most ``max_draft_len``); with ``adaptive`` the length follows each round's
-    outcome (:func:`next_draft_length`), which the source that proposed learns too. With a ``gate`` (the request's
-    break-even, :class:`~specbuild.speculation.cost.BreakEvenGate`) a round drafts at most its best K, and nothing
-    while it says drafting does not pay, the target then making its stretch of tokens alone (counted in ``stats``)."""
+    call), ``length`` tokens a round (at most ``max_draft_len``); with ``adaptive_draft`` the length follows each
+    round's outcome (:func:`next_draft_length`), which the source that proposed learns too. With a ``gate`` (the
+    request's break-even, :class:`~specbuild.speculation.cost.BreakEvenGate`) a round drafts at most its best K, and
+    nothing while it says drafting does not pay, the target then making its stretch of tokens alone (counted in
+    ``stats``)."""
 
     def __init__(self, sources: Sequence[DraftSource], length: int, max_draft_len: int, *,
-                 adaptive: bool = False, gate: BreakEvenGate | None = None,
+                 adaptive_draft: bool = False, gate: BreakEvenGate | None = None,
                  stats: SpeculationStats | None = None) -> None:
         self.sources = tuple(sources)
         self.max_draft_len = max_draft_len
         self.length = min(length, max_draft_len)
-        self.adaptive = adaptive
+        self.adaptive_draft = adaptive_draft
         self.gate = gate
         self.stats = stats if stats is not None else SpeculationStats()
         self._gated = False  # the request has been switched off by its break-even at least once
@@ -261,7 +262,7 @@ class Drafts:
         for source in self.sources:
             if source.name == draft.source:
                 source.update(draft, accepted)
-        if self.adaptive:
+        if self.adaptive_draft:
             self.length = next_draft_length(self.length, len(draft.tokens), accepted, self.max_draft_len)
         if self.gate is not None:
             self.gate.observe(len(draft.tokens), accepted)
@@ -305,6 +306,7 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
         cost = request.break_even if drafts_by_model else replace(request.break_even, draft_cost=0.0)
         if not request.sampling.is_greedy and request.seed is not None:
             costs = None  # host timings would make a seeded sample's K, so its text, differ from run to run
-        gate = BreakEvenGate(cost, max_draft_len if request.adaptive else min(request.num_draft_tokens, max_draft_len),
-                             costs)
-    return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive=request.adaptive, gate=gate, stats=stats)
+        most = max_draft_len if request.adaptive_draft else min(request.num_draft_tokens, max_draft_len)
+        gate = BreakEvenGate(cost, most, costs)
+    return Drafts(sources, request.num_draft_tokens, max_draft_len, adaptive_draft=request.adaptive_draft, gate=gate,
+                  stats=stats)

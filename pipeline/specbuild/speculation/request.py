@@ -27,7 +27,7 @@ class GenerationRequest:
     num_draft_tokens: int = 4
     use_draft_logits: bool = True
     verification: VerificationMode = "token"  # how the draft's logits are judged (rules.verify's mode)
-    adaptive: bool = False
+    adaptive_draft: bool = False  # the draft length follows each round's outcome (drafting.next_draft_length)
     prompt_lookup: PromptLookup | None = None  # None: drafts come from the draft model only
     # The release's cost model: drafting switches off while it does not pay for this request (None: never).
     break_even: CostModel | None = None

@@ -17,6 +17,7 @@ from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
 from specbuild.speculation.guide_spec import TYPE_INPUT, GuideSpec
 from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request_settings import resolve
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models import public_rows
 from specbuild.triton_models.batch import row_value
@@ -51,7 +52,8 @@ def _end_id(value: int | None, vocab_size: int) -> int | None:
 
 def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequest]:
     """Each row of an orchestrator request, checked against the release's limits: the public rules
-    (:func:`~specbuild.triton_models.public_rows.read_row`), then the prompt and the speculation settings.
+    (:func:`~specbuild.triton_models.public_rows.read_row`), then the prompt and the request settings, each as sent
+    or the release's (:func:`~specbuild.speculation.request_settings.resolve`).
 
     Raises :class:`RequestError` naming the input at fault; nothing of the request runs then.
     """
@@ -70,29 +72,25 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
             raise RequestError(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({public.max_tokens}) exceeds max_seq_len "
                 f"({settings.max_seq_len}); ask for at most {max(0, settings.max_seq_len - len(prompt))} tokens")
-        k = settings.num_draft_tokens if public.num_draft_tokens is None else public.num_draft_tokens
+        chosen = resolve(public.settings, settings)
+        k = chosen["num_draft_tokens"]
         if not 0 <= k <= settings.max_draft_len:
             raise RequestError(f"num_draft_tokens must be within 0..{settings.max_draft_len} (the target engine's "
                                f"max_draft_len), got {k}")
-        lookup = settings.prompt_lookup if public.prompt_lookup is None else public.prompt_lookup
         if public.guide is not None and not (settings.guided_decoding or settings.engine_guides):
             raise RequestError(f"{TYPE_INPUT}={public.guide.type!r}: this release's engine models take no guide "
                                "masks and have no guided decoding of their own",
                                f"leave {TYPE_INPUT} out, or package the release again")
-        break_even = settings.break_even if public.break_even is None else public.break_even
         rows.append(RowRequest(
             generation=GenerationRequest(
                 prompt_ids=prompt, max_tokens=public.max_tokens, sampling=public.sampling, seed=public.seed,
                 end_id=_end_id(public.end_id, settings.vocab_size), min_tokens=public.min_tokens,
                 stop_words=decode_word_list(None if stop_words is None else stop_words[row]),
                 bad_words=decode_word_list(None if bad_words is None else bad_words[row]),
-                num_draft_tokens=k,
-                use_draft_logits=settings.use_draft_logits if public.use_draft_logits is None
-                else public.use_draft_logits,
-                verification=settings.verification,
-                adaptive=settings.adaptive_draft if public.adaptive_draft is None else public.adaptive_draft,
-                prompt_lookup=settings.lookup if lookup else None,
-                break_even=settings.cost_model if break_even else None,
+                num_draft_tokens=k, use_draft_logits=chosen["use_draft_logits"], verification=settings.verification,
+                adaptive_draft=chosen["adaptive_draft"],
+                prompt_lookup=settings.lookup if chosen["prompt_lookup"] else None,
+                break_even=settings.cost_model if chosen["break_even"] else None,
                 target_only_chunk=1 if public.stream else None,
             ),
             stream=public.stream,

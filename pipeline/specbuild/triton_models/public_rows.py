@@ -21,6 +21,7 @@ import numpy as np
 from specbuild.errors import RequestError
 from specbuild.package.contract import ENSEMBLE_OUTPUTS, NUMPY_DTYPES, by_name
 from specbuild.speculation.guide_spec import GUIDE_INPUT, TYPE_INPUT, GuideSpec
+from specbuild.speculation.request_settings import SettingValue, read_settings
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models.batch import finite, renamed_value, row_value
 from specbuild.triton_models.text import decode_utf8
@@ -32,7 +33,8 @@ _OUTPUTS = by_name(ENSEMBLE_OUTPUTS)
 
 @dataclass(frozen=True)
 class PublicRow:
-    """One row's public inputs, checked; the speculation settings None where the row left them to the release."""
+    """One row's public inputs, checked; its request settings (speculation.request_settings) by name, None where the
+    row left one to the release."""
 
     max_tokens: int
     sampling: SamplingParams
@@ -42,12 +44,8 @@ class PublicRow:
     exclude_input: bool  # exclude_input_in_output: the answer leaves the prompt out
     max_seconds: float | None  # the row's time limit: max_time within the release's (None: none)
     end_id: int | None  # as sent (negative: never stop on a token)
-    num_draft_tokens: int | None
-    use_draft_logits: bool | None
-    adaptive_draft: bool | None
-    prompt_lookup: bool | None
     guide: GuideSpec | None  # guided_decoding_guide_type and guided_decoding_guide, checked (not compiled)
-    break_even: bool | None
+    settings: dict[str, SettingValue | None]
 
 
 def row_getters(arrays: Arrays, batch_input: str) -> list[Get]:
@@ -98,10 +96,7 @@ def read_row(get: Get, *, max_request_seconds: float) -> PublicRow:
         max_tokens=int(wanted), sampling=sampling, seed=None if seed is None else int(seed), min_tokens=min_tokens,
         stream=bool(get("stream", False)), exclude_input=bool(get("exclude_input_in_output", False)),
         max_seconds=min(limits) if limits else None, end_id=_optional(get, "end_id", int),
-        num_draft_tokens=_optional(get, "num_draft_tokens", int), use_draft_logits=_optional(get, "use_draft_logits", bool),
-        adaptive_draft=_optional(get, "adaptive_draft", bool), prompt_lookup=_optional(get, "prompt_lookup", bool),
-        guide=GuideSpec.parse(_text(get, TYPE_INPUT), _text(get, GUIDE_INPUT)),
-        break_even=_optional(get, "break_even", bool))
+        guide=GuideSpec.parse(_text(get, TYPE_INPUT), _text(get, GUIDE_INPUT)), settings=read_settings(get))
 
 
 @dataclass

@@ -25,12 +25,12 @@ from specbuild.errors import RequestError
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPIAdapterParameters
 from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
+from specbuild.speculation.request_settings import REQUEST_SETTINGS
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models import public_rows
 from specbuild.triton_models.public_rows import Arrays, PublicRow, read_row, row_getters
 from specbuild.triton_models.text import decode_utf8, text_after
 _STATISTICS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
-FIXED_K = "fixed when TensorRT-LLM loads the models (its LLM API has no per-request draft length)"
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,12 @@ def _refuse_unexact_penalties(public: PublicRow, settings: LLMAPIAdapterParamete
 
 
 def _refuse_fixed_speculation(public: PublicRow, settings: LLMAPIAdapterParameters) -> None:
-    """What TensorRT-LLM fixes at load, or does not do: a request may restate it, not change it."""
-    if public.num_draft_tokens is not None and public.num_draft_tokens != settings.num_draft_tokens:
-        raise _refuse("num_draft_tokens", public.num_draft_tokens, f"this release drafts {settings.num_draft_tokens} "
-                      f"tokens per round, {FIXED_K}", f"send num_draft_tokens={settings.num_draft_tokens} or leave it out")
-    for name, why in (("use_draft_logits", "TensorRT-LLM verifies the draft's tokens by token matching here"),
-                      ("adaptive_draft", f"the draft length is {FIXED_K}"),
-                      ("prompt_lookup", "TensorRT-LLM drafts with the draft model only here"),
-                      ("break_even", "TensorRT-LLM decides when to draft here, for its whole batch (max_concurrency), "
-                       "not per request")):
-        if getattr(public, name):
-            raise _refuse(name, True, why, f"send {name}=false or leave it out")
+    """What TensorRT-LLM fixes at load, or does not do: a request may restate it, not change it (each request
+    setting's ``engine_free`` verdict, and the end token)."""
+    for setting in REQUEST_SETTINGS:
+        refusal = setting.engine_free.refusal(setting.name, public.settings[setting.name], settings)
+        if refusal is not None:
+            raise RequestError(*refusal)
     if public.end_id is not None and public.end_id != settings.end_id:
         raise _refuse("end_id", public.end_id, f"the LLM API stops on the tokenizer's end token ({settings.end_id}) "
                       "only", f"send end_id={settings.end_id} or leave it out")
