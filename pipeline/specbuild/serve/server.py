@@ -282,18 +282,18 @@ class TritonServer:
         while time.monotonic() < deadline:
             code = self._process.poll()
             if code is not None:
-                raise ServerError(self._failure(f"tritonserver exited with code {code} while starting"),
-                                  start_failure_fix(log_errors(self.read_log())))
+                log = self.read_log()
+                raise ServerError(self._failure(f"tritonserver exited with code {code} while starting", log),
+                                  start_failure_fix(log_errors(log)))
             if _http_status(f"{self.http_url}/v2/health/ready", timeout=1.0)[0] == 200:
                 return
             time.sleep(0.1)
         raise ServerError(
-            self._failure(f"tritonserver was not ready after {self.startup_timeout:g} s"),
+            self._failure(f"tritonserver was not ready after {self.startup_timeout:g} s", self.read_log()),
             "read the server log above; raise the startup timeout if the models are large and slow to load",
         )
 
-    def _failure(self, headline: str) -> str:
-        log = self.read_log()
+    def _failure(self, headline: str, log: str) -> str:
         errors = log_errors(log) or log.splitlines()[-20:]
         where = f" (log: {self._log_file})" if self._log_file else ""
         return headline + where + ":\n" + "\n".join(f"  {e}" for e in errors)
@@ -421,7 +421,7 @@ class TritonServer:
                 if on_ready is not None:
                     on_ready()
                 if not wait_until(stop, self.is_running):
-                    raise ServerError(self._failure("tritonserver exited unexpectedly"),
+                    raise ServerError(self._failure("tritonserver exited unexpectedly", self.read_log()),
                                       "read the errors above, fix the cause and serve again")
             announce("stopping tritonserver")
             return 0
