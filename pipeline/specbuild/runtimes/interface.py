@@ -45,7 +45,7 @@ ReadsOf = Literal["check", "convert", "build", "package", "plan"]
 # The spec fields the default repository renderer reads (:meth:`Runtime.render_repository`: the load policy, and
 # package/repository.py's ensemble, orchestrator and preprocessing configs), besides the engine models'.
 RENDER_READS: tuple[str, ...] = (
-    "launch.fast_logits", "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
+    "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
     "speculation.draft_len_schedule", "speculation.num_draft_tokens", "speculation.prompt_lookup",
     "triton.max_request_seconds", "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost",
     "speculation.verify_cost", "speculation.measured_acceptance", "speculation.verification")
