@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
 from specbuild.runtimes.names import RUNTIME_NAMES
-from specbuild.runtimes.settings import PREFERRED, RUNTIME_SECTIONS, RUNTIME_SETTINGS
+from specbuild.runtimes.settings import PREFERRED, RUNTIME_SECTIONS, RUNTIME_SETTINGS, RUNTIME_TRITON_KEYS
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
-from specbuild.spec_section import SpecSection
+from specbuild.spec_section import ContainerPath, SpecSection
 
 RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
 RuntimeChoice = Literal[RUNTIME_CHOICES]  # type: ignore[valid-type]  # the registry's names, and auto
@@ -231,7 +231,7 @@ class LimitsSpec(SpecSection):
                           max_seq_len=window, draft_max_seq_len=window)
 
 
-class TritonSpec(SpecSection):
+class _SharedTritonSpec(SpecSection):  # the keys every runtime reads: TritonSpec adds each runtime's own
     """The Triton server and its model repository."""
 
     host: str = Field("127.0.0.1", description="address the server binds to (loopback unless you mean to expose it)")
@@ -247,10 +247,8 @@ class TritonSpec(SpecSection):
     tensorrt_llm: Literal["1.2", "main"] = Field(
         "1.2", description="the TensorRT-LLM in the image: 1.2 (NGC 26.04-26.07) or main (engine-free, built from "
         "source after July 2026: tensorrt-llm-llmapi only)")
-    engine_mount: str = Field("/engines", description="where engines are mounted inside the container")
-    checkpoint_mount: str = Field("/checkpoints", description="tensorrt-llm-llmapi: where the target and draft "
-                                  "checkpoints are mounted inside the container (as <mount>/target, <mount>/draft)")
-    repository_mount: str = Field("/triton_repo", description="where the repository is mounted inside the container")
+    repository_mount: ContainerPath = Field("/triton_repo", description="where the repository is mounted inside the "
+                                            "container")
     gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory to check the memory plan against "
                                          "(e.g. 80); null = not checked")
     kv_cache_free_gpu_mem_fraction: float | None = Field(
@@ -259,14 +257,28 @@ class TritonSpec(SpecSection):
     )
     orchestrator_instances: int = Field(1, ge=1, le=64, description="instances of the orchestrator (the speculative "
                                         "loop)")
-    engine_instances: int = Field(1, ge=1, le=64, description="torch runtime: instances per engine model")
 
-    @field_validator("engine_mount", "checkpoint_mount", "repository_mount")
-    @classmethod
-    def _absolute_mount(cls, value: str) -> str:
-        if not value.startswith("/") or ".." in Path(value).parts:
-            raise ValueError(f"must be an absolute path inside the container without '..', got {value!r}")
-        return value
+
+def _with_runtime_keys(shared: type[SpecSection]) -> type[SpecSection]:
+    """``shared`` (the keys every runtime reads) with each runtime's own (RUNTIME_TRITON_KEYS), each before the key
+    it names."""
+    unknown = {key.before for key in RUNTIME_TRITON_KEYS.values()} - {None, *shared.model_fields}
+    if unknown:
+        raise RuntimeError(f"a runtime's triton key is placed before {sorted(unknown)}, which the triton section lacks")
+
+    def runtime_keys(before: str | None) -> dict[str, Any]:
+        return {key: (runtime_key.annotation, runtime_key.field)
+                for key, runtime_key in RUNTIME_TRITON_KEYS.items() if runtime_key.before == before}
+
+    fields: dict[str, Any] = {}
+    for name, info in shared.model_fields.items():
+        fields |= runtime_keys(name)
+        fields[name] = (info.annotation, info)
+    fields |= runtime_keys(None)
+    return create_model("TritonSpec", __base__=SpecSection, __doc__=shared.__doc__, __module__=__name__, **fields)
+
+
+TritonSpec = _with_runtime_keys(_SharedTritonSpec)
 
 
 TRITON_DEFAULTS = TritonSpec()

@@ -1,4 +1,5 @@
-"""The tensorrt-llm runtime's part of the build spec: its ``launch`` section (processes and GPUs)."""
+"""The tensorrt-llm runtime's part of the build spec: its ``launch`` section (processes and GPUs) and its key of
+the ``triton`` section (where the engines are mounted)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from specbuild.spec_section import LoadDefault, RuntimeSettings, Section, SpecSection
+from specbuild.spec_section import ContainerPath, LoadDefault, RuntimeSettings, Section, SpecSection, TritonKey
 
 
 class LaunchSpec(SpecSection):
@@ -40,4 +41,6 @@ TENSORRT_LLM_SETTINGS = RuntimeSettings(
     auto_priority=20,
     load_default=TENSORRT_LLM_LOAD_DEFAULT,
     sections={"launch": Section(LaunchSpec, "tensorrt-llm: processes and GPUs, compiled into the release")},
+    triton={"engine_mount": TritonKey(ContainerPath, Field("/engines", description="where engines are mounted inside "
+                                                           "the container"), before="repository_mount")},
 )

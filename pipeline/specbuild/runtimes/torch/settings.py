@@ -1,4 +1,5 @@
-"""The torch runtime's part of the build spec: its ``torch`` section (device and threads of the engine models)."""
+"""The torch runtime's part of the build spec: its ``torch`` section (device and threads of the engine models) and
+its key of the ``triton`` section (instances per engine model)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from specbuild.spec_section import LoadDefault, RuntimeSettings, Section, SpecSection
+from specbuild.spec_section import LoadDefault, RuntimeSettings, Section, SpecSection, TritonKey
 
 
 class TorchSpec(SpecSection):
@@ -27,4 +28,6 @@ TORCH_SETTINGS = RuntimeSettings(
     # default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal").
     load_default=LoadDefault("torch", 2, "measured on CPU"),
     sections={"torch": Section(TorchSpec, "torch runtime: device and threads of the engine models")},
+    triton={"engine_instances": TritonKey(int, Field(1, ge=1, le=64, description="torch runtime: instances per "
+                                                     "engine model"))},
 )
