@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from specbuild import spec as spec_module
 from specbuild.spec import BuildSpec
+from specbuild.spec_section import SpecSection
 
 
 class Tracer:
@@ -76,7 +76,7 @@ class Tracer:
 def tracing(spec: BuildSpec) -> Iterator[Tracer]:
     """Watch ``spec``'s fields while the context is open (the spec's model classes are patched meanwhile)."""
     tracer = Tracer(spec)
-    base = spec_module._Strict
+    base = SpecSection
     originals = {name: base.__dict__.get(name) for name in ("__getattribute__", "model_dump", "model_copy")}
 
     def getattribute(self: BaseModel, name: str) -> Any:

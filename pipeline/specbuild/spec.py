@@ -13,15 +13,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
 from specbuild.runtimes.names import RUNTIME_NAMES
+from specbuild.runtimes.settings import PREFERRED, RUNTIME_SECTIONS, RUNTIME_SETTINGS, RUNTIME_TRITON_KEYS
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
+from specbuild.spec_section import ContainerPath, SpecSection
 
 RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
 RuntimeChoice = Literal[RUNTIME_CHOICES]  # type: ignore[valid-type]  # the registry's names, and auto
@@ -32,13 +34,14 @@ Acceptance = Literal["token-match", "draft-logits"]
 
 DEFAULT_SPEC_FILE = "specbuild.yaml"
 DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+RUNTIMES_PROSE = "; ".join(f"{name}: {RUNTIME_SETTINGS[name].summary}" for name in RUNTIME_NAMES) \
+    + f"; auto: the best runtime installed here ({', then '.join(settings.auto_label for settings in PREFERRED)})"
+"""What the ``runtime`` key offers, from each runtime's settings."""
+LOAD_DEFAULTS_PROSE = "; ".join(dict.fromkeys(RUNTIME_SETTINGS[name].load_default.prose() for name in RUNTIME_NAMES))
+"""The runtimes' defaults of ``speculation.busy_in_flight``, each told once."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ModelSpec(_Strict):
+class ModelSpec(SpecSection):
     """One checkpoint (target or draft) and how to shard it."""
 
     checkpoint: str = Field(description="Hugging Face checkpoint folder: config.json, tokenizer files, *.safetensors")
@@ -52,7 +55,7 @@ class ModelSpec(_Strict):
         return self.tp_size * self.pp_size
 
 
-class PromptLookupSpec(_Strict):
+class PromptLookupSpec(SpecSection):
     """Prompt lookup drafting: each round, propose what followed the last earlier occurrence of the context's
     final n-gram (no model call); the draft model drafts when lookup finds nothing (``draft_fallback``)."""
 
@@ -69,7 +72,7 @@ class PromptLookupSpec(_Strict):
         return self
 
 
-class SpeculationSpec(_Strict):
+class SpeculationSpec(SpecSection):
     """How drafts are made and checked; requests may override K, adaptive K and prompt lookup."""
 
     max_draft_len: int = Field(8, ge=1, le=64, description="most draft tokens a request may ask for (the target "
@@ -92,8 +95,8 @@ class SpeculationSpec(_Strict):
         None, ge=0, description="load policy: from this many requests in flight at an orchestrator instance (its "
         "specbuild_requests_in_flight gauge), rounds run without drafts, as K=0 (speculation spends compute a busy "
         "server lacks; seeded sampled requests keep their K, so their text does not depend on the load); 0: draft "
-        "at any load; unset: the runtime's default (torch 2, measured on CPU; TensorRT-LLM 16, where NVIDIA "
-        "measures draft-target at about 1x); the simplest draft_len_schedule, {N: 0} (set one of the two)")
+        f"at any load; unset: the runtime's default ({LOAD_DEFAULTS_PROSE}); the simplest draft_len_schedule, {{N: 0}} "
+        "(set one of the two)")
     draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = Field(
         None, description="K per load: {in_flight: K}, from that many requests in flight at an orchestrator instance "
         "rounds draft at most K tokens (until the next key; a request's own K caps it; seeded sampled requests keep "
@@ -170,7 +173,7 @@ class SpeculationSpec(_Strict):
 DEFAULT_MAX_SEQ_LEN = 2048  # the most a default max_seq_len takes from a checkpoint's max_position_embeddings
 
 
-class LimitsSpec(_Strict):
+class LimitsSpec(SpecSection):
     """What engines are built for. Limits left null are taken from the checkpoints when they are read
     (:meth:`resolve`), as trtllm-build does; only values the user set can be refused as too large. The release serves
     the target's window; the draft engine is built for its own (:meth:`of`), and a request past it drafts by prompt
@@ -228,7 +231,7 @@ class LimitsSpec(_Strict):
                           max_seq_len=window, draft_max_seq_len=window)
 
 
-class TritonSpec(_Strict):
+class _SharedTritonSpec(SpecSection):  # the keys every runtime reads: TritonSpec adds each runtime's own
     """The Triton server and its model repository."""
 
     host: str = Field("127.0.0.1", description="address the server binds to (loopback unless you mean to expose it)")
@@ -244,10 +247,8 @@ class TritonSpec(_Strict):
     tensorrt_llm: Literal["1.2", "main"] = Field(
         "1.2", description="the TensorRT-LLM in the image: 1.2 (NGC 26.04-26.07) or main (engine-free, built from "
         "source after July 2026: tensorrt-llm-llmapi only)")
-    engine_mount: str = Field("/engines", description="where engines are mounted inside the container")
-    checkpoint_mount: str = Field("/checkpoints", description="tensorrt-llm-llmapi: where the target and draft "
-                                  "checkpoints are mounted inside the container (as <mount>/target, <mount>/draft)")
-    repository_mount: str = Field("/triton_repo", description="where the repository is mounted inside the container")
+    repository_mount: ContainerPath = Field("/triton_repo", description="where the repository is mounted inside the "
+                                            "container")
     gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory to check the memory plan against "
                                          "(e.g. 80); null = not checked")
     kv_cache_free_gpu_mem_fraction: float | None = Field(
@@ -256,14 +257,28 @@ class TritonSpec(_Strict):
     )
     orchestrator_instances: int = Field(1, ge=1, le=64, description="instances of the orchestrator (the speculative "
                                         "loop)")
-    engine_instances: int = Field(1, ge=1, le=64, description="torch runtime: instances per engine model")
 
-    @field_validator("engine_mount", "checkpoint_mount", "repository_mount")
-    @classmethod
-    def _absolute_mount(cls, value: str) -> str:
-        if not value.startswith("/") or ".." in Path(value).parts:
-            raise ValueError(f"must be an absolute path inside the container without '..', got {value!r}")
-        return value
+
+def _with_runtime_keys(shared: type[SpecSection]) -> type[SpecSection]:
+    """``shared`` (the keys every runtime reads) with each runtime's own (RUNTIME_TRITON_KEYS), each before the key
+    it names."""
+    unknown = {key.before for key in RUNTIME_TRITON_KEYS.values()} - {None, *shared.model_fields}
+    if unknown:
+        raise RuntimeError(f"a runtime's triton key is placed before {sorted(unknown)}, which the triton section lacks")
+
+    def runtime_keys(before: str | None) -> dict[str, Any]:
+        return {key: (runtime_key.annotation, runtime_key.field)
+                for key, runtime_key in RUNTIME_TRITON_KEYS.items() if runtime_key.before == before}
+
+    fields: dict[str, Any] = {}
+    for name, info in shared.model_fields.items():
+        fields |= runtime_keys(name)
+        fields[name] = (info.annotation, info)
+    fields |= runtime_keys(None)
+    return create_model("TritonSpec", __base__=SpecSection, __doc__=shared.__doc__, __module__=__name__, **fields)
+
+
+TritonSpec = _with_runtime_keys(_SharedTritonSpec)
 
 
 TRITON_DEFAULTS = TritonSpec()
@@ -272,31 +287,7 @@ LOCAL_GRPC_URL = f"{TRITON_DEFAULTS.host}:{TRITON_DEFAULTS.grpc_port}"
 """Where a Triton server with the default settings answers gRPC on this machine."""
 
 
-class LaunchSpec(_Strict):
-    """How the TensorRT-LLM engines are laid out over processes and GPUs (tensorrt-llm runtime). Compiled into
-    the engine configs (``gpu_device_ids``, ``participant_ids``, ``speculative_decoding_fast_logits``); ``serve``
-    and ``deploy`` launch what the release was compiled for."""
-
-    mode: Literal["auto", "single", "leader", "orchestrator"] = Field(
-        "auto", description="auto: single when both models have one rank, else TensorRT-LLM's orchestrator mode "
-        "(required with tensor parallelism for two models)")
-    placement: Literal["shared", "separate"] = Field(
-        "shared", description="shared: the draft on the target's first GPU(s); separate: GPUs of its own")
-    fast_logits: bool = Field(False, description="pass draft logits GPU to GPU (orchestrator mode, no spawning; "
-                              "draft-logits acceptance)")
-
-
-class TorchSpec(_Strict):
-    """The torch runtime's engine models."""
-
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when the server has a GPU")
-    target_threads: int = Field(0, ge=0, le=1024, description="intra-op threads of the target's process; 0: "
-                                "every core of the host while they are free, one while other work competes for them "
-                                "(judged step by step)")
-    draft_threads: int = Field(0, ge=0, le=1024, description="the same for the draft's process")
-
-
-class OutputsSpec(_Strict):
+class OutputsSpec(SpecSection):
     """Where compile writes; each folder is replaced whole (relative paths: from the spec file's folder)."""
 
     build_dir: str = Field("build", description="the check report and converted checkpoints")
@@ -304,39 +295,49 @@ class OutputsSpec(_Strict):
     repository_dir: str = Field("triton_repo", description="the Triton model repository and its manifest.json")
 
 
-class SecuritySpec(_Strict):
+class SecuritySpec(SpecSection):
     """What specbuild refuses unless told otherwise."""
 
     allow_pickle: bool = Field(False, description="load pickle (.bin/.pt) weights; only for checkpoints you trust")
     trust_remote_code: bool = Field(False, description="run code shipped with a checkpoint; only if you trust it")
 
 
-class BuildSpec(_Strict):
-    """Everything ``specbuild compile`` needs; see ``specbuild init`` for a commented example."""
+class _ReleaseSpec(SpecSection):
+    """The build spec's sections that every runtime reads, before the runtimes' own."""
 
     name: str = Field("specbuild", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
                       description="release name (letters, digits, _ . -)")
-    runtime: RuntimeChoice = Field("auto", description="torch: HF checkpoints run with PyTorch inside Triton python models "
-                             "(CPU or CUDA); tensorrt-llm: TensorRT-LLM 1.2.x engines on Triton's tensorrtllm backend "
-                             "(CUDA GPU, NGC image); tensorrt-llm-llmapi: no engines, TensorRT-LLM's LLM-API model "
-                             "loads the checkpoints (CUDA GPU, NGC image); auto: the best runtime installed here "
-                             "(GPU engines, then the LLM API, then torch)")
+    runtime: RuntimeChoice = Field("auto", description=RUNTIMES_PROSE)
     target: ModelSpec = Field(description="the model whose output is served")
     draft: ModelSpec = Field(description="the small model that proposes tokens; it must share the target's tokenizer")
     speculation: SpeculationSpec = Field(SpeculationSpec(), description="speculative decoding")
     limits: LimitsSpec = Field(LimitsSpec(), description="what engines are built for")
     triton: TritonSpec = Field(TritonSpec(), description="the Triton server")
-    launch: LaunchSpec = Field(LaunchSpec(), description="tensorrt-llm: processes and GPUs, compiled into the release")
-    torch: TorchSpec = Field(TorchSpec(), description="torch runtime: device and threads of the engine models")
+
+
+_RuntimeSections = create_model(  # each runtime's own sections (specbuild.runtimes.settings)
+    "_RuntimeSections", __base__=SpecSection,
+    **{key: (section.model, Field(section.model(), description=section.description))
+       for key, section in RUNTIME_SECTIONS.items()})
+
+
+class _CompileSpec(SpecSection):
+    """The build spec's sections after the runtimes' own: where compile writes, and what it refuses to load."""
+
     outputs: OutputsSpec = Field(OutputsSpec(), description="where compile writes (folders replaced whole)")
     security: SecuritySpec = Field(SecuritySpec(), description="what is refused unless you trust the checkpoints")
 
+
+class BuildSpec(_CompileSpec, _RuntimeSections, _ReleaseSpec):  # type: ignore[misc,valid-type]
+    """Everything ``specbuild compile`` needs; see ``specbuild init`` for a commented example."""
+
+    # Its keys are its bases' in reverse: the release's sections, the runtimes' (pydantic collects fields along the
+    # reversed MRO), then where compile writes.
+
     @model_validator(mode="after")
-    def _fast_logits_need_draft_logits(self) -> BuildSpec:
-        if self.launch.fast_logits and self.speculation.acceptance != "draft-logits":
-            raise ValueError("launch.fast_logits passes the draft's logits to the target, but speculation.acceptance "
-                             f"is {self.speculation.acceptance!r}, which never sends them; set acceptance: "
-                             "draft-logits or turn fast logits off")
+    def _runtime_sections_agree(self) -> BuildSpec:
+        for key in RUNTIME_SECTIONS:
+            getattr(self, key).check_spec(self)
         return self
 
     def to_yaml(self) -> str:

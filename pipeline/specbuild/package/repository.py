@@ -126,13 +126,14 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
 
 
 def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load_schedule: DraftLenSchedule,
-                            cost: CostModel, guided_decoding: bool = False,
-                            engine_guides: bool = False) -> OrchestratorParameters:
+                            cost: CostModel, guided_decoding: bool = False, engine_guides: bool = False, *,
+                            fast_logits: bool = False) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the engines' build records (what they can do: a request, the
     target's; a draft call, the draft's window);
     ``load_schedule`` the load policy (the spec's, or the runtime's default); ``cost`` the release's
     cost model (V(K) for every K a request may ask for); ``guided_decoding`` whether the engine models take guide
-    masks, ``engine_guides`` whether the target engine applies NVIDIA's guide inputs itself."""
+    masks, ``engine_guides`` whether the target engine applies NVIDIA's guide inputs itself, ``fast_logits``
+    whether the draft's engine model passes its logits GPU to GPU (a handle in place of the values)."""
     s, record = spec.speculation, target.record
     return OrchestratorParameters(
         break_even=s.break_even, draft_cost=round(cost.draft_cost, 4),
@@ -148,7 +149,7 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load
         lookup_max_ngram=s.prompt_lookup.max_ngram,
         lookup_min_ngram=s.prompt_lookup.min_ngram,
         lookup_draft_fallback=s.prompt_lookup.draft_fallback,
-        fast_logits=spec.launch.fast_logits,
+        fast_logits=fast_logits,
         max_input_len=record.limits.max_input_len,
         max_seq_len=record.limits.max_seq_len,
         draft_max_seq_len=draft.record.limits.engine_seq_len,
@@ -160,11 +161,12 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load
 
 
 def orchestrator_config(spec: BuildSpec, target: Engine, draft: Engine, load_schedule: DraftLenSchedule,
-                        cost: CostModel, guided_decoding: bool = False, engine_guides: bool = False) -> mc.ModelConfig:
+                        cost: CostModel, guided_decoding: bool = False, engine_guides: bool = False, *,
+                        fast_logits: bool = False) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
                                contract.ORCHESTRATOR_OUTPUTS,
                                orchestrator_parameters(spec, target, draft, load_schedule, cost, guided_decoding,
-                                                       engine_guides),
+                                                       engine_guides, fast_logits=fast_logits),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
 
@@ -246,7 +248,8 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
         contract.ORCHESTRATOR_MODEL: orchestrator_config(
             spec, target, engines[contract.DRAFT_MODEL], load_schedule, cost, all(model.guide_masks for model in engine_models.values()),
             guided_decoding_configured(target_parameters.guided_decoding_backend,
-                                       target_parameters.xgrammar_tokenizer_info_path)),
+                                       target_parameters.xgrammar_tokenizer_info_path),
+            fast_logits=engine_models[contract.DRAFT_MODEL].parameters.speculative_decoding_fast_logits),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
         **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks,

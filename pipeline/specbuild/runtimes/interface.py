@@ -25,6 +25,7 @@ from specbuild.package.build_record import BUILD_INFO, BuildLimits, BuildRecord,
 from specbuild.package.contract import ORCHESTRATOR_MODEL
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LAUNCH_SETTINGS, BundledPlan, LaunchPlan
 from specbuild.spec import ROLES
+from specbuild.spec_section import RuntimeSettings
 from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
 
@@ -44,7 +45,7 @@ ReadsOf = Literal["check", "convert", "build", "package", "plan"]
 # The spec fields the default repository renderer reads (:meth:`Runtime.render_repository`: the load policy, and
 # package/repository.py's ensemble, orchestrator and preprocessing configs), besides the engine models'.
 RENDER_READS: tuple[str, ...] = (
-    "launch.fast_logits", "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
+    "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
     "speculation.draft_len_schedule", "speculation.num_draft_tokens", "speculation.prompt_lookup",
     "triton.max_request_seconds", "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost",
     "speculation.verify_cost", "speculation.measured_acceptance", "speculation.verification")
@@ -93,7 +94,9 @@ class Runtime(abc.ABC):
     """One way to build and serve the target and draft; see the module notes."""
 
     name: ClassVar[str]
-    auto_priority: ClassVar[int]  # ``runtime: auto`` takes the available runtime with the highest
+    # Its part of the build spec (:mod:`specbuild.runtimes.settings`): its sections, its rank for ``runtime: auto``
+    # and its load policy's default.
+    settings: ClassVar[RuntimeSettings]
     steps: ClassVar[tuple[Step, ...]] = STEPS  # its compile pipeline, in order
     # Verification rules the runtime can run, preferred first (speculation.acceptance falls back to the first).
     acceptances: ClassVar[tuple[str, ...]] = ("draft-logits", "token-match")
@@ -103,10 +106,6 @@ class Runtime(abc.ABC):
     # The Triton model that answers each request and exports the requests in flight (stats.IN_FLIGHT, under its
     # name as label ``model``): what autoscaling follows.
     serving_model: ClassVar[str] = ORCHESTRATOR_MODEL
-    # The load policy's default (speculation.busy_in_flight): from this many requests in flight, rounds draft
-    # nothing. On a GPU, verification is nearly free until the batch fills the GPU: NVIDIA measures draft-target
-    # at about 2x at batch 1 and about 1x at batch 16 (docs/benchmarks.md).
-    busy_in_flight: ClassVar[int] = 16
     # The p95 time to first token (seconds) above which the release's alert fires unless ``deploy --ttft-p95`` sets
     # another: a GPU release answers within a few hundred milliseconds when it keeps up with its load.
     ttft_p95_seconds: ClassVar[float] = 2.0
@@ -172,7 +171,7 @@ class Runtime(abc.ABC):
     def load_policy(self, spec: BuildSpec) -> DraftLenSchedule:
         """The load policy: ``speculation.draft_len_schedule``, else ``busy_in_flight`` (this runtime's default
         when unset) as its simplest schedule."""
-        return spec.speculation.load_schedule(self.busy_in_flight)
+        return spec.speculation.load_schedule(self.settings.load_default.in_flight)
 
     def _no_engines(self) -> UsageError:
         return UsageError(f"the {self.name} runtime builds no engines", "run `specbuild compile` (check and package)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from specbuild.errors import SpecError
 from specbuild.runtimes.interface import Runtime
 from specbuild.runtimes.names import RUNTIME_NAMES
+from specbuild.runtimes.settings import RUNTIME_SETTINGS
 from specbuild.runtimes.tensorrt_llm.runtime import TensorRTLLMRuntime
 from specbuild.runtimes.tensorrt_llm_llmapi.runtime import TensorRTLLMLLMAPIRuntime
 from specbuild.runtimes.torch.runtime import TorchRuntime
@@ -18,6 +19,8 @@ RUNTIMES: dict[str, Runtime] = {runtime.name: runtime
                                 for runtime in (TorchRuntime(), TensorRTLLMRuntime(), TensorRTLLMLLMAPIRuntime())}
 if tuple(RUNTIMES) != RUNTIME_NAMES:  # the spec accepts exactly the names registered here
     raise RuntimeError(f"the registry holds {tuple(RUNTIMES)}, specbuild.runtimes.names lists {RUNTIME_NAMES}")
+if any(runtime.settings is not RUNTIME_SETTINGS.get(name) for name, runtime in RUNTIMES.items()):
+    raise RuntimeError("a runtime's settings are not the ones specbuild.runtimes.settings composes the spec from")
 
 
 def runtime_for(name: str) -> Runtime:
@@ -32,7 +35,7 @@ def best_available() -> str:
     """``runtime: auto``: of the runtimes this machine can build with, the one of highest ``auto_priority``
     (TensorRT-LLM engines, then TensorRT-LLM's LLM API where the engine flow is gone, then embedded torch)."""
     available = [runtime for runtime in RUNTIMES.values() if runtime.available()]
-    return max(available, key=lambda runtime: runtime.auto_priority).name
+    return max(available, key=lambda runtime: runtime.settings.auto_priority).name
 
 
 def resolved(spec: BuildSpec) -> BuildSpec:

@@ -134,9 +134,9 @@ def test_the_runtime_s_default_load_policy_reaches_the_release() -> None:
     spec = golden_spec()
     runtime = runtime_for(spec.runtime)
     assert spec.speculation.busy_in_flight is None
-    busy = runtime.load_policy(spec)
-    assert busy == DraftLenSchedule.from_threshold(runtime.busy_in_flight)
-    assert model_yaml(spec, TARGET, CONTEXT, busy).speculative_config.max_concurrency == runtime.busy_in_flight - 1
+    busy, default = runtime.load_policy(spec), runtime.settings.load_default.in_flight
+    assert busy == DraftLenSchedule.from_threshold(default)
+    assert model_yaml(spec, TARGET, CONTEXT, busy).speculative_config.max_concurrency == default - 1
 
 
 def test_a_cutoff_main_refuses_is_a_spec_finding_naming_the_fix() -> None:

@@ -50,6 +50,7 @@ from specbuild.runtimes.interface import RENDER_READS, ModelPlan, PackageContext
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, LaunchPlan
 from specbuild.runtimes.names import TENSORRT_LLM
 from specbuild.runtimes.tensorrt_llm.launch import check_engine_configs, launch_plan, model_devices
+from specbuild.runtimes.tensorrt_llm.settings import TENSORRT_LLM_SETTINGS
 from specbuild.runtimes.trtllm_image import EngineDtype, ImageRuntime, installed_package_dir, resolve_dtype
 from specbuild.spec import BuildSpec, Role
 
@@ -370,7 +371,7 @@ class TensorRTLLMRuntime(ImageRuntime):
     """TensorRT-LLM 1.2.x engines served by Triton's ``tensorrtllm`` backend (a CUDA GPU, the NGC image)."""
 
     name = TENSORRT_LLM
-    auto_priority = 20
+    settings = TENSORRT_LLM_SETTINGS
     reads = {"check": ("triton.tensorrt_llm",), "convert": ("target", "draft", "triton.image"),
              "build": BUILD_READS, "plan": (*BUILD_READS, "target.dtype", "draft.dtype"),
              "package": (*RENDER_READS, "target.tp_size", "target.pp_size", "draft.tp_size", "draft.pp_size", "launch",

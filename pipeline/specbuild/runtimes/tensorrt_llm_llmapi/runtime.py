@@ -33,6 +33,7 @@ from specbuild.runtimes.names import TENSORRT_LLM_LLMAPI
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_MODEL
 from specbuild.runtimes.tensorrt_llm_llmapi.launch import check_compiled_config, container_checkpoint, launch_plan
 from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, load_keys
+from specbuild.runtimes.tensorrt_llm_llmapi.settings import TENSORRT_LLM_LLMAPI_SETTINGS
 from specbuild.runtimes.trtllm_image import ImageRuntime, installed_package_dir, resolve_dtype
 from specbuild.spec import BuildSpec, Role
 
@@ -57,7 +58,7 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     name = TENSORRT_LLM_LLMAPI
     steps = ("check", "package")  # nothing to convert or build: TensorRT-LLM loads the checkpoints
     acceptances = ("token-match",)  # the target verifies the draft's tokens inside TensorRT-LLM
-    auto_priority = 10  # after the engine flow (what the 1.2 images run), before embedded torch
+    settings = TENSORRT_LLM_LLMAPI_SETTINGS
     serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
     reads = {"check": ("launch", "speculation.adaptive", "speculation.num_draft_tokens",
                        "speculation.prompt_lookup.enabled", "speculation.busy_in_flight",

@@ -31,6 +31,7 @@ from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, BundledPlan
 from specbuild.runtimes.names import TORCH
 from specbuild.runtimes.torch.launch import cpu_pod_plan
 from specbuild.runtimes.torch.parameters import TorchEngineParameters
+from specbuild.runtimes.torch.settings import TORCH_SETTINGS
 from specbuild.spec import BuildSpec, Role
 from specbuild.speculation.modes import VERIFICATION_MODES
 
@@ -60,10 +61,7 @@ def engine_dir_parameter(engine_dir: Path, repository_dir: Path) -> str:
 
 class TorchRuntime(Runtime):
     name = TORCH
-    auto_priority = 0
-    # On CPU cores a round's draft and verification compete with the other requests' steps: from 2 in flight,
-    # the default release measured no gain (docs/benchmarks.md, "Cheap verification, the load policy and the goal")
-    busy_in_flight = 2
+    settings = TORCH_SETTINGS
     ttft_p95_seconds = 5.0  # a CPU's prefill is seconds for long prompts
     sub_vocabulary_heads = True  # engine.SubVocabularyHead
     verifications = VERIFICATION_MODES  # the engine model verifies with speculation.rules
