@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 
 from specbuild.bench.metrics import Counters, RequestTrace, chunk_tokens  # noqa: E402
 from specbuild.errors import RequestError, UsageError  # noqa: E402
-from specbuild.package.contract import (ENSEMBLE_MODEL, ORCHESTRATOR_MODEL, PREPROCESSING_MODEL,  # noqa: E402
-                                        OrchestratorParameters)
+from specbuild.package.contract import ENSEMBLE_MODEL, ORCHESTRATOR_MODEL, PREPROCESSING_MODEL  # noqa: E402
+from specbuild.serve.client import first_value  # noqa: E402
 from specbuild.speculation.engine import EngineOutput, EngineRequest  # noqa: E402
 from specbuild.speculation.stats import REQUEST_METRICS, SpeculationStats, request_samples  # noqa: E402
 from specbuild.triton_models.text import incremental_text  # noqa: E402
@@ -90,10 +90,6 @@ class _Exchange:
         self.error = "cancelled"
 
 
-def _first(array: np.ndarray) -> Any:
-    return np.asarray(array).reshape(-1)[0]
-
-
 class InProcessRelease:
     """The release in ``repository`` (torch runtime) answering the ensemble's requests in this process."""
 
@@ -121,8 +117,9 @@ class InProcessRelease:
             engines[name] = load_engine(parameters, self.repository.parent)
         self.engines = engines  # LoadedEngine by model name
         self.counts = ProcessCounters()
-        guided = settings.guided_decoding or settings.engine_guides
-        guides = ReleaseGuides(self.repository / ORCHESTRATOR_MODEL / "1" / "tokenizer", settings.vocab_size)
+        guided = settings.guided_decoding or settings.engine_guides  # the orchestrator's tokenizer only then
+        guides = ReleaseGuides(self.repository / ORCHESTRATOR_MODEL / "1" / "tokenizer", settings.vocab_size) \
+            if guided else None
 
         def call(runner: Any) -> Any:
             async def run(request: EngineRequest) -> EngineOutput:
@@ -131,11 +128,7 @@ class InProcessRelease:
 
         self.runner = RequestRunner(settings, call(engines[settings.target_model].runner),
                                     call(engines[settings.draft_model].runner), self.counts, LOG,
-                                    guides=guides if guided else None)
-
-    @property
-    def settings(self) -> OrchestratorParameters:
-        return self.runner.settings
+                                    guides=guides)
 
     def orchestrator_arrays(self, ensemble_arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | None]:
         """The orchestrator's inputs for a request of the ensemble, through the ensemble's own steps."""
@@ -158,12 +151,12 @@ class InProcessRelease:
         if exchange.error is not None or not exchange.responses:
             return RequestTrace(index, category, (), (), total, error=exchange.error or "no response")
         last = exchange.responses[-1][1]
-        ids = np.asarray(last["output_ids"]).reshape(-1)[: int(_first(last["output_length"]))].tolist()
+        ids = np.asarray(last["output_ids"]).reshape(-1)[: int(first_value(last["output_length"]))].tolist()
         return RequestTrace(
             prompt_index=index, category=category, chunk_times=tuple(at for at, _ in exchange.responses),
-            chunk_tokens=tuple(chunk_tokens([int(_first(arrays["output_token_count"]))
+            chunk_tokens=tuple(chunk_tokens([int(first_value(arrays["output_token_count"]))
                                              for _, arrays in exchange.responses])),
-            total_time=total, drafted=int(_first(last["total_draft_tokens"])),
-            accepted=int(_first(last["total_accepted_draft_tokens"])),
+            total_time=total, drafted=int(first_value(last["total_draft_tokens"])),
+            accepted=int(first_value(last["total_accepted_draft_tokens"])),
             text=incremental_text(self.preprocessor.tokenizer, ids, 0, True),
         )

@@ -262,7 +262,7 @@ class SpecbuildClient:
                     text = result.as_numpy("text_output")
                     data = b"".join(np.asarray(text).reshape(-1).tolist()) if text is not None else b""
                     yield Chunk.from_outputs(decode(data, finished), time.perf_counter() - started,
-                                             lambda name: _first(result.as_numpy(name)))
+                                             lambda name: first_value(result.as_numpy(name)))
                 elif finished and (rest := decode(b"", True)):  # a character cut off at the very end
                     yield Chunk(rest, time.perf_counter() - started)
         finally:
@@ -297,7 +297,8 @@ class SpecbuildClient:
         return results
 
 
-def _first(array: np.ndarray | None) -> Any:
+def first_value(array: np.ndarray | None) -> Any:
+    """A response tensor's first element as a Python value (None: absent or empty)."""
     return None if array is None or array.size == 0 else array.reshape(-1)[0].item()
 
 
