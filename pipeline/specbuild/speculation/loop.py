@@ -98,11 +98,9 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
             else:
                 costs.verified(drafted, target_seconds, draft_seconds if draft.steady else None)
         accepted = _accepted_prefix(draft.tokens, verdict.tokens, request.end_id) if draft else 0
-        stats.record_round(drafted, accepted, source=draft.source if draft else None)
-        if draft is not None:
-            sources.update(draft, accepted)
-        elif sources is not None and not unfinished:
-            sources.idle(len(verdict.tokens))
+        stats.record_round(drafted, accepted, source=draft.source.name if draft else None)
+        if sources is not None:
+            sources.record(draft, accepted, verdict, min_tokens_round=unfinished > 0)
         round_index += 1
 
         new_tokens = verdict.tokens[:remaining]
@@ -153,7 +151,7 @@ def _target_request(request: GenerationRequest, context: list[int], draft: Draft
         seed=round_seed(request.seed, round_index, TARGET_ROLE), end_id=request.end_id,
         min_new_tokens=min(new_tokens, unfinished),
         draft_tokens=draft.tokens if draft else None, draft_logits=draft.logits if draft else None,
-        verification=request.verification,
+        verification=request.verification, return_logits=drafts is not None and drafts.needs_target_outputs,
         bad_words=request.bad_words, guide=request.engine_guide,
     )
 
