@@ -1,9 +1,11 @@
 """Draft sources are open: a source class defined here, with its own declarations, drafts through
-``draft_sources`` and ``speculate`` beside the built-in ones, without a change to ``drafting.py`` or ``loop.py``."""
+``draft_sources`` and ``speculate`` beside the built-in ones, without a change to ``drafting.py`` or ``loop.py``; and
+the loop stays propose -> verify -> record -> stop."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Sequence
 
 import pytest
@@ -136,3 +138,8 @@ def test_sources_declare_settings_that_are_rows_of_the_request_settings_table():
     assert [cls.costs_draft_steps for cls in SOURCE_CLASSES] == [False, True]  # lookup is free, the model costs c
     assert not any(cls.needs_target_outputs for cls in SOURCE_CLASSES)  # their target calls return no logits
 
+
+def test_speculate_stays_propose_verify_record_stop():
+    """gpt-fast's whole step is about 50 lines; the loop's policies live in hooks (loop.LoadCap, RoundTiming,
+    GuideHooks, finish_reason)."""
+    assert len(inspect.getsourcelines(speculate)[0]) <= 55
