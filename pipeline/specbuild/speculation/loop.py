@@ -70,7 +70,7 @@ async def speculate(request: GenerationRequest, target: EngineCall, drafts: Draf
         accepted = _accepted_prefix(draft.tokens, verdict.tokens, request.end_id) if draft else 0
         stats.record_round(len(draft.tokens) if draft else 0, accepted, source=draft.source.name if draft else None)
         if sources is not None:
-            sources.record(draft, accepted, verdict, min_tokens_round=unfinished > 0)
+            sources.record(draft, accepted, verdict, min_tokens_round=bool(unfinished))
         # stop
         new_tokens, ended, stopped = _append(generated, verdict.tokens[:remaining], request)
         reason = finish_reason(request, new_tokens, len(generated), ended=ended, stopped=stopped,
