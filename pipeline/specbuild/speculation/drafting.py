@@ -20,6 +20,7 @@ class and its place in :data:`SOURCE_CLASSES`.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 
@@ -64,7 +65,7 @@ class Draft:
         return replace(self, tokens=self.tokens[:length], logits=None if self.logits is None else self.logits[:length])
 
 
-class DraftSource:
+class DraftSource(ABC):
     """One way to propose tokens for one request. A subclass sets :attr:`name` and its declarations, and defines
     :meth:`for_request` and :meth:`propose`; the other hooks default to a source that is free and learns nothing."""
 
@@ -79,13 +80,13 @@ class DraftSource:
     may_propose: bool = True  # False once it will propose nothing more for the request (the target may run ahead)
 
     @classmethod
+    @abstractmethod
     def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> DraftSource | None:
         """This source for ``request``, or None where it does not draft for it."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         """Up to ``k`` tokens to follow ``context``, or None when this source has nothing to offer."""
-        raise NotImplementedError
 
     def begin_round(self, context_length: int) -> None:
         """A round drafts after ``context_length`` tokens, whichever source proposes."""
