@@ -62,9 +62,9 @@ def test_a_round_drafts_at_most_the_best_k_at_the_requests_own_acceptance():
     agreeing, rejected = drafts(), drafts()
     assert agreeing.round_length == DEMO.best(0.49, 4)[0] == 2  # the prior: the release's measured acceptance
     for _ in range(20):
-        agreeing.update(Draft([7] * agreeing.round_length, None, "model"), agreeing.round_length)
+        agreeing.update(Draft([7] * agreeing.round_length, None, agreeing.sources[-1]), agreeing.round_length)
     assert agreeing.round_length == 4
-    rejected.update(Draft([7, 7], None, "model"), 0)
+    rejected.update(Draft([7, 7], None, rejected.sources[-1]), 0)
     assert rejected.gate.drafting and rejected.round_length == 1  # still pays, but at one token a round
     assert Drafts(rejected.sources, 4, 4).round_length == 4  # without a break-even: the request's K, always
 

@@ -4,24 +4,30 @@ many tokens to draft.
 A :class:`DraftSource` proposes up to ``k`` tokens after a context, with the distribution they were drawn from,
 under its own :attr:`~DraftSource.name` (statistics and metrics are kept by it), and learns each round's outcome
 (:meth:`~DraftSource.update`; Hugging Face's ``candidate_generator.py`` has the same split, its
-``update_candidate_strategy`` the same hook: the loop verifies, a source proposes). :class:`Drafts` is one request's
+``update_candidate_strategy`` the same hook: the loop verifies, a source proposes). Each source class declares what
+it needs: the request settings that shape it (:attr:`~DraftSource.settings`, rows of
+:data:`~specbuild.speculation.request_settings.REQUEST_SETTINGS`), whether its tokens cost draft steps for the
+break-even (:attr:`~DraftSource.costs_draft_steps`: the cost model's c; else free, ~0) and whether it needs the
+target's outputs (:attr:`~DraftSource.needs_target_outputs`), and builds itself for a request
+(:meth:`~DraftSource.for_request`), so nothing outside it asks which source it is. :class:`Drafts` is one request's
 drafting: its sources in order and the draft length per round (fixed, or adaptive K), told every outcome, so a
 per-request policy lives here rather than in the loop. Both callers of the loop, the Triton orchestrator and the
-in-process speculator, build it with :func:`draft_sources`, so the policy (lookup first, draft-model fallback, draft
-down-time after a failure) is the same wherever the loop runs. A new source is one class and its place in
-:func:`draft_sources`.
+in-process speculator, build it with :func:`draft_sources` from :data:`SOURCE_CLASSES`, so the policy (lookup first,
+draft-model fallback, draft down-time after a failure) is the same wherever the loop runs. A new source is one
+class and its place in :data:`SOURCE_CLASSES`.
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 
 import torch
 
 from specbuild.speculation.cost import BreakEvenGate
-from specbuild.speculation.engine import EngineCall, EngineRequest
+from specbuild.speculation.engine import EngineCall, EngineOutput, EngineRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import round_seed
 from specbuild.speculation.stats import SpeculationStats
@@ -45,7 +51,7 @@ class Draft:
 
     tokens: list[int]
     logits: torch.Tensor | None
-    source: str  # the name of the source that proposed it
+    source: DraftSource  # the source that proposed it (its statistics are kept under its name)
     # the draft model's call followed its call of the round before: it read one round's tokens, so its time is what
     # drafting costs round after round (after a stretch without it, the call also catches up on the tokens it missed)
     steady: bool = False
@@ -59,18 +65,51 @@ class Draft:
         return replace(self, tokens=self.tokens[:length], logits=None if self.logits is None else self.logits[:length])
 
 
-class DraftSource(Protocol):
-    name: ClassVar[str]  # what its statistics are kept under (Prometheus label ``source``)
+class DraftSource(ABC):
+    """One way to propose tokens for one request. A subclass sets :attr:`name` and its declarations, and defines
+    :meth:`for_request` and :meth:`propose`; the other hooks default to a source that is free and learns nothing."""
 
+    name: ClassVar[str]  # what its statistics are kept under (Prometheus label ``source``)
+    settings: ClassVar[tuple[str, ...]] = ()  # the request settings (REQUEST_SETTINGS rows, by name) that shape it
+    # its tokens cost the cost model's c each (a draft engine's step; the break-even learns c from its calls' seconds,
+    # Draft.steady); False: free, ~0 (prompt lookup: no model call)
+    costs_draft_steps: ClassVar[bool] = False
+    # the target returns its logits of each new position (generation_logits) in every round of a request drafting
+    # from it, handed to observe(): what a head drafting from the target's own outputs (EAGLE-style) reads
+    needs_target_outputs: ClassVar[bool] = False
+    may_propose: bool = True  # False once it will propose nothing more for the request (the target may run ahead)
+
+    @classmethod
+    @abstractmethod
+    def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> DraftSource | None:
+        """This source for ``request``, or None where it does not draft for it."""
+
+    @abstractmethod
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         """Up to ``k`` tokens to follow ``context``, or None when this source has nothing to offer."""
 
-    @property
-    def may_propose(self) -> bool:
-        """False once this source will propose nothing more for the request (the target may then run ahead)."""
+    def begin_round(self, context_length: int) -> None:
+        """A round drafts after ``context_length`` tokens, whichever source proposes."""
 
     def update(self, draft: Draft, accepted: int) -> None:
         """The outcome of a round that verified this source's ``draft``: ``accepted`` of its tokens kept."""
+
+    def observe(self, output: EngineOutput) -> None:
+        """The target's output of a round, with its logits (:attr:`needs_target_outputs` sources only)."""
+
+
+@dataclass(frozen=True)
+class DraftSetup:
+    """What a request's sources are built from besides the request: the draft engine's call (None: no draft model)
+    and its window (max_seq_len; None: the target's), the request's ``stats``, the process's draft ``health`` and
+    failure report, and whether the draft model drafts where prompt lookup is on (``lookup_draft_fallback``)."""
+
+    draft: EngineCall | None
+    stats: SpeculationStats
+    health: DraftHealth
+    lookup_draft_fallback: bool = True
+    on_failure: Callable[[Exception], None] | None = None
+    draft_window: int | None = None
 
 
 class DraftHealth:
@@ -90,24 +129,26 @@ class DraftHealth:
         self._down_until = self._clock() + self.retry_seconds
 
 
-class LookupDrafts:
-    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's suffix n-gram."""
+class LookupDrafts(DraftSource):
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's suffix n-gram. It
+    proposes what the context says, whatever was accepted before."""
 
     name = "lookup"
-    may_propose = True
+    settings = ("prompt_lookup",)
 
     def __init__(self, lookup: PromptLookup) -> None:
         self.lookup = lookup
 
+    @classmethod
+    def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> LookupDrafts | None:
+        return None if request.prompt_lookup is None else cls(request.prompt_lookup)
+
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         tokens = self.lookup.propose(context, k)
-        return Draft(tokens, None, self.name) if tokens else None
-
-    def update(self, draft: Draft, accepted: int) -> None:
-        """Lookup proposes what the context says, whatever was accepted before."""
+        return Draft(tokens, None, self) if tokens else None
 
 
-class ModelDrafts:
+class ModelDrafts(DraftSource):
     """The draft model, called as an engine. A failure ends its use for the request (the loop goes on with the
     target alone, exactly) and is reported to ``health`` and ``on_failure``; its time counts in ``stats``.
 
@@ -116,9 +157,12 @@ class ModelDrafts:
     in ``stats.draft_window``) and the request goes on with its other sources (prompt lookup) or the target alone,
     exactly: the draft is never sent a context it cannot hold. TensorRT-LLM's LLM API stops drafting there too
     (NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/speculative/model_drafter.py``, ``_prepare_draft_batch``: a request
-    whose tokens reach the draft engine's ``max_seq_len`` is skipped)."""
+    whose tokens reach the draft engine's ``max_seq_len`` is skipped). It drafts the same way whatever was accepted
+    (its length is :class:`Drafts`'s)."""
 
     name = "model"
+    settings = ("use_draft_logits",)
+    costs_draft_steps = True
 
     def __init__(self, call: EngineCall, request: GenerationRequest, stats: SpeculationStats, health: DraftHealth,
                  on_failure: Callable[[Exception], None] | None = None, window: int | None = None) -> None:
@@ -134,6 +178,15 @@ class ModelDrafts:
         if not self.may_propose:
             stats.fallbacks += 1
         self._next_round = -1  # the round a call continues the previous one in
+
+    @classmethod
+    def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> ModelDrafts | None:
+        """The draft model, unless the release drafts by lookup only where lookup is on (``lookup_draft_fallback``
+        False); under the guide's masks for a guided request."""
+        if setup.draft is None or (request.prompt_lookup is not None and not setup.lookup_draft_fallback):
+            return None
+        call = setup.draft if request.guide is None else request.guide.constrained(setup.draft)
+        return cls(call, request, setup.stats, setup.health, setup.on_failure, setup.draft_window)
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
         room = self.room(len(context))
@@ -164,7 +217,10 @@ class ModelDrafts:
             self.stats.draft_seconds += time.perf_counter() - started
         tokens = output.tokens[:k]
         logits = output.logits[: len(tokens)] if self.with_logits and output.logits is not None else None
-        return Draft(tokens, logits, self.name, steady) if tokens else None
+        return Draft(tokens, logits, self, steady) if tokens else None
+
+    def begin_round(self, context_length: int) -> None:
+        self.room(context_length)  # a context past the draft's window ends its use, whichever source proposes
 
     def room(self, context_length: int) -> int | None:
         """Draft tokens that still fit the draft's window after a context of ``context_length`` tokens (None: no
@@ -176,9 +232,6 @@ class ModelDrafts:
             self.may_propose = False
             self.stats.draft_window += 1
         return room
-
-    def update(self, draft: Draft, accepted: int) -> None:
-        """The draft model drafts the same way whatever was accepted (its length is :class:`Drafts`'s)."""
 
 
 def next_draft_length(current: int, drafted: int, accepted: int, max_draft_len: int) -> int:
@@ -240,10 +293,14 @@ class Drafts:
                 self.stats.break_even_requests += 1
             self.gate.idle(tokens)
 
+    @property
+    def needs_target_outputs(self) -> bool:
+        """Whether a source reads the target's outputs (:attr:`DraftSource.needs_target_outputs`)."""
+        return any(source.needs_target_outputs for source in self.sources)
+
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
-        models = [source for source in self.sources if isinstance(source, ModelDrafts)]
-        for model in models:  # a context past the draft's window ends its use, whichever source proposes
-            model.room(len(context))
+        for source in self.sources:
+            source.begin_round(len(context))
         try:
             for source in self.sources:
                 draft = await source.propose(context, k, round_index)
@@ -251,29 +308,47 @@ class Drafts:
                     return draft
             return None
         finally:
-            if self.gate is not None and self.gate.cost.draft_cost and models \
-                    and not any(model.may_propose for model in models):
-                # the draft model is done for the request (past its window, or failed): what is left is priced as
-                # draft_sources prices a lookup-only request, drafts that cost no draft step
+            stepping = [source for source in self.sources if source.costs_draft_steps]
+            if self.gate is not None and self.gate.cost.draft_cost and stepping \
+                    and not any(source.may_propose for source in stepping):
+                # the sources that cost draft steps are done for the request (past the draft's window, or failed):
+                # what is left is priced as draft_sources prices a request without them, drafts that cost none
                 self.gate.cost = replace(self.gate.cost, draft_cost=0.0)
+
+    def record(self, draft: Draft | None, accepted: int, output: EngineOutput, *, min_tokens_round: bool) -> None:
+        """A round's outcome: ``draft`` verified, ``accepted`` of its tokens kept (:meth:`update`), or a round
+        without a draft (:meth:`idle`, unless the target made tokens min_tokens still needed,
+        ``min_tokens_round``); the target's ``output`` goes to the sources that read it."""
+        for source in self.sources:
+            if source.needs_target_outputs:
+                source.observe(output)
+        if draft is not None:
+            self.update(draft, accepted)
+        elif not min_tokens_round:
+            self.idle(len(output.tokens))
 
     def update(self, draft: Draft, accepted: int) -> None:
         """The outcome of a round that verified ``draft``: ``accepted`` of its tokens kept."""
-        for source in self.sources:
-            if source.name == draft.source:
-                source.update(draft, accepted)
+        draft.source.update(draft, accepted)
         if self.adaptive_draft:
             self.length = next_draft_length(self.length, len(draft.tokens), accepted, self.max_draft_len)
         if self.gate is not None:
             self.gate.observe(len(draft.tokens), accepted)
 
 
+# The source classes a request drafts from, in the order they are asked each round (the first proposal wins, so a
+# free source goes before a model call).
+SOURCE_CLASSES: tuple[type[DraftSource], ...] = (LookupDrafts, ModelDrafts)
+
+
 def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_draft_len: int,
                   stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
                   on_failure: Callable[[Exception], None] | None = None,
-                  costs: RoundCosts | None = None, draft_window: int | None = None) -> Drafts | None:
-    """The sources a request drafts from: prompt lookup first when it is on, then the draft model (unless the
-    release drafts by lookup only, ``lookup_draft_fallback=False``; within ``draft_window`` positions, the draft
+                  costs: RoundCosts | None = None, draft_window: int | None = None,
+                  source_classes: Sequence[type[DraftSource]] = SOURCE_CLASSES) -> Drafts | None:
+    """The sources a request drafts from: each of ``source_classes`` that drafts for it
+    (:meth:`DraftSource.for_request`; by default prompt lookup first when it is on, then the draft model unless the
+    release drafts by lookup only, ``lookup_draft_fallback=False``, within ``draft_window`` positions, the draft
     engine's max_seq_len: :class:`ModelDrafts`), gated by the request's break-even when it has
     one (``request.break_even``: the release's cost model, at this process's own round ``costs`` where given); None
     when nothing drafts (K=0), and for a
@@ -289,21 +364,14 @@ def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_d
     if request.engine_guide is not None:  # the executor's guided decoder takes no draft tokens (backend_guides.py)
         stats.guided_target_only += 1
         return None
-    sources: list[DraftSource] = []
-    if request.prompt_lookup is not None:
-        sources.append(LookupDrafts(request.prompt_lookup))
-    if draft is not None and (request.prompt_lookup is None or lookup_draft_fallback):
-        sources.append(ModelDrafts(draft, request, stats, health, on_failure, draft_window))
+    setup = DraftSetup(draft, stats, health, lookup_draft_fallback, on_failure, draft_window)
+    sources = [source for cls in source_classes if (source := cls.for_request(request, setup)) is not None]
     if not sources:
         return None
-    if request.guide is not None and draft is not None:  # the draft proposes under the guide's masks
-        for source in sources:
-            if isinstance(source, ModelDrafts):
-                source.call = request.guide.constrained(source.call)
     gate = None
-    if request.break_even is not None:  # a lookup-only request's drafts cost no draft step
-        drafts_by_model = any(isinstance(source, ModelDrafts) for source in sources)
-        cost = request.break_even if drafts_by_model else replace(request.break_even, draft_cost=0.0)
+    if request.break_even is not None:  # drafts from sources that cost no draft step cost none
+        stepping = any(source.costs_draft_steps for source in sources)
+        cost = request.break_even if stepping else replace(request.break_even, draft_cost=0.0)
         if not request.sampling.is_greedy and request.seed is not None:
             costs = None  # host timings would make a seeded sample's K, so its text, differ from run to run
         most = max_draft_len if request.adaptive_draft else min(request.num_draft_tokens, max_draft_len)
