@@ -43,6 +43,12 @@ class DoctorReport:
     def failed(self) -> tuple[Check, ...]:
         return tuple(check for check in self.checks if check.verdict == FAIL)
 
+    def refusal_to_serve(self) -> VerificationError:
+        """Why ``serve`` refuses to start the release after this report's fails, each check's fix the fix."""
+        return VerificationError(f"the doctor failed {', '.join(check.name for check in self.failed)} in {self.image}",
+                                 "; ".join(check.fix for check in self.failed if check.fix) + "; or serve with "
+                                 "--no-doctor to skip it (the failures stand)", details=self.to_json())
+
     def to_json(self) -> dict[str, Any]:
         return {"release": self.release, "runtime": self.runtime, "image": self.image, "python": self.python,
                 "triton": self.triton, "ok": self.ok,
