@@ -105,7 +105,7 @@ def _tensorrt_llm_line(spec: BuildSpec) -> str | None:
     """The TensorRT-LLM line the release was made for: the engine runtime's series, the LLM-API release's
     ``triton.tensorrt_llm``; None for the torch runtime."""
     if spec.runtime == TENSORRT_LLM:
-        from specbuild.runtimes.tensorrt_llm.runtime import TENSORRT_LLM_SERIES
+        from specbuild.runtimes.tensorrt_llm.engine_plans import TENSORRT_LLM_SERIES
 
         return TENSORRT_LLM_SERIES
     return spec.triton.tensorrt_llm if spec.runtime == TENSORRT_LLM_LLMAPI else None
