@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.doctor.facts import DOCTOR
-from specbuild.doctor.release_doctor import FAIL, PASS, UNCHECKABLE, Check
+from specbuild.doctor.checked_release import FAIL, PASS, UNCHECKABLE, Check
 from specbuild.errors import UsageError, VerificationError
 
 __all__ = ["FAIL", "PASS", "UNCHECKABLE", "Check", "DoctorReport", "doctor_command", "run_doctor"]
