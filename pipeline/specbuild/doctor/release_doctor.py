@@ -2,7 +2,8 @@
 serve the release as specbuild built it? Run it where the release runs, the NGC ``tritonserver:<yy.mm>-trtllm-python-
 py3`` image above all (``specbuild doctor RELEASE --image IMAGE`` starts it there, mounted as ``serve`` mounts it).
 
-Standard library only at import, and no specbuild import: the image has no specbuild. Each check uses what it finds
+Standard library only at import, and no specbuild import: the image has no specbuild; its checks are its parts
+(:data:`PARTS`), shipped beside it, the same modules as in ``specbuild.doctor``. Each check uses what it finds
 (transformers, torch, xgrammar, tensorrt_llm, ``nvidia-smi``, the image's Triton version) and says "not checkable
 here", with why, where something is missing. The rules it checks come from files beside it: ``image_rules.py`` (the
 packages specbuild depends on in the image), ``manifest.json`` (the release's files, the checkpoints' facts as
