@@ -13,7 +13,9 @@ from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
 from specbuild.runtimes.registry import resolved
-from specbuild.spec import BuildSpec, load_spec, parse_override, render_spec, starter_spec
+from specbuild.spec import BuildSpec, load_spec
+from specbuild.spec_rendering import render_spec, starter_spec
+from specbuild.spec_sources import parse_override
 
 MINIMAL = {"target.checkpoint": "t", "draft.checkpoint": "d"}
 

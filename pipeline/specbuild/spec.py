@@ -7,14 +7,12 @@ field's dotted path and the allowed values (see :func:`load_spec`).
 from __future__ import annotations
 
 import copy
-import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from specbuild.errors import SpecError
 from specbuild.runtimes.names import RUNTIME_NAMES
@@ -25,6 +23,8 @@ from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
 from specbuild.speculation.traffic import GREEDY, checked_mix, describe_profiles
 from specbuild.spec_section import ContainerPath, SpecSection
+from specbuild.spec_sources import (apply_override, describe_errors, read_spec_file, resolve_relative_paths,
+                                    value_origin)
 
 RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
 RuntimeChoice = Literal[RUNTIME_CHOICES]  # type: ignore[valid-type]  # the registry's names, and auto
@@ -355,77 +355,6 @@ class BuildSpec(_CompileSpec, _RuntimeSections, _ReleaseSpec):  # type: ignore[m
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _describe_errors(error: ValidationError, origin: Callable[[tuple[Any, ...]], str | None]) -> str:
-    """One line per bad value: its dotted path, the problem, and where the value came from."""
-    lines = ["invalid build spec:"]
-    for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"]
-        if item["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; `specbuild init` writes every key with a comment)"
-        elif item["type"] == "missing":
-            message = "required field is missing"
-        where = origin(tuple(item["loc"]))
-        lines.append(f"  {path}: {message}" + (f" (from {where})" if where else ""))
-    return "\n".join(lines)
-
-
-def _value_origin(loc: tuple[Any, ...], file_name: str | None, file_data: dict[str, Any],
-                  override_sources: Mapping[str, str]) -> str | None:
-    """Where the value(s) at ``loc`` came from: the spec file, the overrides that touch it, both, or None
-    (a default)."""
-    dotted = ".".join(str(part) for part in loc)
-    touching = [source for key, source in override_sources.items()
-                if key == dotted or key.startswith(dotted + ".") or dotted.startswith(key + ".")]
-    replaced = any(key == dotted or dotted.startswith(key + ".") for key in override_sources)
-    node: Any = file_data
-    for part in loc:
-        node = node.get(part) if isinstance(node, dict) else None
-    from_file = [file_name] if file_name and node is not None and not replaced else []
-    return " and ".join(from_file + touching) or None
-
-
-def parse_override(assignment: str) -> tuple[str, Any]:
-    """``"speculation.max_draft_len=8"`` -> ``("speculation.max_draft_len", 8)`` (value parsed as YAML)."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key.strip():
-        raise SpecError(f"override {assignment!r} is not KEY=VALUE", "write it as e.g. --set limits.max_seq_len=4096")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except (yaml.YAMLError, RecursionError):  # deeply nested brackets exhaust the YAML composer's recursion
-        value = raw
-    return key.strip(), value
-
-
-def _apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
-    node = data
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise SpecError(f"cannot set {dotted!r}: {part!r} is not a section", "check the key's path")
-        node = child
-    node[parts[-1]] = value
-
-
-def read_spec_file(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"spec file {str(path)!r} does not exist", "run `specbuild init` to write a starter spec")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SpecError(f"spec file {str(path)!r} is not valid YAML: {exc}", "fix the file's syntax") from None
-    except RecursionError:
-        raise SpecError(f"spec file {str(path)!r} nests too deeply to be a build spec",
-                        "write the spec as `specbuild init` does (a few levels of keys)") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SpecError(f"spec file {str(path)!r} must hold a mapping at the top level", "see `specbuild init`")
-    return data
-
-
 def load_spec(
     path: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -444,82 +373,16 @@ def load_spec(
     file_data = copy.deepcopy(data)
     file_dir = Path(path).resolve().parent if path else None
     if file_dir is not None:
-        _resolve_relative_paths(data, file_dir)
+        resolve_relative_paths(data, file_dir)
     given = dict(overrides or {})  # None included: an explicit null (``--set limits.max_seq_len=null``)
     for dotted, value in given.items():
-        _apply_override(data, dotted, value)
+        apply_override(data, dotted, value)
     cwd = Path(base_dir).resolve() if base_dir else Path.cwd()
-    _resolve_relative_paths(data, cwd)
+    resolve_relative_paths(data, cwd)
     try:
         return BuildSpec.model_validate(data)
     except ValidationError as exc:
         sources = {dotted: (override_sources or {}).get(dotted, f"override {dotted}") for dotted in given}
         file_name = str(path) if path else None
-        message = _describe_errors(exc, lambda loc: _value_origin(loc, file_name, file_data, sources))
+        message = describe_errors(exc, lambda loc: value_origin(loc, file_name, file_data, sources))
         raise SpecError(message, "correct the values named above where they were given") from None
-
-
-def _resolve_relative_paths(data: dict[str, Any], root: Path) -> None:
-    for role in ("target", "draft"):
-        model = data.get(role)
-        if isinstance(model, dict) and isinstance(model.get("checkpoint"), str):
-            model["checkpoint"] = str((root / model["checkpoint"]).resolve()) if model["checkpoint"] else ""
-    outputs = data.get("outputs")
-    if isinstance(outputs, dict):
-        for key, value in outputs.items():
-            if isinstance(value, str) and value:
-                outputs[key] = str((root / value).resolve())
-
-
-SPEC_HEADER = ("specbuild build spec. Every key is optional except target.checkpoint and draft.checkpoint; flags "
-               "override these values (e.g. --set speculation.num_draft_tokens=3). Relative paths are taken from "
-               "this file's folder.")
-COMMENT_WIDTH = 110
-
-
-def yaml_scalar(value: Any) -> str:
-    """``value`` as one YAML flow scalar: ``null``, ``true``, ``8``, ``models/t``, quoted where YAML needs it."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-
-
-def render_spec(spec: BuildSpec, notes: Mapping[str, str] | None = None) -> str:
-    """``spec`` as YAML holding every field of :class:`BuildSpec`, each under its description (and allowed
-    values) as a comment, so the file documents itself and cannot drift from the model. ``notes`` adds
-    comments by dotted key (e.g. why ``specbuild init`` chose a setting). The text parses back to ``spec``."""
-    lines = _comment(SPEC_HEADER, "")
-    _render_fields(spec, "", notes or {}, lines)
-    return "\n".join(lines) + "\n"
-
-
-def _render_fields(model: BaseModel, prefix: str, notes: Mapping[str, str], lines: list[str]) -> None:
-    indent = "  " * prefix.count(".")
-    for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        if not prefix:
-            lines.append("")
-        lines.extend(_comment(_describe_field(field), indent))
-        if prefix + name in notes:
-            lines.extend(_comment(notes[prefix + name], indent))
-        if isinstance(value, BaseModel):
-            lines.append(f"{indent}{name}:")
-            _render_fields(value, f"{prefix}{name}.", notes, lines)
-        else:
-            lines.append(f"{indent}{name}: {yaml_scalar(value)}")
-
-
-def _describe_field(field: FieldInfo) -> str:
-    choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
-    return (field.description or "") + (f" (one of: {', '.join(choices)})" if choices else "")
-
-
-def _comment(text: str, indent: str) -> list[str]:
-    return [f"{indent}# {line}" for line in textwrap.wrap(text, COMMENT_WIDTH - len(indent) - 2)]
-
-
-def starter_spec(target: str, draft: str, *, name: str = "specbuild", runtime: RuntimeChoice = "auto",
-                 speculation: SpeculationSpec | None = None, notes: Mapping[str, str] | None = None) -> str:
-    """The commented spec ``specbuild init`` writes (see :func:`render_spec`), with the model defaults except
-    for the checkpoints, name, runtime and (when given) the speculation settings."""
-    spec = BuildSpec(name=name, runtime=runtime, target=ModelSpec(checkpoint=target), draft=ModelSpec(checkpoint=draft),
-                     speculation=speculation or SpeculationSpec())
-    return render_spec(spec, notes)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbuild.errors import SpecError, UsageError
-from specbuild.spec import RuntimeChoice, SpeculationSpec, starter_spec
+from specbuild.spec import RuntimeChoice, SpeculationSpec
+from specbuild.spec_rendering import starter_spec
 
 if TYPE_CHECKING:
     from rich.progress import Progress

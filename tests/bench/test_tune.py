@@ -9,7 +9,8 @@ import yaml
 
 from specbuild.bench.metrics import Cell, percentiles
 from specbuild.errors import SpecError, UsageError
-from specbuild.spec import SpeculationSpec, load_spec, render_spec, starter_spec
+from specbuild.spec import SpeculationSpec, load_spec
+from specbuild.spec_rendering import render_spec, starter_spec
 from checkpoint_factory import package_gpu_release, release_spec
 from specbuild.bench.tune import (candidate_ks, load_schedule, measured_verify_cost, pick, release_max_draft_len,
                                   set_section_values, tune, tune_schedule, write_choice)

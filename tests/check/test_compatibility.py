@@ -123,7 +123,7 @@ def test_an_architecture_only_the_torch_runtime_runs_is_a_tensorrt_llm_reason_an
                                           "GPTNeoXForCausalLM"])
 def test_check_accepts_for_tensorrt_llm_exactly_what_its_converter_takes(architecture: str) -> None:
     """The audit's finding: these passed check (a 42-architecture list) and failed at convert (12)."""
-    from specbuild.runtimes.tensorrt_llm import runtime as tensorrt_llm
+    from specbuild.runtimes.tensorrt_llm import engine_plans as tensorrt_llm
 
     runtime = runtime_for("tensorrt-llm")
     assert runtime.unsupported(architecture) is not None

@@ -1,4 +1,5 @@
-"""The distillation prompts (specbuild.drafts.prompts) and the local passages they are made from (.passages)."""
+"""The distillation prompts (specbuild.drafts.prompts), the benchmark prompts they hold out (.held_out) and the local
+passages they are made from (.passages)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,8 @@ from pathlib import Path
 
 from specbuild.drafts import passages as passage_module
 from specbuild.drafts.passages import DEBIAN_DOC, MAX_CHARS, MIN_CHARS, local_passages, near_duplicates, prose
-from specbuild.drafts.prompts import (
-    HELDOUT_FILE,
-    KINDS,
-    benchmark_prompts,
-    distillation_prompts,
-    prompt_pool,
-    too_similar,
-)
+from specbuild.drafts.held_out import HELDOUT_FILE, benchmark_prompts, too_similar
+from specbuild.drafts.prompts import KINDS, distillation_prompts, prompt_pool
 
 SEED = 3  # one seed throughout: the pool is built (a few seconds) once per seed and kept
 DOC = """Summary line of a helper.
@@ -60,7 +55,7 @@ def test_a_short_run_sees_every_kind_and_many_instructions():
 
 
 def test_no_benchmark_prompt_nor_a_near_copy_of_one_is_in_the_pool():
-    assert HELDOUT_FILE.is_file(), "the held-out set moved: prompts.HELDOUT_FILE must follow it"
+    assert HELDOUT_FILE.is_file(), "the held-out set moved: held_out.HELDOUT_FILE must follow it"
     benchmark = all_benchmark_prompts()
     assert len(benchmark_prompts().trigrams) == len(benchmark) > 100
     pool = {prompt for prompts in prompt_pool(SEED).values() for prompt in prompts}

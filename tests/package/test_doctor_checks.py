@@ -6,12 +6,16 @@ them, trimmed to what the check reads)."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from specbuild.doctor import release_doctor as doctor
+from specbuild.doctor import checked_release as checked
+from specbuild.doctor import checkpoint_checks, environment_checks, release_doctor, runtime_checks
 from specbuild.doctor.facts import backend_bugs
 
 RECORD = {"format": "specbuild.build/v1", "runtime": "tensorrt-llm", "role": "target", "dtype": "float16",
@@ -19,12 +23,28 @@ RECORD = {"format": "specbuild.build/v1", "runtime": "tensorrt-llm", "role": "ta
           "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 512, "max_draft_len": 4}}
 
 
-def release(folder: Path, *, manifest: dict | None = None, facts: dict | None = None) -> doctor.Release:
+def release(folder: Path, *, manifest: dict | None = None, facts: dict | None = None) -> checked.Release:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / doctor.MANIFEST).write_text(json.dumps({"spec": {"runtime": "tensorrt-llm-llmapi"}, "trees": {},
+    (folder / checked.MANIFEST).write_text(json.dumps({"spec": {"runtime": "tensorrt-llm-llmapi"}, "trees": {},
                                                       **(manifest or {})}))
-    (folder / doctor.FACTS).write_text(json.dumps(facts or {}))
-    return doctor.Release(folder, None, {})
+    (folder / checked.FACTS).write_text(json.dumps(facts or {}))
+    return checked.Release(folder, None, {})
+
+
+def test_the_doctor_runs_alone_with_its_parts_beside_it_on_the_standard_library(tmp_path):
+    """As a release ships it (``doctor.py`` and its parts), run without site-packages: no specbuild, no bytecode
+    cache left in the folder (Triton would take a folder there for a model)."""
+    here = Path(release_doctor.__file__).parent
+    shutil.copy2(here / "release_doctor.py", tmp_path / "doctor.py")
+    for part in release_doctor.PARTS:
+        shutil.copy2(here / part, tmp_path / part)
+    release(tmp_path, manifest={"spec": {"name": "alone", "runtime": "torch"}})
+    result = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "doctor.py"), "--json"], capture_output=True,
+                            text=True, timeout=60)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"] and report["release"] == "alone", result.stderr
+    assert {check["name"] for check in report["checks"]} >= {"files", "packages", "config:target", "python-backend"}
+    assert not (tmp_path / "__pycache__").exists()
 
 
 def test_the_decoupled_async_exec_is_found_in_the_release_s_code_not_in_comments_or_other_calls(tmp_path):
@@ -39,29 +59,29 @@ def test_the_decoupled_async_exec_is_found_in_the_release_s_code_not_in_comments
     assert bug["files"] == ["llmapi_adapter/1/model.py"] and bug["fixed_in"] == "26.07"
 
 
-@pytest.mark.parametrize("triton, verdict", [("26.04", doctor.FAIL), ("26.06", doctor.FAIL),
-                                             ("26.07", doctor.PASS), (None, doctor.UNCHECKABLE)])
+@pytest.mark.parametrize("triton, verdict", [("26.04", checked.FAIL), ("26.06", checked.FAIL),
+                                             ("26.07", checked.PASS), (None, checked.UNCHECKABLE)])
 def test_the_python_backend_bug_fails_in_images_before_its_fix(tmp_path, monkeypatch, triton, verdict):
     if triton is None:
-        monkeypatch.delenv(doctor.TRITON_VERSION_ENV, raising=False)
+        monkeypatch.delenv(checked.TRITON_VERSION_ENV, raising=False)
     else:
-        monkeypatch.setenv(doctor.TRITON_VERSION_ENV, triton)
+        monkeypatch.setenv(checked.TRITON_VERSION_ENV, triton)
     bug = {"name": "decoupled async_exec", "summary": "use-after-free", "fixed_in": "26.07",
            "source": "python_backend PR #439", "files": ["llmapi_adapter/1/model.py"]}
-    [check] = doctor.check_python_backend(release(tmp_path, facts={"python_backend_bugs": [bug]}))
+    [check] = environment_checks.check_python_backend(release(tmp_path, facts={"python_backend_bugs": [bug]}))
     assert check.verdict == verdict, check
-    if verdict == doctor.FAIL:
+    if verdict == checked.FAIL:
         assert "llmapi_adapter/1/model.py" in check.evidence and "r26.07" in check.fix
 
 
 def test_a_release_whose_models_hit_no_known_bug_passes_anywhere(tmp_path, monkeypatch):
-    monkeypatch.delenv(doctor.TRITON_VERSION_ENV, raising=False)
+    monkeypatch.delenv(checked.TRITON_VERSION_ENV, raising=False)
     bug = {"name": "decoupled async_exec", "summary": "", "fixed_in": "26.07", "source": "", "files": []}
-    [check] = doctor.check_python_backend(release(tmp_path, facts={"python_backend_bugs": [bug]}))
-    assert check.verdict == doctor.PASS
+    [check] = environment_checks.check_python_backend(release(tmp_path, facts={"python_backend_bugs": [bug]}))
+    assert check.verdict == checked.PASS
 
 
-def engine_release(tmp_path: Path, build_config: dict) -> doctor.Release:
+def engine_release(tmp_path: Path, build_config: dict) -> checked.Release:
     engine = tmp_path / "engines" / "target"
     engine.mkdir(parents=True)
     (engine / "config.json").write_text(json.dumps({
@@ -75,20 +95,20 @@ def engine_release(tmp_path: Path, build_config: dict) -> doctor.Release:
 def test_engines_built_as_recorded_pass_and_one_built_otherwise_is_named(tmp_path):
     # trtllm-build's max_seq_len counts the drafted positions: 512 + 4
     as_built = {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 516, "max_draft_len": 4}
-    [check] = doctor.check_engines(engine_release(tmp_path / "same", as_built))
-    assert check.verdict == doctor.PASS, check
-    [check] = doctor.check_engines(engine_release(tmp_path / "other", {**as_built, "max_batch_size": 4}))
-    assert check.verdict == doctor.FAIL and "build_config.max_batch_size 4, the build record says 8" in check.evidence
+    [check] = runtime_checks.check_engines(engine_release(tmp_path / "same", as_built))
+    assert check.verdict == checked.PASS, check
+    [check] = runtime_checks.check_engines(engine_release(tmp_path / "other", {**as_built, "max_batch_size": 4}))
+    assert check.verdict == checked.FAIL and "build_config.max_batch_size 4, the build record says 8" in check.evidence
 
 
 def test_rope_is_read_as_each_transformers_line_exposes_it():
     # transformers 4.57 on a config saved by 5: its own rope_theta field (the default), rope_parameters kept aside
     four = SimpleNamespace(rope_theta=10000.0, rope_scaling=None,
                            rope_parameters={"rope_theta": 100000.0, "rope_type": "default"})
-    assert doctor._rope_as_read(four) == (10000.0, None)
+    assert checkpoint_checks._rope_as_read(four) == (10000.0, None)
     # transformers 5: RoPE only in rope_parameters, scaling included
     five = SimpleNamespace(rope_parameters={"rope_theta": 500000.0, "rope_type": "yarn", "factor": 4.0})
-    assert doctor._rope_as_read(five) == (500000.0, {"rope_type": "yarn", "factor": 4.0})
+    assert checkpoint_checks._rope_as_read(five) == (500000.0, {"rope_type": "yarn", "factor": 4.0})
     # a legacy scaling names its kind "type"
     legacy = SimpleNamespace(rope_theta=1e6, rope_scaling={"type": "linear", "factor": 2.0})
-    assert doctor._rope_as_read(legacy) == (1e6, {"rope_type": "linear", "factor": 2.0})
+    assert checkpoint_checks._rope_as_read(legacy) == (1e6, {"rope_type": "linear", "factor": 2.0})

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from specbuild.package.contract import ENSEMBLE_INPUTS, ORCHESTRATOR_INPUTS
 from specbuild.serve.client import GenerationRequest, _INPUT_NAMES
-from specbuild.serve.openai_api import ChatRequest, CompletionRequest
+from specbuild.serve.openai_requests import ChatRequest, CompletionRequest
 
 # Inputs of NVIDIA's contract the Python client does not set: older spellings of its own fields (min_length and
 # random_seed for min_tokens and seed), NVIDIA's beam and multi-sequence inputs the orchestrator refuses above 1,

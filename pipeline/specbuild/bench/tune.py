@@ -27,7 +27,8 @@ import yaml
 
 from specbuild.bench.metrics import Cell
 from specbuild.errors import SpecError, UsageError
-from specbuild.spec import load_spec, yaml_scalar
+from specbuild.spec import load_spec
+from specbuild.spec_rendering import yaml_scalar
 from specbuild.speculation.schedule import TUNED_LOADS
 from specbuild.speculation.traffic import GREEDY, checked_mix
 

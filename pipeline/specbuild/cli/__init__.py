@@ -7,11 +7,12 @@ one JSON document, errors included (``{"error": ..., "fix": ..., "exit_code": ..
 that stream (``generate --stream``, ``serve``), one JSON object per line.
 
 Commands by stage, each module registering its own on :data:`specbuild.cli.common.main`: :mod:`specbuild.cli.build` (init, check,
-compile, convert, build, package), :mod:`specbuild.cli.serving` (serve, openai, generate, verify, deploy),
-:mod:`specbuild.cli.measure` (bench, tune, demo, demo-models, draft).
+compile, convert, build, package), :mod:`specbuild.cli.serving` (serve, openai, generate, verify, doctor),
+:mod:`specbuild.cli.deployment` (deploy, monitoring), :mod:`specbuild.cli.measure` (bench, tune, demo, demo-models,
+draft).
 """
 
-from specbuild.cli import build, measure, serving  # each registers its commands on main
+from specbuild.cli import build, deployment, measure, serving  # each registers its commands on main
 from specbuild.cli.common import main
 
-__all__ = ["build", "main", "measure", "serving"]
+__all__ = ["build", "deployment", "main", "measure", "serving"]

@@ -15,7 +15,8 @@ import click
 from rich.markup import escape
 
 from specbuild.errors import SpecbuildError, Terminated
-from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec, parse_override
+from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec
+from specbuild.spec_sources import parse_override
 from specbuild.terminal import make_console
 
 console = make_console()

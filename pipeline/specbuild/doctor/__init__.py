@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.doctor.facts import DOCTOR
-from specbuild.doctor.release_doctor import FAIL, PASS, UNCHECKABLE, Check
+from specbuild.doctor.checked_release import FAIL, PASS, UNCHECKABLE, Check
 from specbuild.errors import UsageError, VerificationError
 
 __all__ = ["FAIL", "PASS", "UNCHECKABLE", "Check", "DoctorReport", "doctor_command", "run_doctor"]
@@ -42,6 +42,12 @@ class DoctorReport:
     @property
     def failed(self) -> tuple[Check, ...]:
         return tuple(check for check in self.checks if check.verdict == FAIL)
+
+    def refusal_to_serve(self) -> VerificationError:
+        """Why ``serve`` refuses to start the release after this report's fails, each check's fix the fix."""
+        return VerificationError(f"the doctor failed {', '.join(check.name for check in self.failed)} in {self.image}",
+                                 "; ".join(check.fix for check in self.failed if check.fix) + "; or serve with "
+                                 "--no-doctor to skip it (the failures stand)", details=self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         return {"release": self.release, "runtime": self.runtime, "image": self.image, "python": self.python,

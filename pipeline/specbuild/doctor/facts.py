@@ -2,10 +2,10 @@
 
 Most facts already are in the release: ``manifest.json`` holds its files' hashes, the checkpoints as specbuild read
 them (RoPE theta and scaling, vocabulary, head_dim, tied embeddings, the tokenizer's eos/bos: ``compatibility``), the
-build records and the memory plan. :func:`ship_doctor` adds the doctor (``doctor.py``), the image rules it checks
-packages by (``image_rules.py``, a copy of :mod:`specbuild.runtimes.image_rules`) and ``doctor_facts.json``: what
-only the build knows, a few next-token logits of each checkpoint and the python backend's known bugs the release's
-models would hit.
+build records and the memory plan. :func:`ship_doctor` adds the doctor (``doctor.py``, its parts beside it:
+:data:`~specbuild.doctor.release_doctor.PARTS`), the image rules it checks packages by (``image_rules.py``, a copy of
+:mod:`specbuild.runtimes.image_rules`) and ``doctor_facts.json``: what only the build knows, a few next-token logits of
+each checkpoint and the python backend's known bugs the release's models would hit.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbuild.doctor.release_doctor import FACTS, LOGITS_PARAMETER_CAP, RULES
+from specbuild.doctor.checked_release import FACTS, LOGITS_PARAMETER_CAP, RULES
+from specbuild.doctor.release_doctor import PARTS
 from specbuild.package.backend_guides import TOKENIZER_INFO_FILE, TOKENIZER_INFO_KEYS
 from specbuild.package.contract import TARGET_MODEL
 from specbuild.runtimes import image_rules
@@ -105,7 +106,7 @@ def _tensorrt_llm_line(spec: BuildSpec) -> str | None:
     """The TensorRT-LLM line the release was made for: the engine runtime's series, the LLM-API release's
     ``triton.tensorrt_llm``; None for the torch runtime."""
     if spec.runtime == TENSORRT_LLM:
-        from specbuild.runtimes.tensorrt_llm.runtime import TENSORRT_LLM_SERIES
+        from specbuild.runtimes.tensorrt_llm.engine_plans import TENSORRT_LLM_SERIES
 
         return TENSORRT_LLM_SERIES
     return spec.triton.tensorrt_llm if spec.runtime == TENSORRT_LLM_LLMAPI else None
@@ -138,8 +139,10 @@ def doctor_facts(spec: BuildSpec, repository: Path) -> dict[str, Any]:
 
 
 def ship_doctor(spec: BuildSpec, repository: Path) -> None:
-    """The doctor, its image rules and its facts into the release's repository folder (files, which Triton does not
-    take for models; the manifest covers them)."""
+    """The doctor and its parts, its image rules and its facts into the release's repository folder (files, which
+    Triton does not take for models; the manifest covers them)."""
     shutil.copy2(Path(__file__).with_name("release_doctor.py"), repository / DOCTOR)
+    for part in PARTS:
+        shutil.copy2(Path(__file__).with_name(part), repository / part)
     shutil.copy2(Path(image_rules.__file__), repository / RULES)
     (repository / FACTS).write_text(json.dumps(doctor_facts(spec, repository), indent=2) + "\n", encoding="utf-8")

@@ -15,6 +15,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specbuild.runtimes.interface import PackageContext
+from specbuild.runtimes.tensorrt_llm import engine_plans
 from specbuild.runtimes.tensorrt_llm import runtime as trt
 from specbuild.errors import CheckpointError, SpecbuildError, SpecError, UsageError
 from specbuild.package.backend_contract import ENGINE_INPUTS, ENGINE_OUTPUTS, EngineParameters
@@ -40,10 +41,10 @@ def make_spec(*, tp: int = 1, pp: int = 1, draft_tp: int = 1, acceptance: str = 
 
 
 def engine_plan(spec: BuildSpec, role: str, architecture: str = "LlamaForCausalLM",
-                checkpoint_dtype: str | None = "bfloat16") -> trt.EnginePlan:
+                checkpoint_dtype: str | None = "bfloat16") -> engine_plans.EnginePlan:
     converted = f"{spec.outputs.build_dir}/tensorrt-llm/{role}"
-    return trt.EnginePlan(trt.convert_plan(spec, role, architecture, converted, checkpoint_dtype=checkpoint_dtype),
-                          trt.build_plan(spec, role, converted, f"{spec.outputs.engines_dir}/{role}"))
+    return engine_plans.EnginePlan(engine_plans.convert_plan(spec, role, architecture, converted, checkpoint_dtype=checkpoint_dtype),
+                          engine_plans.build_plan(spec, role, converted, f"{spec.outputs.engines_dir}/{role}"))
 
 
 def plans(spec: BuildSpec, architecture: str = "LlamaForCausalLM", checkpoint_dtype: str | None = "bfloat16"):
@@ -61,7 +62,7 @@ LIMITS_OF_A_REQUEST = {key: value for key, value in LIMITS.items() if key != "ma
 
 @pytest.mark.parametrize("acceptance", ["token-match", "draft-logits"])
 def test_target_build_has_draft_tokens_external_and_max_draft_len(acceptance: str) -> None:
-    plan = trt.build_plan(make_spec(acceptance=acceptance), "target", "/work/build/t", "/work/engines/target")
+    plan = engine_plans.build_plan(make_spec(acceptance=acceptance), "target", "/work/build/t", "/work/engines/target")
     assert plan.build_config == {**LIMITS, "speculative_decoding_mode": "draft_tokens_external", "max_draft_len": 8}
     assert plan.plugin_config == PLUGINS
     assert list(plan.argv) == ["trtllm-build", "--checkpoint_dir=/work/build/t", "--output_dir=/work/engines/target",
@@ -70,8 +71,8 @@ def test_target_build_has_draft_tokens_external_and_max_draft_len(acceptance: st
 
 
 def test_draft_build_gathers_generation_logits_only_for_draft_logits() -> None:
-    with_logits = trt.build_plan(make_spec(acceptance="draft-logits"), "draft", "/c", "/e")
-    token_match = trt.build_plan(make_spec(acceptance="token-match"), "draft", "/c", "/e")
+    with_logits = engine_plans.build_plan(make_spec(acceptance="draft-logits"), "draft", "/c", "/e")
+    token_match = engine_plans.build_plan(make_spec(acceptance="token-match"), "draft", "/c", "/e")
     assert with_logits.build_config == {**LIMITS, "gather_generation_logits": True}
     assert list(with_logits.argv) == ["trtllm-build", "--checkpoint_dir=/c", "--output_dir=/e", *COMMON_BUILD_ARGV,
                                       "--gather_generation_logits"]
@@ -95,7 +96,7 @@ def test_no_speculative_flags_on_draft_and_no_context_logits_anywhere(acceptance
 
 def test_limits_come_from_the_spec_and_max_seq_len_is_not_raised_by_the_plan() -> None:
     # build() itself adds max_draft_len to the target's max_seq_len; adding it here too would double it
-    plan = trt.build_plan(make_spec(max_batch_size=16, max_input_len=100, max_seq_len=300), "target", "/c", "/e")
+    plan = engine_plans.build_plan(make_spec(max_batch_size=16, max_input_len=100, max_seq_len=300), "target", "/c", "/e")
     assert (plan.build_config["max_batch_size"], plan.build_config["max_input_len"],
             plan.build_config["max_seq_len"]) == (16, 100, 300)
     assert plan.world_size == 1 and plan.logits_dtype == "float32"
@@ -104,10 +105,10 @@ def test_limits_come_from_the_spec_and_max_seq_len_is_not_raised_by_the_plan() -
 def test_each_engine_is_built_at_its_own_model_s_window() -> None:
     """The target at the release's limits, the draft at its own window (the orchestrator sends it only what fits)."""
     spec = make_spec(max_input_len=3200, max_seq_len=4800, draft_max_seq_len=2048)
-    target, draft = (trt.build_plan(spec, role, "/c", "/e").build_config for role in ("target", "draft"))
+    target, draft = (engine_plans.build_plan(spec, role, "/c", "/e").build_config for role in ("target", "draft"))
     assert (target["max_input_len"], target["max_seq_len"]) == (3200, 4800)
     assert (draft["max_input_len"], draft["max_seq_len"]) == (2047, 2048) and "max_draft_len" not in draft
-    assert "--max_seq_len=2048" in trt.build_plan(spec, "draft", "/c", "/e").argv
+    assert "--max_seq_len=2048" in engine_plans.build_plan(spec, "draft", "/c", "/e").argv
 
 
 # --- convert plans: mappings per rank, dtype, argv ----------------------------------------------------
@@ -119,7 +120,7 @@ def test_each_engine_is_built_at_its_own_model_s_window() -> None:
     (2, 2, [(4, 0, 2, 2), (4, 1, 2, 2), (4, 2, 2, 2), (4, 3, 2, 2)]),
 ])
 def test_one_mapping_per_rank(tp: int, pp: int, expected: list[tuple[int, int, int, int]]) -> None:
-    plan = trt.convert_plan(make_spec(tp=tp, pp=pp), "target", "LlamaForCausalLM", "/work/build/t",
+    plan = engine_plans.convert_plan(make_spec(tp=tp, pp=pp), "target", "LlamaForCausalLM", "/work/build/t",
                             checkpoint_dtype="bfloat16")
     assert [(m.world_size, m.rank, m.tp_size, m.pp_size) for m in plan.mappings] == expected
     assert list(plan.argv) == ["python3", "examples/models/core/llama/convert_checkpoint.py",
@@ -137,7 +138,7 @@ def test_one_mapping_per_rank(tp: int, pp: int, expected: list[tuple[int, int, i
     ("FalconForCausalLM", "FalconForCausalLM", "examples/models/contrib/falcon/convert_checkpoint.py"),
 ])
 def test_architecture_maps_to_model_class_and_script(architecture: str, model_class: str, script: str) -> None:
-    plan = trt.convert_plan(make_spec(), "draft", architecture, "/o", checkpoint_dtype="float16")
+    plan = engine_plans.convert_plan(make_spec(), "draft", architecture, "/o", checkpoint_dtype="float16")
     assert (plan.model_class, plan.argv[1], plan.dtype) == (model_class, script, "float16")
 
 
@@ -154,12 +155,12 @@ def test_dtype_resolution(requested: str, recorded: str | None, expected: str) -
     spec = make_spec(dtype=requested)
     assert trt.resolve_dtype(requested, "target", recorded) == expected
     assert trt.TensorRTLLMRuntime().engine_dtype(requested, "target", recorded) == expected
-    assert trt.convert_plan(spec, "target", "LlamaForCausalLM", "/o", checkpoint_dtype=recorded).dtype == expected
+    assert engine_plans.convert_plan(spec, "target", "LlamaForCausalLM", "/o", checkpoint_dtype=recorded).dtype == expected
 
 
 def test_float32_is_refused_with_the_fix() -> None:
     with pytest.raises(SpecError) as caught:
-        trt.convert_plan(make_spec(dtype="float32"), "draft", "LlamaForCausalLM", "/o", checkpoint_dtype="float32")
+        engine_plans.convert_plan(make_spec(dtype="float32"), "draft", "LlamaForCausalLM", "/o", checkpoint_dtype="float32")
     assert "draft.dtype is float32" in caught.value.message
     assert "--runtime torch" in caught.value.fix and "bfloat16" in caught.value.fix
 
@@ -171,7 +172,7 @@ def test_non_float_checkpoint_dtype_is_a_checkpoint_error() -> None:
 
 def test_unknown_architecture_names_the_supported_ones() -> None:
     with pytest.raises(CheckpointError) as caught:
-        trt.convert_plan(make_spec(), "target", "MambaForCausalLM", "/o")
+        engine_plans.convert_plan(make_spec(), "target", "MambaForCausalLM", "/o")
     assert "'MambaForCausalLM'" in caught.value.message and "target" in caught.value.message
     for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM", "--runtime torch"):
         assert name in caught.value.fix
@@ -179,7 +180,7 @@ def test_unknown_architecture_names_the_supported_ones() -> None:
 
 def test_phi_refuses_pipeline_parallelism() -> None:
     with pytest.raises(SpecError, match="pp_size is 2"):
-        trt.convert_plan(make_spec(pp=2), "target", "PhiForCausalLM", "/o", checkpoint_dtype="float16")
+        engine_plans.convert_plan(make_spec(pp=2), "target", "PhiForCausalLM", "/o", checkpoint_dtype="float16")
 
 
 # --- what --dry-run prints and --json emits ------------------------------------------------------------
@@ -197,11 +198,11 @@ def test_plan_json_covers_both_models_and_all_ranks() -> None:
 
 def test_format_plan_shows_every_rank_and_runnable_commands() -> None:
     for plan in plans(make_spec(tp=2)):
-        text = trt.format_plan(plan)
+        text = engine_plans.format_plan(plan)
         assert "TensorRT-LLM 1.2.x in nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" in text
         commands = [shlex.split(line.split("$ ", 1)[1]) for line in text.splitlines() if "$ " in line]
         assert commands == [list(plan.convert.argv), list(plan.build.argv)]
-    target_text = trt.format_plan(plans(make_spec(tp=2))[0])
+    target_text = engine_plans.format_plan(plans(make_spec(tp=2))[0])
     assert "Mapping(world_size=2, rank=1, tp_size=2, pp_size=1)" in target_text
     assert "speculative_decoding_mode='draft_tokens_external', max_draft_len=8" in target_text
 
@@ -334,7 +335,7 @@ def test_logits_tensors_match_the_engine_logits_dtype() -> None:
     # the backend takes its logits dtype from the generation_logits output; the engine is built with float32
     config = engine_config()
     tensors = {t.name: t for t in [*config.input, *config.output]}
-    assert trt.LOGITS_DTYPE == "float32"
+    assert engine_plans.LOGITS_DTYPE == "float32"
     assert mc.DataType.Name(tensors["draft_logits"].data_type) == "TYPE_FP32"
     assert mc.DataType.Name(tensors["generation_logits"].data_type) == "TYPE_FP32"
 
@@ -467,9 +468,9 @@ def fake_tensorrt_llm(tmp_path, monkeypatch: pytest.MonkeyPatch):
 
 def test_convert_then_build_every_rank_and_record_build_info(fake_tensorrt_llm, tmp_path) -> None:
     spec = make_spec(tp=2)
-    plan = trt.EnginePlan(
-        trt.convert_plan(spec, "target", "LlamaForCausalLM", tmp_path / "ckpt", checkpoint_dtype="bfloat16"),
-        trt.build_plan(spec, "target", tmp_path / "ckpt", tmp_path / "engine"))
+    plan = engine_plans.EnginePlan(
+        engine_plans.convert_plan(spec, "target", "LlamaForCausalLM", tmp_path / "ckpt", checkpoint_dtype="bfloat16"),
+        engine_plans.build_plan(spec, "target", tmp_path / "ckpt", tmp_path / "engine"))
     scratch = tmp_path / "scratch-ckpt"
     assert trt.convert(plan.convert, into=scratch) == scratch
     assert sorted(p.name for p in scratch.iterdir()) == ["config.json", "rank0.safetensors", "rank1.safetensors"]
@@ -492,7 +493,7 @@ def test_convert_then_build_every_rank_and_record_build_info(fake_tensorrt_llm, 
 
 
 def test_build_refuses_a_checkpoint_converted_for_other_ranks(fake_tensorrt_llm, tmp_path) -> None:
-    trt.convert(trt.convert_plan(make_spec(tp=2), "target", "LlamaForCausalLM", tmp_path / "ckpt"))
+    trt.convert(engine_plans.convert_plan(make_spec(tp=2), "target", "LlamaForCausalLM", tmp_path / "ckpt"))
     with pytest.raises(UsageError, match="converted for 2 rank"):
-        trt.build(trt.build_plan(make_spec(tp=1), "target", tmp_path / "ckpt", tmp_path / "engine"))
+        trt.build(engine_plans.build_plan(make_spec(tp=1), "target", tmp_path / "ckpt", tmp_path / "engine"))
     assert not (tmp_path / "engine").exists()
