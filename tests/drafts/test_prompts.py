@@ -1,4 +1,5 @@
-"""The distillation prompts (specbuild.drafts.prompts) and the local passages they are made from (.passages)."""
+"""The distillation prompts (specbuild.drafts.prompts) and the local passages they are made from
+(specbuild.bench.passages)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import gzip
 import json
 from pathlib import Path
 
-from specbuild.drafts import passages as passage_module
-from specbuild.drafts.passages import DEBIAN_DOC, MAX_CHARS, MIN_CHARS, local_passages, near_duplicates, prose
+from specbuild.bench import passages as passage_module
+from specbuild.bench.passages import DEBIAN_DOC, MAX_CHARS, MIN_CHARS, local_passages, near_duplicates, prose
 from specbuild.drafts.prompts import (
     HELDOUT_FILE,
     KINDS,

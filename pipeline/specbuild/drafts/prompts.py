@@ -5,7 +5,7 @@ draft agrees on requests it never saw (GPU-distilled drafts agreed far less on h
 own). The pool crosses instruction templates of many kinds (:data:`KINDS`: chat, follow-ups, e-mails, how-to
 steps, brainstorming, comparisons, summaries and one-sentence summaries, rewriting, translation, extraction,
 classification, questions on a passage, code, reasoning) with topics, seeded numbers and names, and passages
-of local text (:mod:`specbuild.drafts.passages`: the standard library, installed packages, Debian's docs).
+of local text (:mod:`specbuild.bench.passages`: the standard library, installed packages, Debian's docs).
 
 Every benchmark prompt is held out (:func:`benchmark_prompts`: the bundled general and structured sets and the
 repository's held-out set), and so is every pool prompt too similar to one (:func:`too_similar`). The pool is
@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from specbuild.bench import BUNDLED
-from specbuild.drafts.passages import DEBIAN_DOC, Passage, local_passages, stdlib_functions
+from specbuild.bench.passages import DEBIAN_DOC, Passage, local_passages, stdlib_functions
 
 HELDOUT_FILE = Path(__file__).resolve().parents[3] / "benchmarks" / "heldout_prompts.jsonl"  # in a checkout
 SIMILAR_WORDS = 3
