@@ -4,9 +4,10 @@ Make the demo pair (SmolLM2-135M-Instruct and the draft specbuild ships for it, 
 in process as ``specbuild init`` does (the draft's greedy agreement, both models' step costs and V(K) on this
 machine), compile it with the ``torch`` runtime with those figures in the release, start the bundled Triton server,
 and run a short interleaved comparison through the ensemble (``specbuild bench``'s runner: K=0 against the release
-default, prompt by prompt in turn) over a handful of prompts of different kinds: one table per kind and overall
-(tokens/s of each, the ratio, acceptance, where the accepted tokens came from, how much the per-request break-even
-switched off), then a line saying where speculation pays on this pair and where the break-even switched it off.
+default, prompt by prompt in turn) over a handful of prompts of different kinds, greedy and sampled
+(:data:`DEMO_SAMPLINGS`): a table per sampling with a row per kind and overall (tokens/s of each, the ratio,
+acceptance, where the accepted tokens came from, how much the per-request break-even switched off), then a line
+saying where speculation pays on this pair and where the break-even switched it off.
 
 The SmolLM2 release drafts by prompt lookup first and by its distilled draft model when lookup finds nothing
 (:data:`DEMO_SPECULATION`). The tiny pair's draft drafts alone.
@@ -24,6 +25,7 @@ from rich.table import Table
 
 from specbuild.bench.prompts import Prompt
 from specbuild.errors import UsageError
+from specbuild.speculation.traffic import GREEDY, sampling_profile
 from specbuild.terminal import make_console
 
 if TYPE_CHECKING:
@@ -54,15 +56,19 @@ DEMO_PROMPTS = (
            "remit the outstanding payment forthwith.\""),
 )
 KINDS = tuple(dict.fromkeys(prompt.category for prompt in DEMO_PROMPTS))
+# Greedy (its text compared with K=0's) and the sampling chat traffic mostly uses (speculation/traffic.py).
+DEMO_SAMPLINGS = (GREEDY, "t0.7")
 SPEC_FILE = "demo.yaml"  # the compiled spec, beside the release (not specbuild.yaml: that may be the user's own)
 MEASURE = {"prompts": 2, "new_tokens": 24, "repeats": 6}  # the in-process cost measurement, kept short
 
 
 @dataclass(frozen=True)
 class KindResult:
-    """One kind of prompt: its K=0 cell and its cell at the release default, measured interleaved."""
+    """One kind of prompt under one sampling profile: its K=0 cell and its cell at the release default, measured
+    interleaved."""
 
     kind: str
+    sampling: str
     baseline: Cell
     speculative: Cell
 
@@ -77,26 +83,31 @@ class DemoResult:
     k: int
     kinds: list[KindResult]
 
+    def of(self, sampling: str) -> list[KindResult]:
+        return [kind for kind in self.kinds if kind.sampling == sampling]
+
     @property
     def identical(self) -> bool:
         """Greedy text with speculation equals the target alone's on every prompt."""
-        return all(kind.speculative.matches_baseline == 1.0 for kind in self.kinds)
+        return all(kind.speculative.matches_baseline == 1.0 for kind in self.of(GREEDY))
 
-    @property
-    def overall(self) -> float | None:
-        """Output tokens/s over every prompt, speculative against the target alone."""
+    def overall(self, sampling: str = GREEDY) -> float | None:
+        """Output tokens/s over every prompt of ``sampling``, speculative against the target alone."""
         def rate(cells: Sequence[Cell]) -> float:
             wall = sum(cell.wall_seconds for cell in cells)
             return sum(cell.output_tokens for cell in cells) / wall if wall else 0.0
 
-        base = rate([kind.baseline for kind in self.kinds])
-        return rate([kind.speculative for kind in self.kinds]) / base if base else None
+        base = rate([kind.baseline for kind in self.of(sampling)])
+        return rate([kind.speculative for kind in self.of(sampling)]) / base if base else None
 
     def verdict(self) -> str:
         """Where speculation pays on this pair, and where the break-even switched it off."""
-        pays = [f"{k.kind} {k.ratio:.2f}x" for k in self.kinds if k.ratio is not None and k.ratio >= 1.0]
-        not_paying = [f"{k.kind} {k.ratio:.2f}x" for k in self.kinds if k.ratio is not None and k.ratio < 1.0]
-        switched = [f"{k.kind} ({k.speculative.break_even_requests} of {k.speculative.requests} requests, "
+        def named(k: KindResult) -> str:
+            return k.kind if k.sampling == GREEDY else f"{k.kind} {k.sampling}"
+
+        pays = [f"{named(k)} {k.ratio:.2f}x" for k in self.kinds if k.ratio is not None and k.ratio >= 1.0]
+        not_paying = [f"{named(k)} {k.ratio:.2f}x" for k in self.kinds if k.ratio is not None and k.ratio < 1.0]
+        switched = [f"{named(k)} ({k.speculative.break_even_requests} of {k.speculative.requests} requests, "
                     f"{k.speculative.break_even_share:.0%} of rounds)" for k in self.kinds
                     if k.speculative.break_even_requests]
         return (f"speculation pays on: {', '.join(pays) or 'none of these kinds'}; does not on: "
@@ -104,9 +115,12 @@ class DemoResult:
                 f"{', '.join(switched) or 'no request'}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"repository": str(self.repository), "k": self.k, "identical": self.identical, "overall": self.overall,
-                "kinds": {kind.kind: {"baseline": kind.baseline.to_dict(), "speculative": kind.speculative.to_dict()}
-                          for kind in self.kinds}}
+        samplings = dict.fromkeys(kind.sampling for kind in self.kinds)
+        return {"repository": str(self.repository), "k": self.k, "identical": self.identical,
+                "overall": {sampling: self.overall(sampling) for sampling in samplings},
+                "kinds": {sampling: {kind.kind: {"baseline": kind.baseline.to_dict(),
+                                                 "speculative": kind.speculative.to_dict()}
+                                     for kind in self.of(sampling)} for sampling in samplings}}
 
 
 def _sources(cell: Cell) -> str:
@@ -114,22 +128,25 @@ def _sources(cell: Cell) -> str:
                     for name, figures in cell.sources.items()) or "-"
 
 
-def result_table(result: DemoResult) -> Table:
-    """One row per kind and one overall: tokens/s of each, the ratio, acceptance, sources, the break-even."""
-    table = Table(title=f"K=0 against the release default (K={result.k}), interleaved, greedy", title_justify="left")
+def result_table(result: DemoResult, sampling: str = GREEDY) -> Table:
+    """One row per kind and one overall: tokens/s of each, the ratio, acceptance, sources, the break-even; greedy
+    text compared with K=0's (a sampled answer's draws depend on K)."""
+    greedy = sampling == GREEDY
+    table = Table(title=f"K=0 against the release default (K={result.k}), interleaved, "
+                        f"{sampling_profile(sampling).describe()}", title_justify="left")
     for name in ("kind", "K=0 tok/s", f"K={result.k} tok/s", "ratio", "acceptance", "sources share/acc.",
-                 "break-even off", "= K=0 text"):
+                 "break-even off", *(("= K=0 text",) if greedy else ())):
         table.add_column(name, justify="left" if name in ("kind", "sources share/acc.") else "right")
-    for kind in result.kinds:
+    for kind in result.of(sampling):
         spec = kind.speculative
         table.add_row(kind.kind, f"{kind.baseline.tokens_per_second:.1f}", f"{spec.tokens_per_second:.1f}",
                       "-" if kind.ratio is None else f"{kind.ratio:.2f}x",
                       "-" if spec.acceptance_rate is None else f"{spec.acceptance_rate:.2f}", _sources(spec),
                       "-" if spec.break_even_share is None else f"{spec.break_even_share:.0%} of rounds",
-                      "-" if spec.matches_baseline is None else f"{spec.matches_baseline:.0%}")
-    overall = result.overall
+                      *(("-" if spec.matches_baseline is None else f"{spec.matches_baseline:.0%}",) if greedy else ()))
+    overall = result.overall(sampling)
     table.add_row("[bold]overall[/]", "", "", "-" if overall is None else f"[bold]{overall:.2f}x[/]", "", "", "",
-                  "100%" if result.identical else "[red]differs[/]")
+                  *(("100%" if result.identical else "[red]differs[/]",) if greedy else ()))
     return table
 
 
@@ -193,17 +210,19 @@ def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_token
             server = running.enter_context(TritonServer(result.repository))
         console.print(f"server ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
         console.rule(f"[bold]4/4 K=0 against K={k}{' with prompt lookup' if lookup else ''}, interleaved, "
-                     f"{len(DEMO_PROMPTS)} prompts of {len(KINDS)} kinds")
+                     f"{len(DEMO_PROMPTS)} prompts of {len(KINDS)} kinds, {' and '.join(DEMO_SAMPLINGS)}")
         for number, kind in enumerate(KINDS):
             prompts = [prompt for prompt in DEMO_PROMPTS if prompt.category == kind]
             plan = BenchPlan(ks=(k,), lookup=(lookup,), max_tokens=max_tokens, requests=len(prompts),
-                             warmup=number == 0)
+                             warmup=number == 0, samplings=DEMO_SAMPLINGS)
             report = run_bench(server.grpc_url, prompts, plan, metrics_url=server.metrics_url,
                                tokenizer_dir=repository_tokenizer(result.repository), console=console)
-            baseline = next(cell for cell in report.cells if cell.k == 0)
-            kinds.append(KindResult(kind, baseline, next(cell for cell in report.cells if cell.k == k)))
+            for sampling in DEMO_SAMPLINGS:
+                cells = {cell.k: cell for cell in report.cells if cell.sampling == sampling}
+                kinds.append(KindResult(kind, sampling, cells[0], cells[k]))
     demo = DemoResult(result.repository, k, kinds)
-    console.print(result_table(demo))
+    for sampling in DEMO_SAMPLINGS:
+        console.print(result_table(demo, sampling))
     console.print(demo.verdict(), highlight=False)
     verdict = "identical" if demo.identical else "DIFFERENT (please report this)"
     console.print(f"greedy output with and without speculation: [bold]{verdict}[/]")

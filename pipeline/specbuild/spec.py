@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from specbuild.errors import SpecError
@@ -23,6 +23,7 @@ from specbuild.speculation.cost import CostModel
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.modes import VerificationMode
 from specbuild.speculation.schedule import DraftLenSchedule
+from specbuild.speculation.traffic import GREEDY, checked_mix, describe_profiles
 from specbuild.spec_section import ContainerPath, SpecSection
 
 RUNTIME_CHOICES: tuple[str, ...] = (*RUNTIME_NAMES, "auto")
@@ -114,6 +115,11 @@ class SpeculationSpec(SpecSection):
     measured_acceptance: float | None = Field(
         None, ge=0, le=1, description="measured: the draft's per-token acceptance on the build host (written by "
         "specbuild init and tune): the prior of each request's break-even; null: not measured")
+    traffic: dict[str, float] = Field(
+        {GREEDY: 1.0}, description="the sampling mix the release expects, {profile: share} (shares summing to 1) over "
+        + describe_profiles() + ": `specbuild tune` measures each "
+        "profile's cells and chooses K, adaptive K and the break-even's prior (measured_acceptance) for this mix; "
+        "`tune --traffic` writes it")
     break_even: bool = Field(True, description="per-request break-even: a request whose own acceptance says drafting "
                              "does not pay (the release's cost model: draft_cost, verify_cost) drafts nothing for a "
                              "growing stretch, then probes again; exact either way (each request may turn it off "
@@ -133,6 +139,11 @@ class SpeculationSpec(SpecSection):
             return DraftLenSchedule.from_mapping(self.draft_len_schedule)
         busy = self.busy_in_flight
         return DraftLenSchedule.from_threshold(default_busy_in_flight if busy is None else busy)
+
+    @field_validator("traffic")
+    @classmethod
+    def _known_mix(cls, mix: dict[str, float]) -> dict[str, float]:
+        return checked_mix(mix)
 
     @model_validator(mode="after")
     def _block_needs_draft_logits(self) -> SpeculationSpec:

@@ -167,11 +167,11 @@ STEP = 0.05  # target seconds per token at K=0
 
 
 def synthetic_cell(k: int, tokens_per_second: float, counters: Counters | None, concurrency: int = 1,
-                   lookup: bool = False) -> Cell:
+                   lookup: bool = False, sampling: str = "greedy") -> Cell:
     """A cell of 4 requests producing 100 tokens in all over 100 / tokens_per_second seconds."""
     wall = 100 / tokens_per_second
     traces = [trace([0.1 * (j + 1) for j in range(25)], [1] * 25, total=wall / 4) for _ in range(4)]
-    return summarize(k, concurrency, False, traces, wall, counters, lookup=lookup)
+    return summarize(k, concurrency, False, traces, wall, counters, lookup=lookup, sampling=sampling)
 
 
 def test_summarize_from_counters():
@@ -198,7 +198,7 @@ def test_summarize_reports_prompt_lookups_share_and_acceptance():
                            sources={"lookup": {"drafts": 10, "drafted_tokens": 25, "accepted_tokens": 15},
                                     "model": {"drafts": 20, "drafted_tokens": 60, "accepted_tokens": 25}})
     cell = synthetic_cell(3, 25.0, counters, lookup=True)
-    assert cell.label == "K=3+lookup" and cell.key == (3, False, True, 1)
+    assert cell.label == "K=3+lookup" and cell.key == (3, False, True, 1, "greedy")
     assert cell.sources["lookup"] == {"share": pytest.approx(10 / 40), "acceptance": pytest.approx(15 / 25)}
     assert cell.sources["model"] == {"share": pytest.approx(20 / 40), "acceptance": pytest.approx(25 / 60)}
     assert cell.acceptance_rate == pytest.approx(40 / 85)  # the totals count both draft sources
@@ -255,19 +255,44 @@ def test_expectation_counts_rounds_that_draft_nothing():
 def test_match_baseline_counts_identical_outputs():
     cells = [synthetic_cell(0, 10.0, None), synthetic_cell(2, 10.0, None)]
     cells.append(synthetic_cell(2, 10.0, None, lookup=True))
-    match_baseline(cells, {(0, False, False, 1): {0: "a", 1: "b"}, (2, False, False, 1): {0: "a", 1: "c", 2: "d"},
-                           (2, False, True, 1): {0: "a", 1: "b"}})
+    match_baseline(cells, {(0, False, False, 1, "greedy"): {0: "a", 1: "b"}, (2, False, False, 1, "greedy"): {0: "a", 1: "c", 2: "d"},
+                           (2, False, True, 1, "greedy"): {0: "a", 1: "b"}})
     assert [c.matches_baseline for c in cells] == [1.0, 0.5, 1.0]
+    sampled = synthetic_cell(2, 10.0, None, sampling="t0.7")
+    match_baseline([sampled], {(0, False, False, 1, "t0.7"): {0: "a"}, (2, False, False, 1, "t0.7"): {0: "a"}})
+    assert sampled.matches_baseline is None  # its draws depend on K: its text is not compared
+
+
+def test_each_sampling_profile_is_compared_with_its_own_k0():
+    cells = compare([synthetic_cell(0, 10.0, None), synthetic_cell(2, 15.0, None),
+                     synthetic_cell(0, 8.0, None, sampling="t1.0"), synthetic_cell(2, 10.0, None, sampling="t1.0")])
+    assert [(c.label, c.speedup) for c in cells] == [("K=0", 1.0), ("K=2", 1.5), ("K=0 t1.0", 1.0),
+                                                      ("K=2 t1.0", 1.25)]
+
+
+def test_a_sampled_cell_sends_seeded_requests_the_same_in_every_cell():
+    from specbuild.bench.runner import SentPrompt, _request
+
+    plan = BenchPlan(ks=(2,), samplings=("greedy", "t0.7"))
+    prompt = SentPrompt("hi", "chat")
+    greedy = _request(prompt, 3, plan, (2, False, True, 1, "greedy"))
+    sampled = [_request(prompt, 3, plan, (k, False, k > 0, 1, "t0.7")) for k in (0, 2)]
+    assert (greedy.temperature, greedy.top_p, greedy.seed) == (None, None, None)
+    assert {(r.temperature, r.top_p, r.seed) for r in sampled} == {(0.7, 0.9, 1003)}
+    assert plan.cells() == [(0, False, False, 1, "greedy"), (2, False, False, 1, "greedy"),
+                            (0, False, False, 1, "t0.7"), (2, False, False, 1, "t0.7")]
+    with pytest.raises(ValueError, match="unknown sampling profile 'hot'"):
+        BenchPlan(samplings=("hot",))
 
 
 # --- plan and addresses ----------------------------------------------------------------------------------
 def test_plan_always_includes_k0_and_skips_adaptive_and_lookup_at_k0():
     plan = BenchPlan(ks=(4, 2), adaptive=(True, False), concurrencies=(2, 1))
     assert plan.ks == (0, 2, 4)
-    assert plan.cells()[:4] == [(0, False, False, 1), (2, False, False, 1), (2, True, False, 1), (4, False, False, 1)]
+    assert plan.cells()[:4] == [(0, False, False, 1, "greedy"), (2, False, False, 1, "greedy"), (2, True, False, 1, "greedy"), (4, False, False, 1, "greedy")]
     assert len(plan.cells()) == 10
     lookup = BenchPlan(ks=(2,), lookup=(True, False))
-    assert lookup.cells() == [(0, False, False, 1), (2, False, False, 1), (2, False, True, 1)]
+    assert lookup.cells() == [(0, False, False, 1, "greedy"), (2, False, False, 1, "greedy"), (2, False, True, 1, "greedy")]
     with pytest.raises(ValueError):
         BenchPlan(concurrencies=(0,))
 
@@ -279,7 +304,7 @@ def test_rotated_puts_every_item_first_in_turn():
 
 def test_cells_run_interleaved_block_by_block_in_rotating_order():
     plan = BenchPlan(ks=(2,), lookup=(False, True), concurrencies=(1, 2), requests=3)
-    level_one = [(0, False, False, 1), (2, False, False, 1), (2, False, True, 1)]
+    level_one = [(0, False, False, 1, "greedy"), (2, False, False, 1, "greedy"), (2, False, True, 1, "greedy")]
     assert plan.blocks(1) == [[0], [1], [2]] and plan.blocks(2) == [[0, 1], [2]]
     assert plan.schedule(1) == [(level_one[0], [0]), (level_one[1], [0]), (level_one[2], [0]),
                                 (level_one[1], [1]), (level_one[2], [1]), (level_one[0], [1]),
@@ -487,17 +512,19 @@ def test_served_efficiency_pairs_each_in_process_cell_with_the_served_one():
 def test_interleaved_cells_count_only_their_own_blocks(tiny_release, tiny_server):
     """Cells of one level run block by block in turn against the shared tiny server: each cell's counter
     deltas are its own blocks' (K=0 drafts nothing, K=1 at most one token a round), and every cell sent
-    every prompt."""
+    every prompt; sampled cells beside greedy ones, each against its own K=0, text compared on greedy only."""
     from specbuild.bench.runner import repository_tokenizer, run_bench
 
-    plan = BenchPlan(ks=(1, 3), lookup=(False, True), concurrencies=(1, 2), requests=3, max_tokens=10)
+    plan = BenchPlan(ks=(1, 3), lookup=(False, True), concurrencies=(1, 2), requests=3, max_tokens=10,
+                     samplings=("greedy", "t1.0"))
     prompts = [prompt for prompt in load_prompts() if len(prompt.prompt) < 200][:3]  # within max_input_len
     report = run_bench(tiny_server.grpc_url, prompts, plan, metrics_url=tiny_server.metrics_url,
                        tokenizer_dir=repository_tokenizer(tiny_release.repository))
     assert [cell.key for cell in report.cells] == plan.cells()
     for cell in report.cells:
         assert cell.requests == 3 and cell.errors == 0 and cell.source == "metrics"
-        assert cell.matches_baseline == 1.0
+        assert cell.matches_baseline == (1.0 if cell.sampling == "greedy" else None)
+        assert cell.speedup is not None  # against K=0 of the same sampling
         if cell.k == 0:
             assert cell.acceptance_rate is None and cell.draft_tokens_per_round is None
         else:

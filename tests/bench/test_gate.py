@@ -14,14 +14,15 @@ from specbuild.errors import UsageError
 
 
 def _cell(k: int, concurrency: int = 1, *, speedup: float | None = 1.0, acceptance: float | None = None,
-          matches: float | None = 1.0, p95: float | None = 0.5, requests: int = 4, errors: int = 0) -> dict[str, Any]:
-    return {"label": f"K={k}", "k": k, "concurrency": concurrency, "speedup": speedup, "acceptance_rate": acceptance,
+          matches: float | None = 1.0, p95: float | None = 0.5, requests: int = 4, errors: int = 0,
+          sampling: str = "greedy") -> dict[str, Any]:
+    return {"label": f"K={k}", "k": k, "concurrency": concurrency, "sampling": sampling, "speedup": speedup, "acceptance_rate": acceptance,
             "matches_baseline": matches, "e2e": {"p50": None, "p95": p95, "p99": None}, "requests": requests,
             "errors": errors}
 
 
-def _report(*cells: dict[str, Any], temperature: float | None = None) -> dict[str, Any]:
-    return {"format": "specbuild.bench/v1", "plan": {"temperature": temperature}, "cells": list(cells)}
+def _report(*cells: dict[str, Any]) -> dict[str, Any]:
+    return {"format": "specbuild.bench/v1", "plan": {}, "cells": list(cells)}
 
 
 GOOD = _report(_cell(0), _cell(2, speedup=1.3, acceptance=0.8, p95=0.4), _cell(4, speedup=1.2, acceptance=0.7))
@@ -78,9 +79,12 @@ def test_missing_figures_fail_rather_than_pass():
     assert evaluate(_report(), GateThresholds()).failures[0].detail == "no request was sent"
 
 
-def test_greedy_identity_needs_a_greedy_run():
-    [failure] = evaluate(_report(_cell(0), _cell(2), temperature=0.8), GateThresholds(greedy_identical=True)).failures
-    assert "identity needs a greedy run" in failure.detail
+def test_greedy_identity_is_checked_on_the_greedy_cells_and_needs_some():
+    sampled = [_cell(0, sampling="t0.7", matches=None), _cell(2, sampling="t0.7", matches=None)]
+    [failure] = evaluate(_report(*sampled), GateThresholds(greedy_identical=True)).failures
+    assert "the run has no greedy cell" in failure.detail and failure.cell is None
+    mixed = evaluate(_report(_cell(0), _cell(2), *sampled), GateThresholds(greedy_identical=True))
+    assert mixed.passed and [c.cell for c in mixed.checks if c.threshold == "greedy_identical"] == ["K=2 concurrency 1"]
 
 
 def test_without_speculative_cells_the_baseline_is_gated():
@@ -100,7 +104,8 @@ def test_thresholds_parse_from_gate_options():
 
 @pytest.mark.parametrize("args,message", [
     (["--gate", "min_acceptance=x"], "invalid --gate min_acceptance"),
-    (["--gate", "greedy_identical", "--temperature", "0.7"], "greedy_identical compares greedy answers"),
+    (["--gate", "greedy_identical", "--sampling", "t0.7"], "greedy_identical compares greedy answers"),
+    (["--sampling", "t0.5"], "unknown sampling profile 't0.5'"),
 ])
 def test_bench_refuses_bad_gates_before_sending_anything(args, message):
     result = CliRunner().invoke(main, ["bench", "--url", "127.0.0.1:1", "--json", *args])

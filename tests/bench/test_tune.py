@@ -16,11 +16,11 @@ from specbuild.bench.tune import (candidate_ks, load_schedule, measured_verify_c
 
 
 def cell(k: int, tokens_per_second: float, e2e: float, *, adaptive: bool = False, errors: int = 0,
-         matches: float | None = 1.0, concurrency: int = 1) -> Cell:
+         matches: float | None = 1.0, concurrency: int = 1, sampling: str = "greedy") -> Cell:
     return Cell(k=k, concurrency=concurrency, adaptive=adaptive, requests=4, errors=errors, output_tokens=100,
                 wall_seconds=100 / tokens_per_second, tokens_per_second=tokens_per_second, ttft=percentiles([]),
                 tpot=percentiles([]), itl=percentiles([]), e2e=percentiles([e2e]), acceptance_rate=None,
-                mean_acceptance_length=None, matches_baseline=matches)
+                mean_acceptance_length=None, matches_baseline=matches, sampling=sampling)
 
 
 def test_pick_by_goal_skipping_failed_and_wrong_settings():
@@ -31,6 +31,39 @@ def test_pick_by_goal_skipping_failed_and_wrong_settings():
     assert pick([cell(0, 20, 3.0), cell(3, 20, 3.0)], "throughput").k == 0  # a tie: the smaller K
     with pytest.raises(UsageError, match="no setting"):
         pick([cell(2, 30, 2.0, errors=4)], "latency")
+
+
+def test_pick_weighs_each_sampling_profile_by_its_share_of_the_traffic():
+    """Greedy prefers K=4 and sampled traffic K=2: the mix decides, and a setting needs every profile's cell clean."""
+    cells = [cell(0, 20, 3.0), cell(2, 30, 2.0), cell(4, 36, 2.0),
+             cell(0, 20, 3.0, sampling="t0.7", matches=None), cell(2, 26, 2.0, sampling="t0.7", matches=None),
+             cell(4, 18, 2.0, sampling="t0.7", matches=None)]
+    assert pick(cells, "throughput").k == 4  # greedy alone
+    assert pick(cells, "throughput", {"greedy": 0.8, "t0.7": 0.2}).k == 4  # 32.4 against 29.2
+    mixed = pick(cells, "throughput", {"greedy": 0.5, "t0.7": 0.5})  # 28.0 against 27.0
+    assert (mixed.k, mixed.sampling) == (2, "greedy")  # equal shares: the first profile's cell
+    sampled = pick(cells, "throughput", {"greedy": 0.2, "t0.7": 0.8})
+    assert (sampled.k, sampled.sampling) == (2, "t0.7")  # the cell of the mix's largest profile
+    failed = [*cells[:3], cell(0, 20, 3.0, sampling="t0.7"), cell(2, 26, 2.0, sampling="t0.7", errors=1),
+              cell(4, 18, 2.0, sampling="t0.7")]
+    assert pick(failed, "throughput", {"greedy": 0.5, "t0.7": 0.5}).k == 4  # K=2 failed a sampled request
+
+
+def test_the_break_even_prior_is_the_mix_acceptance_and_costs_come_from_greedy_cells():
+    from dataclasses import replace
+
+    from specbuild.bench.tune import measured_costs
+
+    def costed(k: int, sampling: str, acceptance: float, c: float, v: float) -> Cell:
+        return replace(cell(k, 30, 2.0, sampling=sampling), per_token_acceptance=acceptance, cost_ratio=c,
+                       verify_cost=v)
+
+    cells = [costed(2, "greedy", 0.6, 0.1, 1.1), costed(3, "greedy", 0.5, 0.1, 1.2),
+             costed(2, "t1.0", 0.3, 0.2, 1.5), costed(3, "t1.0", 0.2, 0.2, 1.6)]
+    assert measured_costs(cells) == {"verify_cost": {2: 1.1, 3: 1.2}, "draft_cost": 0.1, "measured_acceptance": 0.55}
+    mixed = measured_costs(cells, {"greedy": 0.5, "t1.0": 0.5})
+    assert mixed["measured_acceptance"] == 0.4 and mixed["draft_cost"] == 0.1
+    assert measured_costs(cells, {"t0.7": 1.0}) == {}  # that profile was not measured
 
 
 def test_a_verification_measured_cheaper_than_a_step_is_written_as_one_step():
@@ -107,6 +140,8 @@ def test_write_choice_records_the_measured_verification_costs_over_earlier_ones(
     assert speculation.verify_cost == {1: 1.05, 2: 1.3, 3: 1.4}
     assert (speculation.draft_cost, speculation.measured_acceptance) == (0.18, 0.49)  # the release's cost model
     assert path.read_text(encoding="utf-8").count("verify_cost:") == 1
+    write_choice(path, 2, False, traffic={"greedy": 0.3, "t0.7": 0.7})
+    assert load_spec(path).speculation.traffic == {"greedy": 0.3, "t0.7": 0.7}
 
 
 def test_missing_keys_are_added_when_the_section_ends_with_a_nested_block():

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specbuild.errors import UsageError
+from specbuild.speculation.traffic import GREEDY
 
 
 class GateThresholds(BaseModel):
@@ -27,8 +28,8 @@ class GateThresholds(BaseModel):
                                       "many times K=0's at the same concurrency")
     min_acceptance: float | None = Field(None, ge=0, le=1, description="each speculative cell's acceptance rate "
                                          "(accepted / drafted tokens) at least this")
-    greedy_identical: bool = Field(False, description="greedy text identical to K=0's on every prompt (a greedy "
-                                   "run: no --temperature)")
+    greedy_identical: bool = Field(False, description="greedy text identical to K=0's on every prompt (the "
+                                   "greedy cells; a run needs some: --sampling greedy)")
     max_p95_ms: float | None = Field(None, gt=0, description="each gated cell's end-to-end latency P95 at most "
                                      "this many milliseconds")
     max_error_rate: float = Field(0.0, ge=0, le=1, description="the share of failed requests tolerated over the "
@@ -107,18 +108,16 @@ def _at_least(threshold: str, limit: float, measured: float | None, cell: Mappin
                  missing if measured is None else "")
 
 
-def _identity(cell: Mapping[str, Any], greedy: bool) -> Check:
-    """The share of prompts whose text equals K=0's must be 1 (``matches_baseline``, set for greedy runs)."""
+def _identity(cell: Mapping[str, Any]) -> Check:
+    """The share of prompts whose text equals K=0's must be 1 (``matches_baseline``, set for greedy cells)."""
     share = cell.get("matches_baseline")
-    if not greedy:
-        detail = "the run sampled (--temperature): identity needs a greedy run"
-    elif share is None:
+    if share is None:
         detail = "no prompt was answered both by this cell and by K=0"
     elif share < 1.0:
         detail = f"{1 - share:.0%} of the prompts were answered differently from K=0"
     else:
         detail = ""
-    return Check("greedy_identical", True, share, greedy and share == 1.0, _where(cell), detail)
+    return Check("greedy_identical", True, share, share == 1.0, _where(cell), detail)
 
 
 def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResult:
@@ -133,8 +132,10 @@ def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResul
         checks += [_at_least("min_acceptance", thresholds.min_acceptance, cell.get("acceptance_rate"), cell,
                              "no draft token was verified") for cell in gated]
     if thresholds.greedy_identical:
-        greedy = not (report.get("plan") or {}).get("temperature")
-        checks += [_identity(cell, greedy) for cell in gated]
+        greedy = [cell for cell in gated if cell.get("sampling", GREEDY) == GREEDY]
+        checks += [_identity(cell) for cell in greedy] or [
+            Check("greedy_identical", True, None, False, None, "the run has no greedy cell: identity is checked on "
+                  "greedy answers (sampled ones depend on K), so add --sampling greedy")]
     if thresholds.max_p95_ms is not None:
         for cell in gated:
             p95 = (cell.get("e2e") or {}).get("p95")

@@ -29,6 +29,7 @@ import numpy as np
 
 from specbuild.speculation.cost import expected_speedup, per_token_acceptance
 from specbuild.speculation.stats import METRICS
+from specbuild.speculation.traffic import GREEDY
 
 QUANTILES = (50, 95, 99)
 
@@ -211,7 +212,7 @@ def acceptance_per_position(counters: Counters) -> list[float]:
 
 
 # --- one cell of the sweep (one K, one concurrency) -------------------------------------------------------
-CellKey = tuple[int, bool, bool, int]  # (k, adaptive, lookup, concurrency)
+CellKey = tuple[int, bool, bool, int, str]  # (k, adaptive, lookup, concurrency, sampling profile)
 
 
 @dataclass
@@ -244,13 +245,15 @@ def kind_figures(traces: Sequence[RequestTrace]) -> dict[str, KindFigures]:
     return figures
 
 
-def cell_label(k: int, adaptive: bool = False, lookup: bool = False) -> str:
-    return f"K={k}{'+adaptive' if adaptive else ''}{'+lookup' if lookup else ''}"
+def cell_label(k: int, adaptive: bool = False, lookup: bool = False, sampling: str = GREEDY) -> str:
+    """``K=2+adaptive+lookup``, with `` t0.7`` after it for a sampled cell (:mod:`specbuild.speculation.traffic`)."""
+    return f"K={k}{'+adaptive' if adaptive else ''}{'+lookup' if lookup else ''}{'' if sampling == GREEDY else ' ' + sampling}"
 
 
 @dataclass
 class Cell:
-    """The figures of one (K, adaptive, lookup, concurrency) run; comparison fields are set by :func:`compare`."""
+    """The figures of one (K, adaptive, lookup, concurrency, sampling) run; comparison fields are set by
+    :func:`compare`."""
 
     k: int
     concurrency: int
@@ -279,6 +282,7 @@ class Cell:
     break_even_share: float | None = None
     break_even_requests: int | None = None
     lookup: bool = False  # prompt lookup on for this cell's requests
+    sampling: str = GREEDY  # the cell's sampling profile (speculation.traffic.SAMPLING_PROFILES)
     # by draft source (model, lookup): "share" of all rounds it drafted, "acceptance" of its own tokens
     sources: dict[str, dict[str, float | None]] = field(default_factory=dict)
     source: str = "requests"  # where acceptance came from: "metrics" or "requests"
@@ -300,11 +304,11 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return cell_label(self.k, self.adaptive, self.lookup)
+        return cell_label(self.k, self.adaptive, self.lookup, self.sampling)
 
     @property
     def key(self) -> CellKey:
-        return self.k, self.adaptive, self.lookup, self.concurrency
+        return self.k, self.adaptive, self.lookup, self.concurrency, self.sampling
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, **asdict(self)}
@@ -315,14 +319,14 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[RequestTrace], wall_seconds: float,
-              counters: Counters | None = None, *, lookup: bool = False,
+              counters: Counters | None = None, *, lookup: bool = False, sampling: str = GREEDY,
               server_latency: dict[str, dict[str, float | None]] | None = None) -> Cell:
     """Figures of one cell from its request traces, and the server's counter deltas and latency quantiles over it
     when known."""
     done = [t for t in traces if t.error is None]
     output_tokens = sum(t.output_tokens for t in done)
     cell = Cell(
-        k=k, concurrency=concurrency, adaptive=adaptive, lookup=lookup, requests=len(done),
+        k=k, concurrency=concurrency, adaptive=adaptive, lookup=lookup, sampling=sampling, requests=len(done),
         errors=len(traces) - len(done),
         output_tokens=output_tokens, wall_seconds=wall_seconds,
         tokens_per_second=output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
@@ -366,11 +370,11 @@ def summarize(k: int, concurrency: int, adaptive: bool, traces: Sequence[Request
 
 def compare(cells: Sequence[Cell]) -> list[Cell]:
     """Copies of ``cells`` with speedup, step costs, expectations and efficiency against the K=0 cell of the
-    same concurrency (cells without one are returned unchanged)."""
-    baselines = {c.concurrency: c for c in cells if c.k == 0 and not c.adaptive and not c.lookup}
+    same concurrency and sampling profile (cells without one are returned unchanged)."""
+    baselines = {(c.concurrency, c.sampling): c for c in cells if c.k == 0 and not c.adaptive and not c.lookup}
     compared = []
     for cell in cells:
-        base = baselines.get(cell.concurrency)
+        base = baselines.get((cell.concurrency, cell.sampling))
         if base is None:
             compared.append(cell)
             continue
@@ -413,13 +417,16 @@ def drift_warnings(cells: Sequence[Cell]) -> list[str]:
 
 def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]],
                    baseline: Mapping[int, str] | None = None) -> None:
-    """Set each cell's ``matches_baseline``: the share of its prompts whose output equals K=0's (or
-    ``baseline``'s: the served K=0 texts, for cells run in process).
+    """Set each greedy cell's ``matches_baseline``: the share of its prompts whose output equals K=0's (or
+    ``baseline``'s: the served greedy K=0 texts, for cells run in process). A sampled cell's stays None: its random
+    draws depend on K, so its text is not K=0's.
 
-    ``texts`` maps each cell's :attr:`Cell.key` to {prompt index: output text}. Meaningful for greedy runs.
+    ``texts`` maps each cell's :attr:`Cell.key` to {prompt index: output text}.
     """
     for cell in cells:
-        base = baseline if baseline is not None else texts.get((0, False, False, cell.concurrency), {})
+        if cell.sampling != GREEDY:
+            continue
+        base = baseline if baseline is not None else texts.get((0, False, False, cell.concurrency, GREEDY), {})
         mine = texts.get(cell.key, {})
         shared = [i for i in mine if i in base]
         cell.matches_baseline = sum(mine[i] == base[i] for i in shared) / len(shared) if shared else None

@@ -12,6 +12,7 @@ from rich.table import Table
 from specbuild.bench.metrics import Cell, served_efficiency
 from specbuild.errors import UsageError
 from specbuild.speculation.stats import E2E, QUEUE, TPOT, TTFT, Metric
+from specbuild.speculation.traffic import GREEDY, describe_profiles
 
 Column = tuple[str, Callable[[Cell], str]]
 
@@ -162,7 +163,7 @@ def markdown(report: Any) -> str:
         "# specbuild bench", "",
         f"- server: `{report.url}`, counters from the metrics endpoint: {'yes' if report.metrics else 'no'}",
         f"- {report.prompts} prompts, {plan.requests} requests per cell (no new round after {plan.max_seconds:g} s), "
-        f"max_tokens {plan.max_tokens}, {'greedy' if not plan.temperature else f'temperature {plan.temperature}'}, "
+        f"max_tokens {plan.max_tokens}, {describe_profiles(plan.samplings)}, "
         "streaming",
         f"- machine: {env.get('machine')} ({env.get('cpu_model') or 'CPU model unknown'}), {env.get('cpus')} CPUs, load average {env.get('load_average')}, "
         f"{env.get('date')}",
@@ -217,11 +218,12 @@ def plots(cells: Sequence[Cell], out_dir: Path) -> list[Path]:
 
     written = []
     levels = sorted({c.concurrency for c in cells})
-    # One line per concurrency and prompt lookup setting (K=0 starts both), adaptive K left out.
-    series = [(f"concurrency {level}{', lookup' if lookup else ''}",
-               sorted((c for c in cells if c.concurrency == level and not c.adaptive
+    # One line per concurrency, sampling profile and prompt lookup setting (K=0 starts each), adaptive K left out.
+    series = [(f"concurrency {level}{'' if sampling == GREEDY else ', ' + sampling}{', lookup' if lookup else ''}",
+               sorted((c for c in cells if c.concurrency == level and c.sampling == sampling and not c.adaptive
                        and (c.lookup == lookup or not c.k)), key=lambda c: c.k))
-              for level in levels for lookup in sorted({c.lookup for c in cells})]
+              for level in levels for sampling in dict.fromkeys(c.sampling for c in cells)
+              for lookup in sorted({c.lookup for c in cells})]
 
     figure, axis = plt.subplots(figsize=(6, 4))
     for name, row in series:

@@ -1,5 +1,5 @@
 """The request side of ``specbuild bench``: a bounded sweep of streamed requests over (K, adaptive, prompt
-lookup, concurrency) cells against a served ensemble on this machine. The math lives in
+lookup, concurrency, sampling profile) cells against a served ensemble on this machine. The math lives in
 :mod:`specbuild.bench.metrics`.
 
 Cells are measured interleaved, never one after another: on a shared machine the load changes while a sweep
@@ -37,6 +37,7 @@ from specbuild.package.contract import PREPROCESSING_MODEL
 from specbuild.errors import RequestError, ServerError, UsageError
 from specbuild.bench.prompts import Prompt
 from specbuild.spec import LOCAL_GRPC_URL, TRITON_DEFAULTS
+from specbuild.speculation.traffic import GREEDY, sampling_profile
 
 WARMUP_TOKENS = 8
 T = TypeVar("T")
@@ -56,7 +57,8 @@ class BenchPlan(BaseModel):
     max_seconds: float = Field(300.0, gt=0, description="per cell: no further round of blocks starts once a cell "
                                "has run this long")
     timeout: float = Field(600.0, gt=0, description="per request")
-    temperature: float | None = Field(None, ge=0, description="None or 0: greedy")
+    samplings: tuple[str, ...] = Field((GREEDY,), description="sampling profiles (speculation.traffic): greedy and "
+                                       "sampled cells side by side, each against K=0 of its own profile")
     warmup: bool = True
 
     @field_validator("ks")
@@ -66,6 +68,15 @@ class BenchPlan(BaseModel):
             raise ValueError("K must be 0 or more")
         return tuple(sorted({0, *ks}))  # K=0 is the baseline every speedup is measured against
 
+    @field_validator("samplings")
+    @classmethod
+    def _known_profiles(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if not names:
+            raise ValueError("give at least one sampling profile, e.g. greedy")
+        for name in names:
+            sampling_profile(name)
+        return tuple(dict.fromkeys(names))
+
     @field_validator("concurrencies")
     @classmethod
     def _positive(cls, levels: tuple[int, ...]) -> tuple[int, ...]:
@@ -74,9 +85,10 @@ class BenchPlan(BaseModel):
         return tuple(sorted(set(levels)))
 
     def cells(self) -> list[CellKey]:
-        """(k, adaptive, lookup, concurrency) in report order; adaptive K and prompt lookup mean nothing at K=0."""
-        return [(k, adaptive, lookup, c) for c in self.concurrencies for k in self.ks
-                for adaptive in (sorted(set(self.adaptive)) if k else [False])
+        """(k, adaptive, lookup, concurrency, sampling) in report order; adaptive K and prompt lookup mean nothing
+        at K=0."""
+        return [(k, adaptive, lookup, c, sampling) for c in self.concurrencies for sampling in self.samplings
+                for k in self.ks for adaptive in (sorted(set(self.adaptive)) if k else [False])
                 for lookup in (sorted(set(self.lookup)) if k else [False])]
 
     def blocks(self, concurrency: int) -> list[list[int]]:
@@ -205,14 +217,14 @@ def sent_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
 
 
 # --- requests --------------------------------------------------------------------------------------------
-def _request(prompt: SentPrompt, plan: BenchPlan, k: int, adaptive: bool = False, lookup: bool = False,
-             max_tokens: int | None = None) -> Any:
+def _request(prompt: SentPrompt, index: int, plan: BenchPlan, key: CellKey, max_tokens: int | None = None) -> Any:
+    """Prompt ``index``'s request in the cell ``key`` (a sampled cell's seed is the prompt's, in every cell alike)."""
     from specbuild.serve.client import GenerationRequest
-    from specbuild.speculation.rules import explicit_sampling
 
+    k, adaptive, lookup, _, sampling = key
     return GenerationRequest(prompt.text, max_tokens or plan.max_tokens, stream=True, num_draft_tokens=k,
                              adaptive_draft=adaptive if k else None, prompt_lookup=lookup if k else None,
-                             **explicit_sampling(plan.temperature), **prompt.guide)
+                             **sampling_profile(sampling).request_fields(index), **prompt.guide)
 
 
 def trace_request(client: Any, index: int, category: str, request: Any) -> RequestTrace:
@@ -235,12 +247,9 @@ def run_block(client: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, key: 
               on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
     """The requests of one block sent together (one thread each) with the cell's setting; returns the traces
     and the block's wall time (until its last request finished)."""
-    k, adaptive, lookup, _ = key
-
     def send(request_index: int) -> RequestTrace:
         index = request_index % len(prompts)
-        trace = trace_request(client, index, prompts[index].category, _request(prompts[index], plan, k, adaptive,
-                                                                               lookup))
+        trace = trace_request(client, index, prompts[index].category, _request(prompts[index], index, plan, key))
         on_done()
         return trace
 
@@ -264,11 +273,10 @@ def run_in_process(release: Any, prompts: Sequence[SentPrompt], plan: BenchPlan,
                    block: Sequence[int], run: _CellRun) -> None:
     """One block of a concurrency-1 cell answered by the release in this process
     (:class:`~specbuild.bench.in_process.InProcessRelease`), one request after another, added to ``run``."""
-    k, adaptive, lookup, _ = key
     before = release.counts.counters()
     for request_index in block:
         index = request_index % len(prompts)
-        trace = release.trace(index, prompts[index].category, _request(prompts[index], plan, k, adaptive, lookup))
+        trace = release.trace(index, prompts[index].category, _request(prompts[index], index, plan, key))
         run.traces.append(trace)
         run.wall += trace.total_time
     run.counters = (run.counters or Counters()) + (release.counts.counters() - before)
@@ -342,7 +350,8 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
     sent = sent_prompts(tokenizer_dir, prompts)
     if plan.warmup:  # load both engines and their first-call paths before anything is timed
         for k in {0, max(plan.ks)}:
-            trace = trace_request(client, 0, "warmup", _request(sent[0], plan, k, max_tokens=WARMUP_TOKENS))
+            trace = trace_request(client, 0, "warmup", _request(sent[0], 0, plan, (k, False, False, 1, GREEDY),
+                                                                max_tokens=WARMUP_TOKENS))
             if trace.error:
                 raise ServerError(f"the warm-up request failed: {trace.error}",
                                   "check that the server at the given address serves a specbuild ensemble")
@@ -358,24 +367,26 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
                              on_done=lambda: progress.advance(task),
                              in_process=(in_process, in_runs) if in_process is not None else None)
             for key, run in runs.items():
-                k, adaptive, lookup, _ = key
                 if run.traces and all(t.error for t in run.traces):
-                    raise ServerError(f"every request failed at {cell_label(k, adaptive, lookup)} concurrency "
+                    raise ServerError(f"every request failed at {cell_label(*key[:3], key[4])} concurrency "
                                       f"{concurrency}: {run.traces[0].error}",
                                       "check the server log; lower K below the engine's max_draft_len")
-                cells.append(summarize(k, concurrency, adaptive, run.traces, run.wall, run.counters, lookup=lookup,
-                                       server_latency=run.latencies and run.latencies.percentiles()))
+                cells.append(_summarized(key, run, server_latency=run.latencies and run.latencies.percentiles()))
                 outputs[key] = run_texts(run)
     cells = compare(cells)
-    local = compare([summarize(key[0], key[3], key[1], run.traces, run.wall, run.counters, lookup=key[2])
-                     for key, run in in_runs.items()])
-    if not plan.temperature:
-        served_k0 = outputs.get((0, False, False, 1), {})
-        match_baseline(cells, outputs)
-        # in process, the same texts as the served target alone: the served path changes no token
-        match_baseline(local, {key: run_texts(run) for key, run in in_runs.items()}, baseline=served_k0)
+    local = compare([_summarized(key, run) for key, run in in_runs.items()])
+    match_baseline(cells, outputs)
+    # in process, the same greedy texts as the served target alone: the served path changes no token
+    match_baseline(local, {key: run_texts(run) for key, run in in_runs.items()},
+                   baseline=outputs.get((0, False, False, 1, GREEDY), {}))
     return BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells, metrics=metrics,
                        environment=environment(), warnings=drift_warnings(cells), in_process=local)
+
+
+def _summarized(key: CellKey, run: _CellRun, **figures: Any) -> Cell:
+    k, adaptive, lookup, concurrency, sampling = key
+    return summarize(k, concurrency, adaptive, run.traces, run.wall, run.counters, lookup=lookup, sampling=sampling,
+                     **figures)
 
 
 def run_texts(run: _CellRun) -> dict[int, str]:

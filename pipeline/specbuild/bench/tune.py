@@ -3,7 +3,10 @@ release's default: ``speculation.num_draft_tokens`` / ``speculation.adaptive`` i
 repository re-packaged from that spec (the orchestrator's ``num_draft_tokens`` / ``adaptive_draft``
 parameters, validated configs and a new manifest; engines are unchanged, so only packaging re-runs).
 Prompt lookup is not swept: every cell runs with the spec's own ``speculation.prompt_lookup.enabled``, so
-the choice is measured as the release serves it.
+the choice is measured as the release serves it. Every setting runs under each sampling profile of the traffic mix
+the release expects (``speculation.traffic``, or ``--traffic``, which is then written too): the choice is the best
+for the mix (each profile's score weighted by its share) and the break-even's prior (``measured_acceptance``) is the
+mix's acceptance, since a draft's acceptance under sampling differs from its greedy one.
 
 With ``concurrency_schedule`` it measures K per load instead (:func:`tune_schedule`): the best fixed K at each of
 :data:`TUNED_LOADS`, on a copy of the release packaged without its load policy (so each cell drafts the
@@ -16,9 +19,9 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
@@ -26,6 +29,7 @@ from specbuild.bench.metrics import Cell
 from specbuild.errors import SpecError, UsageError
 from specbuild.spec import load_spec, yaml_scalar
 from specbuild.speculation.schedule import TUNED_LOADS
+from specbuild.speculation.traffic import GREEDY, checked_mix
 
 Goal = Literal["latency", "throughput"]
 CANDIDATE_KS = (0, 1, 2, 3, 4, 6, 8)
@@ -58,15 +62,26 @@ def score(cell: Cell, goal: Goal) -> float | None:
     return None if median is None else -median
 
 
-def pick(cells: Sequence[Cell], goal: Goal) -> Cell:
-    """The best cell for ``goal`` among those where every request succeeded and (greedy runs) the output
-    equals K=0's, so a faster but wrong setting can never win."""
-    eligible = [c for c in cells if c.requests and not c.errors and c.matches_baseline in (None, 1.0)
-                and score(c, goal) is not None]
-    if not eligible:
+def pick(cells: Sequence[Cell], goal: Goal, mix: Mapping[str, float] | None = None) -> Cell:
+    """The best setting for ``goal`` over the traffic ``mix`` (default: greedy alone), as its cell of the mix's
+    largest profile: among the settings (K, adaptive, lookup, concurrency) whose every profile's cell finished every
+    request and (greedy) answered as K=0 did, so a faster but wrong setting can never win, the highest score
+    weighted by the profiles' shares."""
+    mix = mix or {GREEDY: 1.0}
+    by_setting: dict[tuple[Any, ...], dict[str, Cell]] = {}
+    for cell in cells:
+        by_setting.setdefault(cell.key[:4], {})[cell.sampling] = cell
+    scores = {}
+    for setting, profiles in by_setting.items():
+        mixed = [profiles.get(name) for name in mix]
+        if all(c is not None and c.requests and not c.errors and c.matches_baseline in (None, 1.0)
+               and score(c, goal) is not None for c in mixed):
+            scores[setting] = sum(share * score(c, goal) for share, c in zip(mix.values(), mixed))  # type: ignore
+    if not scores:
         raise UsageError("no setting finished its requests cleanly, so none can be chosen",
                          "read the bench table above and the server log")
-    return max(eligible, key=lambda c: (score(c, goal), -c.k))  # ties: the smaller K
+    best = max(scores, key=lambda setting: (scores[setting], -setting[0]))  # ties: the smaller K
+    return by_setting[best][max(mix, key=lambda name: mix[name])]
 
 
 def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
@@ -102,13 +117,13 @@ def set_section_values(text: str, section: str, values: dict[str, Any]) -> str:
     return text
 
 
-def load_schedule(cells: Sequence[Cell], goal: Goal) -> dict[int, int]:
-    """K per load from cells at several concurrencies: the best K at each (:func:`pick`), never above the K chosen
-    at a lower load (a K that rose with load would be measurement noise, and the orchestrator drafts less as load
+def load_schedule(cells: Sequence[Cell], goal: Goal, mix: Mapping[str, float] | None = None) -> dict[int, int]:
+    """K per load from cells at several concurrencies: the best K for the traffic ``mix`` at each (:func:`pick`),
+    never above the K chosen at a lower load (a K that rose with load would be measurement noise, and the orchestrator drafts less as load
     rises), as ``{concurrency: K}`` where K changes, from concurrency 1 (or the least measured) on."""
     schedule: dict[int, int] = {}
     for concurrency in sorted({cell.concurrency for cell in cells}):
-        best = pick([cell for cell in cells if cell.concurrency == concurrency], goal).k
+        best = pick([cell for cell in cells if cell.concurrency == concurrency], goal, mix).k
         previous = list(schedule.values())[-1] if schedule else None
         if previous is None or best < previous:
             schedule[concurrency] = best
@@ -121,15 +136,21 @@ def measured_verify_cost(cells: Sequence[Cell]) -> dict[int, float]:
     return {cell.k: round(max(1.0, cell.verify_cost), 3) for cell in _fixed_k(cells)}
 
 
-def measured_costs(cells: Sequence[Cell]) -> dict[str, Any]:
+def measured_costs(cells: Sequence[Cell], mix: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The release's cost model as the bench measured it through the server (the spec's ``speculation`` keys):
-    V(K) per fixed K, and c and the per-token acceptance as the medians over those cells; empty: none measured."""
+    V(K) per fixed K and c as the medians over those cells (greedy where measured: costs of the machine, not of the
+    traffic), the per-token acceptance as each profile's median weighted by its share of the traffic ``mix``
+    (default: greedy alone); empty: none measured."""
+    mix = mix or {GREEDY: 1.0}
     fixed = _fixed_k(cells)
-    if not fixed:
+    costed = [cell for cell in fixed if cell.sampling == GREEDY] or fixed
+    acceptance = {name: [cell.per_token_acceptance or 0.0 for cell in fixed if cell.sampling == name] for name in mix}
+    if not fixed or not all(acceptance.values()):
         return {}
-    return {"verify_cost": measured_verify_cost(cells),
-            "draft_cost": round(float(statistics.median(cell.cost_ratio or 0.0 for cell in fixed)), 4),
-            "measured_acceptance": round(float(statistics.median(cell.per_token_acceptance or 0.0 for cell in fixed)), 3)}
+    return {"verify_cost": measured_verify_cost(costed),
+            "draft_cost": round(float(statistics.median(cell.cost_ratio or 0.0 for cell in costed)), 4),
+            "measured_acceptance": round(sum(share * float(statistics.median(acceptance[name]))
+                                             for name, share in mix.items()), 3)}
 
 
 def _fixed_k(cells: Sequence[Cell]) -> list[Cell]:
@@ -137,14 +158,16 @@ def _fixed_k(cells: Sequence[Cell]) -> list[Cell]:
 
 
 def write_choice(spec_path: str | Path, num_draft_tokens: int, adaptive: bool,
-                 measured: dict[str, Any] | None = None, schedule: dict[int, int] | None = None) -> None:
+                 measured: dict[str, Any] | None = None, schedule: dict[int, int] | None = None,
+                 traffic: Mapping[str, float] | None = None) -> None:
     """Set the choice (and the cost model measured, its V(K) over those measured before: :func:`measured_costs`;
-    and K per load, ``schedule``, replacing a ``busy_in_flight``) in the spec file (atomically), then check that
-    the file still validates."""
+    K per load, ``schedule``, replacing a ``busy_in_flight``; the traffic mix it was chosen for, where given) in the
+    spec file (atomically), then check that the file still validates."""
     path = Path(spec_path)
     original = path.read_text(encoding="utf-8")
     current = load_spec(path).speculation
-    values: dict[str, Any] = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, **(measured or {})}
+    values: dict[str, Any] = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, **(measured or {}),
+                              **({"traffic": dict(traffic)} if traffic is not None else {})}
     if values.get("verify_cost"):
         values["verify_cost"] = {**current.verify_cost, **values["verify_cost"]}
     if schedule is not None:
@@ -170,34 +193,47 @@ class TuneResult:
     spec_path: Path
     compiled: Any  # compiler.CompileResult, None when --dry-run
     schedule: dict[int, int] | None = None  # K per load (tune_schedule), {concurrency: K}
+    mix: dict[str, float] = field(default_factory=lambda: {GREEDY: 1.0})  # the traffic mix it was chosen for
 
 
 def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Sequence[int] | None = None,
          adaptive: Sequence[bool] = (False, True), concurrency: int | None = None, max_tokens: int = 64,
          requests: int = 8, max_seconds: float = 300.0, url: str | None = None, write: bool = True,
-         console: Any = None) -> TuneResult:
+         traffic: Mapping[str, float] | None = None, console: Any = None) -> TuneResult:
     """Benchmark the release of ``spec_path`` (on a server started on its repository, or the one at
-    ``url``), choose the best setting for ``goal``, and (``write``) make it the spec's and repository's
-    default."""
+    ``url``) under each profile of the traffic mix (``traffic``, else the spec's), choose the best setting for
+    ``goal`` on that mix, and (``write``) make it the spec's and repository's default."""
     from specbuild import compiler
     from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
 
     spec = load_spec(spec_path)
+    mix = _mix(spec, traffic)
     repository = Path(spec.outputs.repository_dir)
     max_draft_len = _checked_ks(repository, ks)
     plan = BenchPlan(ks=tuple(ks or candidate_ks(max_draft_len)), adaptive=tuple(adaptive),
                      lookup=(spec.speculation.prompt_lookup.enabled,),
                      concurrencies=(concurrency or (1 if goal == "latency" else min(4, spec.limits.max_batch_size)),),
-                     max_tokens=max_tokens, requests=requests, max_seconds=max_seconds)
+                     max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, samplings=tuple(mix))
     with bench_server(url, None if url else repository) as (grpc_url, metrics_url):
         report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url,
                            tokenizer_dir=repository_tokenizer(repository), console=console)
-    choice = pick(report.cells, goal)
+    choice = pick(report.cells, goal, mix)
     compiled = None
     if write:
-        write_choice(spec_path, choice.k, choice.adaptive, measured_costs(report.cells))
+        write_choice(spec_path, choice.k, choice.adaptive, measured_costs(report.cells, mix),
+                     traffic=mix if traffic is not None else None)
         compiled = compiler.run(load_spec(spec_path), console=console)
-    return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled)
+    return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled, mix=mix)
+
+
+def _mix(spec: Any, traffic: Mapping[str, float] | None) -> dict[str, float]:
+    """The traffic mix to tune for: ``traffic`` (checked), else the spec's."""
+    if traffic is None:
+        return dict(spec.speculation.traffic)
+    try:
+        return checked_mix(traffic)
+    except ValueError as exc:
+        raise UsageError(str(exc), "e.g. --traffic greedy=0.5,t0.7=0.5") from None
 
 
 def _checked_ks(repository: Path, ks: Sequence[int] | None) -> int:
@@ -212,7 +248,8 @@ def _checked_ks(repository: Path, ks: Sequence[int] | None) -> int:
 
 def tune_schedule(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Sequence[int] | None = None,
                   concurrencies: Sequence[int] = TUNED_LOADS, max_tokens: int = 64, requests: int = 8,
-                  max_seconds: float = 300.0, write: bool = True, console: Any = None) -> TuneResult:
+                  max_seconds: float = 300.0, write: bool = True, traffic: Mapping[str, float] | None = None,
+                  console: Any = None) -> TuneResult:
     """Measure K per load: every fixed K at each of ``concurrencies`` (``requests`` per cell, at least one block
     of the level's concurrency; no cell runs on past ``max_seconds``), on a server started on a copy of the
     release packaged without its load policy (engines shared, so only packaging runs); the best for ``goal`` at
@@ -222,6 +259,7 @@ def tune_schedule(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, 
     from specbuild.bench.runner import BenchPlan, BenchReport, bench_server, repository_tokenizer, run_bench
 
     spec = load_spec(spec_path)
+    mix = _mix(spec, traffic)
     repository = Path(spec.outputs.repository_dir)
     max_draft_len = _checked_ks(repository, ks)
     candidates = tuple(ks or candidate_ks(max_draft_len))
@@ -236,7 +274,7 @@ def tune_schedule(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, 
             for level in sorted(set(concurrencies)):
                 plan = BenchPlan(ks=candidates, concurrencies=(level,), max_tokens=max_tokens,
                                  requests=max(requests, level), max_seconds=max_seconds,
-                                 lookup=(spec.speculation.prompt_lookup.enabled,))
+                                 lookup=(spec.speculation.prompt_lookup.enabled,), samplings=tuple(mix))
                 reports.append(run_bench(grpc_url, prompts, plan, metrics_url=metrics_url,
                                          tokenizer_dir=repository_tokenizer(measured_on), console=console))
     cells = [cell for report in reports for cell in report.cells]
@@ -245,10 +283,12 @@ def tune_schedule(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, 
                                                             "requests": requests}),
                          url=first.url, prompts=first.prompts, cells=cells, metrics=first.metrics,
                          environment=first.environment, warnings=[w for r in reports for w in r.warnings])
-    schedule = load_schedule(cells, goal)
-    choice = pick(first.cells, goal)
+    schedule = load_schedule(cells, goal, mix)
+    choice = pick(first.cells, goal, mix)
     compiled = None
     if write:
-        write_choice(spec_path, choice.k, False, measured_costs(first.cells), schedule)
+        write_choice(spec_path, choice.k, False, measured_costs(first.cells, mix), schedule,
+                     traffic=mix if traffic is not None else None)
         compiled = compiler.run(load_spec(spec_path), console=console)
-    return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled, schedule=schedule)
+    return TuneResult(report=report, choice=choice, spec_path=Path(spec_path), compiled=compiled, schedule=schedule,
+                      mix=mix)

@@ -13,6 +13,7 @@ from specbuild.drafts.distill_options import ANSWERS, DEVICES, PRECISIONS, TEACH
 from specbuild.errors import SpecbuildError, UsageError
 from specbuild.spec import DEFAULT_SPEC_FILE, LOCAL_GRPC_URL, TRITON_DEFAULTS
 from specbuild.speculation.schedule import TUNED_LOADS
+from specbuild.speculation.traffic import GREEDY, PROFILE_NAMES, describe_profiles, parse_mix, sampling_profile
 from specbuild.terminal import progress_display
 
 DRAFT = DraftOptions()  # `specbuild draft`'s defaults
@@ -68,6 +69,20 @@ def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,2,4") from None
 
 
+def _sampling_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
+    """``"greedy,t0.7"`` -> ``("greedy", "t0.7")``, each a profile of :mod:`specbuild.speculation.traffic`."""
+    if value is None:
+        return None
+    names = tuple(item.strip() for item in value.split(",") if item.strip())
+    try:
+        for name in names:
+            sampling_profile(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return names
+
+
+SAMPLING_HELP = "sampling profiles, comma-separated, each measured against K=0 of its own: " + describe_profiles()
 ADAPTIVE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 LOOKUP_CHOICES = {"off": (False,), "on": (True,), "off,on": (False, True)}
 
@@ -131,7 +146,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
               help="adaptive K per request")
 @click.option("--lookup", type=click.Choice(list(LOOKUP_CHOICES)), default="off", show_default=True,
               help="prompt lookup drafting (the draft model when lookup finds nothing); not at K=0")
-@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="default: greedy")
+@click.option("--sampling", "samplings", default=GREEDY, show_default=True, callback=_sampling_list,
+              help=SAMPLING_HELP)
 @workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench_results", show_default=True,
               help="folder for bench.json, bench.md and the plots")
@@ -143,7 +159,7 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 @json_option
 @reports_errors
 def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None, in_process: bool,
-          ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, temperature: float | None,
+          ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, samplings: tuple[str, ...],
           prompts_file: str | None, workload: str, categories: tuple[str, ...], num_prompts: int | None,
           max_tokens: int, requests: int, max_seconds: float, out_dir: str, plots: bool, gate: tuple[str, ...],
           json_mode: bool) -> None:
@@ -161,14 +177,14 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
     from specbuild.errors import UsageError
 
     thresholds = parse_thresholds(gate)
-    if thresholds.greedy_identical and temperature:
-        raise UsageError("--gate greedy_identical compares greedy answers, but --temperature samples",
-                         "drop --temperature (greedy), or the greedy_identical threshold")
+    if thresholds.greedy_identical and GREEDY not in samplings:
+        raise UsageError("--gate greedy_identical compares greedy answers, but --sampling has no greedy cells",
+                         f"add greedy to --sampling (e.g. --sampling greedy,{samplings[0]}), or drop the threshold")
 
     try:
         plan = BenchPlan(ks=ks, concurrencies=concurrencies, adaptive=ADAPTIVE_CHOICES[adaptive],
                          lookup=LOOKUP_CHOICES[lookup],
-                         max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, temperature=temperature)
+                         max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, samplings=samplings)
     except ValidationError as exc:
         raise UsageError(f"invalid bench options: {exc.errors()[0]['msg']}", "see specbuild bench --help") from None
     prompts = load_prompts(prompts_file, workload=workload, categories=categories or None,  # type: ignore[arg-type]
@@ -226,13 +242,16 @@ def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, j
               help=f"measure K per load instead: the best fixed K at concurrency {', '.join(map(str, TUNED_LOADS))} "
               "(each cell --requests, at least one block; adaptive K not swept), written as "
               "speculation.draft_len_schedule, on a server it starts on a copy of the release without its load policy")
+@click.option("--traffic", default=None, metavar="PROFILE=SHARE,...",
+              help="the sampling mix to tune for, e.g. greedy=0.5,t0.7=0.5 (profiles: " + ", ".join(PROFILE_NAMES)
+              + "), written as speculation.traffic  [default: the spec's speculation.traffic]")
 @workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="also write the bench report")
 @click.option("--dry-run", is_flag=True, help="measure and show the choice; change nothing")
 @json_option
 @reports_errors
 def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, concurrency: int | None,
-         url: str | None, concurrency_schedule: bool, prompts_file: str | None, workload: str,
+         url: str | None, concurrency_schedule: bool, traffic: str | None, prompts_file: str | None, workload: str,
          categories: tuple[str, ...], num_prompts: int | None, max_tokens: int, requests: int, max_seconds: float,
          out_dir: str | None, dry_run: bool, json_mode: bool) -> None:
     """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default (or, with
@@ -243,8 +262,12 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
 
     prompts = load_prompts(prompts_file, workload=workload, categories=categories or None,  # type: ignore[arg-type]
                            limit=num_prompts)
+    try:
+        mix = parse_mix(traffic) if traffic is not None else None
+    except ValueError as exc:
+        raise UsageError(f"--traffic: {exc}", "e.g. --traffic greedy=0.5,t0.7=0.5") from None
     bounds = {"max_tokens": max_tokens, "requests": requests, "max_seconds": max_seconds, "write": not dry_run,
-              "console": console}
+              "traffic": mix, "console": console}
     if concurrency_schedule:
         if url is not None or concurrency is not None:
             raise UsageError("--concurrency-schedule measures its own levels on a server it starts (without the "
@@ -258,10 +281,13 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
     choice = result.choice
     if json_mode:
         print_json({**result.report.to_dict(), "goal": goal, "choice": choice.to_dict(), "spec": spec_file,
-                    "draft_len_schedule": result.schedule,
+                    "draft_len_schedule": result.schedule, "traffic": result.mix,
                     "repository": str(result.compiled.repository) if result.compiled is not None else None})
-    console.print(f"best for {goal}: [bold]{choice.label}[/] ({choice.tokens_per_second:.1f} tokens/s, "
-                  f"speedup {choice.speedup or 1.0:.2f}x at concurrency {choice.concurrency})", highlight=False)
+    chosen = [cell for cell in result.report.cells if cell.key[:4] == choice.key[:4]]
+    speedups = ", ".join(f"{cell.sampling} {cell.speedup or 1.0:.2f}x" for cell in chosen)
+    mix = ", ".join(f"{name} {share:.0%}" for name, share in result.mix.items())
+    console.print(f"best for {goal} on the traffic mix {mix}: [bold]{choice.label.split()[0]}[/] (speedup {speedups} "
+                  f"at concurrency {choice.concurrency})", highlight=False)
     if result.schedule is not None:
         console.print(f"K per load: {', '.join(f'K={k} from {c} in flight' for c, k in result.schedule.items())}",
                       highlight=False)

@@ -282,21 +282,25 @@ class TritonServer:
         while time.monotonic() < deadline:
             code = self._process.poll()
             if code is not None:
-                log = self.read_log()
-                raise ServerError(self._failure(f"tritonserver exited with code {code} while starting", log),
-                                  start_failure_fix(log_errors(log)))
+                excerpt = self._log_excerpt()  # read once, for the message and its fix
+                raise ServerError(self._failure(f"tritonserver exited with code {code} while starting", excerpt),
+                                  start_failure_fix(excerpt))
             if _http_status(f"{self.http_url}/v2/health/ready", timeout=1.0)[0] == 200:
                 return
             time.sleep(0.1)
         raise ServerError(
-            self._failure(f"tritonserver was not ready after {self.startup_timeout:g} s", self.read_log()),
+            self._failure(f"tritonserver was not ready after {self.startup_timeout:g} s", self._log_excerpt()),
             "read the server log above; raise the startup timeout if the models are large and slow to load",
         )
 
-    def _failure(self, headline: str, log: str) -> str:
-        errors = log_errors(log) or log.splitlines()[-20:]
+    def _log_excerpt(self) -> list[str]:
+        """The server log's errors worth showing (:func:`log_errors`), else its last 20 lines."""
+        log = self.read_log()
+        return log_errors(log) or log.splitlines()[-20:]
+
+    def _failure(self, headline: str, excerpt: list[str]) -> str:
         where = f" (log: {self._log_file})" if self._log_file else ""
-        return headline + where + ":\n" + "\n".join(f"  {e}" for e in errors)
+        return headline + where + ":\n" + "\n".join(f"  {line}" for line in excerpt)
 
     def read_log(self) -> str:
         path = self.log_path
@@ -421,7 +425,7 @@ class TritonServer:
                 if on_ready is not None:
                     on_ready()
                 if not wait_until(stop, self.is_running):
-                    raise ServerError(self._failure("tritonserver exited unexpectedly", self.read_log()),
+                    raise ServerError(self._failure("tritonserver exited unexpectedly", self._log_excerpt()),
                                       "read the errors above, fix the cause and serve again")
             announce("stopping tritonserver")
             return 0
