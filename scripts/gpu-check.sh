@@ -5,4 +5,4 @@
 # are small (--json FILE), so it has no --part-size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHONPATH="$PWD/pipeline${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m specbuild.bench.gpu_check "$@"
+PYTHONPATH="$PWD/pipeline${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m specbuild.gpu_check "$@"

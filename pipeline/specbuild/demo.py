@@ -155,10 +155,11 @@ def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_token
     from specbuild import compiler
     from specbuild.bench.estimate import estimate_pair
     from specbuild.bench.runner import BenchPlan, repository_tokenizer, run_bench
-    from specbuild.drafts.model_pairs import pair_dir, progress_display
+    from specbuild.drafts.model_pairs import pair_dir
     from specbuild.runtimes.names import TORCH
     from specbuild.serve.server import TritonServer
     from specbuild.spec import load_spec
+    from specbuild.terminal import progress_display
     from specbuild.stages.atomic import atomic_write_text
 
     console = console or make_console()

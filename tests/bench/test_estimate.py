@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specbuild.bench import estimate
+from specbuild.bench import acceptance, estimate
 from specbuild.speculation.cost import expected_speedup
 from specbuild.drafts import demo_models, distill, distill_data, distill_training, model_pairs
 
@@ -18,7 +18,7 @@ def test_a_greedy_acceptance_rate_goes_through_the_bench_formula():
 
 
 def test_no_module_keeps_its_own_speedup_formula():
-    for module in (model_pairs, demo_models, distill, distill_data, distill_training):
+    for module in (acceptance, model_pairs, demo_models, distill, distill_data, distill_training):
         assert not hasattr(module, "expected_speedup"), module.__name__
 
 

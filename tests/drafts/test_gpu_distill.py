@@ -17,7 +17,7 @@ from locations import REPO_ROOT
 from specbuild.drafts.distill_options import DraftOptions
 from specbuild.drafts.gpu_distill import LAYERS, RECIPE, draft_options, main, resolve_target
 
-SCRIPTS = ("specbuild.drafts.gpu_distill", "specbuild.bench.gpu_check")  # scripts/gpu-distill.sh, gpu-check.sh
+SCRIPTS = ("specbuild.drafts.gpu_distill", "specbuild.gpu_check")  # scripts/gpu-distill.sh, gpu-check.sh
 
 
 def reached_modules(names: tuple[str, ...]) -> set[str]:

@@ -1,5 +1,5 @@
 """The distillation prompts (specbuild.drafts.prompts), the benchmark prompts they hold out (.held_out) and the local
-passages they are made from (.passages)."""
+passages they are made from (specbuild.bench.passages)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import gzip
 import json
 from pathlib import Path
 
-from specbuild.drafts import passages as passage_module
-from specbuild.drafts.passages import DEBIAN_DOC, MAX_CHARS, MIN_CHARS, local_passages, near_duplicates, prose
+from specbuild.bench import passages as passage_module
+from specbuild.bench.passages import DEBIAN_DOC, MAX_CHARS, MIN_CHARS, local_passages, near_duplicates, prose
 from specbuild.drafts.held_out import HELDOUT_FILE, benchmark_prompts, too_similar
 from specbuild.drafts.prompts import KINDS, distillation_prompts, prompt_pool
 

@@ -10,8 +10,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import TINY_SEED
+from specbuild.bench.acceptance import measure_acceptance, model_logits  # noqa: E402
 from specbuild.drafts import tiny_models
-from specbuild.drafts.model_pairs import STAMP_FILE, measure_acceptance, model_logits  # noqa: E402
+from specbuild.drafts.model_pairs import STAMP_FILE  # noqa: E402
 
 
 def _load(folder):

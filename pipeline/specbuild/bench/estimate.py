@@ -91,7 +91,7 @@ def measure_step_costs(target: PreTrainedModel, draft: PreTrainedModel, max_k: i
     warm-up rounds; ``advance`` after each), keeping each one's fastest time. On one thread: on a busy machine
     a multi-threaded step waits for its slowest thread (tens of times its cost, measured on 2 shared cores),
     while other work only ever adds time to a single thread, so the minimum is the step's own cost."""
-    from specbuild.drafts.model_pairs import torch_threads
+    from specbuild.runtimes.torch.threads import torch_threads
 
     target_s: dict[int, list[float]] = {n: [] for n in range(1, max_k + 2)}
     draft_s: list[float] = []
@@ -158,10 +158,12 @@ def estimate_pair(target_dir: str | Path, draft_dir: str | Path, *, prompts: int
     bounded on a busy machine (SmolLM2-135M and its draft: about 45 s with 2 cores shared by others)."""
     from transformers import AutoTokenizer
 
+    from specbuild.bench.acceptance import measure_acceptance
     from specbuild.bench.prompts import load_prompts
     from specbuild.bench.runner import chat_prompts
-    from specbuild.drafts.model_pairs import measure_acceptance, stage, torch_threads
     from specbuild.runtimes.torch.engine import TorchEngine
+    from specbuild.runtimes.torch.threads import torch_threads
+    from specbuild.terminal import stage
 
     started = time.perf_counter()
     with torch_threads(1):

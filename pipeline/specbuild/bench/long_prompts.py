@@ -1,5 +1,5 @@
 """The ``long`` workload: prompts of one to two thousand tokens, where prompt lookup should pay most, built from text
-every machine has (:mod:`specbuild.drafts.passages`: the standard library's docstrings first, then the installed
+every machine has (:mod:`specbuild.bench.passages`: the standard library's docstrings first, then the installed
 packages'; the standard library's own source files), so it needs no download and a machine always builds the same
 prompts (another Python version builds others: compare figures on one machine).
 
@@ -29,7 +29,7 @@ KINDS = (*QA_TOKENS, "chat-long", "code-edit")
 def long_prompts(per_kind: int = PER_KIND) -> list[tuple[str, str]]:
     """``per_kind`` prompts of each kind in :data:`KINDS`, as (kind, text), in kind order (the bench interleaves
     them and makes them :class:`~specbuild.bench.prompts.Prompt` records)."""
-    from specbuild.drafts.passages import local_passages
+    from specbuild.bench.passages import local_passages
 
     texts = [passage.text for passage in local_passages()]
     prompts: list[tuple[str, str]] = []

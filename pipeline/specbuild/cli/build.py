@@ -8,7 +8,7 @@ import click
 
 from specbuild.cli.common import console, json_option, main, print_json, reports_errors, spec_from_options, spec_options
 from specbuild.spec import DEFAULT_SPEC_FILE, RUNTIME_CHOICES, load_spec
-from specbuild.terminal import make_console
+from specbuild.terminal import make_console, progress_display
 
 
 @main.command()
@@ -29,7 +29,7 @@ def init(target: str | None, draft: str | None, path: str, runtime: str, measure
     With both checkpoints it measures the pair quickly in process and starts from the K predicted fastest,
     or from K=0 (the target alone) when the draft would slow it down; the spec's comment says which and why.
     """
-    from specbuild.drafts.model_pairs import pair_dir, progress_display
+    from specbuild.drafts.model_pairs import pair_dir
     from specbuild.starter import make_starter, refuse_existing, write_starter
 
     refuse_existing(path, force)

@@ -14,6 +14,7 @@ from specbuild.errors import SpecbuildError, UsageError
 from specbuild.spec import DEFAULT_SPEC_FILE, LOCAL_GRPC_URL, TRITON_DEFAULTS
 from specbuild.speculation.schedule import TUNED_LOADS
 from specbuild.speculation.traffic import GREEDY, PROFILE_NAMES, describe_profiles, parse_mix, sampling_profile
+from specbuild.terminal import progress_display
 
 DRAFT = DraftOptions()  # `specbuild draft`'s defaults
 
@@ -309,7 +310,7 @@ def demo_models(out: str | None, tiny: bool, tiny_seed: int, json_mode: bool) ->
     OUT defaults to the cache the demo and the tests share: .cache/demo-pair (or tiny-pair), or under
     $SPECBUILD_CACHE when set.
     """
-    from specbuild.drafts.model_pairs import pair_dir, progress_display
+    from specbuild.drafts.model_pairs import pair_dir
 
     _check_tiny_seed(tiny, tiny_seed)
     out = out or str(pair_dir("tiny" if tiny else "demo"))
@@ -371,7 +372,6 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
                   json_mode: bool) -> None:
     """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
     from specbuild.drafts.distill import make_draft
-    from specbuild.drafts.model_pairs import progress_display
 
     options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
                            held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision,
@@ -408,7 +408,6 @@ def head_vocabulary_command(target: str, draft: str, size: int, prompts: int, ma
                             threads: int, replace: bool, json_mode: bool) -> None:
     """Give DRAFT a head over the SIZE ids TARGET uses most (head_vocabulary.json): a cheaper draft step."""
     from specbuild.drafts.target_ranking import write_for_draft
-    from specbuild.drafts.model_pairs import progress_display
 
     with progress_display(console) as progress:
         vocabulary = write_for_draft(target, draft, size, replace=replace, prompts=prompts,

@@ -14,10 +14,10 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from specbuild.bench.acceptance import acceptance_by_k, sequence_matches
 from specbuild.drafts.distill_data import chat_encode, target_answers
 from specbuild.drafts.distill_options import DraftOptions
 from specbuild.drafts.held_out import benchmark_texts
-from specbuild.drafts.model_pairs import acceptance_by_k, sequence_matches
 
 if TYPE_CHECKING:
     import torch

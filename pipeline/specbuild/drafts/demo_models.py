@@ -19,17 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbuild.bench.acceptance import measure_acceptance
 from specbuild.checkpoint.head_vocabulary import HEAD_VOCABULARY
-from specbuild.drafts.model_pairs import (
-    ModelPair,
-    cached_pair,
-    folder_bytes,
-    measure_acceptance,
-    parameter_count,
-    save_checkpoint,
-    stage,
-    torch_threads,
-)
+from specbuild.drafts.model_pairs import ModelPair, cached_pair, folder_bytes, parameter_count, save_checkpoint
+from specbuild.runtimes.torch.threads import torch_threads
+from specbuild.terminal import stage
 from specbuild.errors import CheckpointError
 
 if TYPE_CHECKING:

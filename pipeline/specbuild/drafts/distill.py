@@ -51,23 +51,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
+from specbuild.bench.acceptance import acceptance_by_k, model_logits, sequence_matches
 from specbuild.bench.estimate import COST_REPEATS, measure_step_costs, predicted_speedups
 from specbuild.drafts.distill_data import DistillData, load_or_make_data
 from specbuild.drafts.distill_options import DraftOptions
 from specbuild.drafts.distill_training import Trainer, student_from_target
 from specbuild.drafts.head_ranking import coverage, rank_head_vocabulary
-from specbuild.drafts.model_pairs import (
-    acceptance_by_k,
-    folder_bytes,
-    model_logits,
-    parameter_count,
-    save_checkpoint,
-    sequence_matches,
-    stage,
-    torch_threads,
-)
+from specbuild.drafts.model_pairs import folder_bytes, parameter_count, save_checkpoint
 from specbuild.errors import CheckpointError, UsageError
+from specbuild.runtimes.torch.threads import torch_threads
 from specbuild.stages.atomic import atomic_output_dir, atomic_write_bytes
+from specbuild.terminal import stage
 
 if TYPE_CHECKING:
     import torch

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.drafts.model_pairs import stage
 from specbuild.errors import UsageError
 from specbuild.stages.atomic import atomic_write_bytes
+from specbuild.terminal import stage
 
 if TYPE_CHECKING:
     import torch

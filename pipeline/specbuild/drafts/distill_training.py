@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbuild.drafts.model_pairs import stage
 from specbuild.errors import UsageError
 from specbuild.stages.atomic import atomic_write_bytes
+from specbuild.terminal import stage
 
 if TYPE_CHECKING:
     import torch

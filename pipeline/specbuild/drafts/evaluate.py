@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.drafts.model_pairs import stage, torch_threads
+from specbuild.runtimes.torch.threads import torch_threads
+from specbuild.terminal import stage
 
 if TYPE_CHECKING:
     from rich.progress import Progress

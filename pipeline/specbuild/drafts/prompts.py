@@ -5,7 +5,7 @@ draft agrees on requests it never saw (GPU-distilled drafts agreed far less on h
 own). The pool crosses instruction templates of many kinds (:data:`KINDS`: chat, follow-ups, e-mails, how-to
 steps, brainstorming, comparisons, summaries and one-sentence summaries, rewriting, translation, extraction,
 classification, questions on a passage, code, reasoning) with topics, seeded numbers and names, and passages
-of local text (:mod:`specbuild.drafts.passages`: the standard library, installed packages, Debian's docs).
+of local text (:mod:`specbuild.bench.passages`: the standard library, installed packages, Debian's docs).
 
 Every benchmark prompt is held out, and so is every pool prompt too similar to one (:mod:`specbuild.drafts.held_out`).
 The pool is deduplicated and, for a seed, the same on a given machine; a short run sees every kind
@@ -21,8 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
+from specbuild.bench.passages import DEBIAN_DOC, Passage, local_passages, stdlib_functions
 from specbuild.drafts.held_out import benchmark_prompts, too_similar
-from specbuild.drafts.passages import DEBIAN_DOC, Passage, local_passages, stdlib_functions
 
 KINDS_PER_PASSAGE = 2
 

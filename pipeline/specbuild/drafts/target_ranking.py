@@ -23,7 +23,7 @@ def rank_for_target(target_dir: str | Path, size: int, *, prompts: int = 256, ma
     from specbuild.drafts.distill import compute_dtype, load_target, resolve_device
     from specbuild.drafts.distill_data import encode_prompts, target_answers
     from specbuild.drafts.distill_options import DraftOptions
-    from specbuild.drafts.model_pairs import torch_threads
+    from specbuild.runtimes.torch.threads import torch_threads
 
     options = DraftOptions(prompts=prompts, held_out=1, max_new_tokens=max_new_tokens, seed=seed)
     with torch_threads(threads):

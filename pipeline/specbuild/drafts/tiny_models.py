@@ -16,7 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.drafts.model_pairs import ModelPair, cached_pair, folder_bytes, measure_acceptance, model_logits, parameter_count, save_checkpoint, stage, torch_threads
+from specbuild.bench.acceptance import measure_acceptance, model_logits
+from specbuild.drafts.model_pairs import ModelPair, cached_pair, folder_bytes, parameter_count, save_checkpoint
+from specbuild.runtimes.torch.threads import torch_threads
+from specbuild.terminal import stage
 
 if TYPE_CHECKING:
     import torch

@@ -7,14 +7,17 @@ spin briefly between regions. Spinning threads collapse as soon as anything else
 engine of the release, a neighbour's job, even one at nice 19: 3-16 tok/s), since every region then waits for a
 preempted thread. So the engine models spin briefly (:data:`SPIN_COUNT`, set before torch starts) and let a
 :class:`ThreadGovernor` run each step with every core while they are free and with one while they are not,
-judged by measuring steps (docs/benchmarks.md, "The served path").
+judged by measuring steps (docs/benchmarks.md, "The served path"). Work measured in process rather than served (a
+pair's acceptance, step costs) pins a fixed count instead: :func:`torch_threads`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # libgomp's spin before a waiting thread sleeps (GOMP_SPINCOUNT, in iterations; its default is 300,000): long
@@ -47,6 +50,19 @@ def wait_policy() -> str:
     if "OMP_WAIT_POLICY" in os.environ:
         return f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
     return f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'default')}"
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run with ``count`` intra-op threads (reproducible timings on a shared machine), then restore."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @dataclass

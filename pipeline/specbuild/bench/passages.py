@@ -1,4 +1,5 @@
-"""Prose passages and short functions from text every machine has, for the distillation prompts.
+"""Prose passages and short functions from text every machine has, for the bench's ``long`` workload and the
+distillation prompts.
 
 Sources, each optional but the first: the Python standard library's docstrings, the installed packages'
 descriptions (their ``METADATA``) and docstrings, and Debian's ``/usr/share/doc`` README files (gzip'd ones

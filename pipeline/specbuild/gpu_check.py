@@ -8,7 +8,7 @@ steps, at a realistic context; :func:`specbuild.bench.estimate.measure_step_cost
 speedup the analytic model expects from them (:func:`specbuild.speculation.cost.expected_speedup`). Besides the tiny pair it times a sized pair with random
 weights (the shapes of a ~1B target and a 2-layer draft of the same width), where only the costs mean anything.
 
-    python -m specbuild.bench.gpu_check --device cuda [--json report.json]
+    python -m specbuild.gpu_check --device cuda [--json report.json]
 
 Imports only torch, transformers, tokenizers, safetensors, numpy, pyyaml, click and rich (besides specbuild itself,
 from its source tree; ``tests/device_machine.py`` runs it with everything else unimportable).
