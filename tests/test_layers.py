@@ -24,9 +24,9 @@ SOURCE = REPO_ROOT / "pipeline" / PACKAGE
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "terminal"),
     ("speculation",),
-    ("spec_section",),
+    ("spec_section", "spec_sources"),
     ("spec",),
-    ("stages", "checkpoint"),
+    ("stages", "checkpoint", "spec_rendering"),
     ("package",),
     ("triton_models",),
     ("runtimes",),
