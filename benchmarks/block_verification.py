@@ -32,7 +32,7 @@ from specbuild.bench.prompts import load_prompts
 from specbuild.runtimes.torch import engine as torch_engine
 from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 from specbuild.speculation.modes import VERIFICATION_MODES
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.rules import SamplingParams, Verification, expected_accepted, probabilities, verify
 
 
@@ -72,7 +72,7 @@ def main(pair: Path, k: int, seeds: int, max_tokens: int, temperatures: tuple[fl
         for index, ids in enumerate(prompts):
             for seed in range(index * seeds, (index + 1) * seeds):  # a seed of its own per request: independent draws
                 for mode in VERIFICATION_MODES:
-                    stats = speculator.generate(GenerationRequest(
+                    stats = speculator.generate(TokenRequest(
                         ids, max_tokens, sampling=sampling, seed=seed, num_draft_tokens=k, verification=mode)).stats
                     realized[mode].append(stats.mean_acceptance_length)
         gain = [block - token for token, block in zip(realized["token"], realized["block"])]

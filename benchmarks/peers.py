@@ -96,13 +96,13 @@ def hf_runs(target_dir: Path, draft_dir: Path, prompt_ids: list[list[int]], k: i
 
 def inprocess_run(target_dir: Path, draft_dir: Path, prompt_ids: list[list[int]], k: int, max_tokens: int,
                   eos: int) -> PeerRun:
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 
     speculator = InProcessSpeculator.from_checkpoints(target_dir, draft_dir, max_draft_len=max(k, 1))
 
     def generate(index: int) -> tuple[int, list[int]]:
-        result = speculator.generate(GenerationRequest(prompt_ids=prompt_ids[index], max_tokens=max_tokens,
+        result = speculator.generate(TokenRequest(prompt_ids=prompt_ids[index], max_tokens=max_tokens,
                                                        end_id=eos, num_draft_tokens=k))
         return len(result.tokens), result.tokens
 
@@ -166,7 +166,7 @@ def main(target: Path, draft: Path, repository: Path | None, workdir: Path, k: i
     """Target alone, HF assisted generation, specbuild in process and the specbuild server, side by side."""
     from transformers import AutoTokenizer
 
-    from specbuild.bench.runner import chat_prompts
+    from specbuild.bench.sweep import chat_prompts
     from specbuild.bench.prompts import load_prompts
 
     prompts = load_prompts(limit=num_prompts)

@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from specbuild.bench.acceptance import acceptance_by_k
 from specbuild.bench.prompts import load_prompts
-from specbuild.bench.runner import chat_prompts
+from specbuild.bench.sweep import chat_prompts
 from specbuild.drafts.distill import DraftOptions
 from specbuild.drafts.distill_data import target_answers
 from specbuild.drafts.target_ranking import rank_for_target

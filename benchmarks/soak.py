@@ -28,8 +28,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.bench.metrics import percentiles
-from specbuild.bench.runner import read_counters
+from specbuild.bench.figures import percentiles
+from specbuild.bench.sweep import read_counters
 from specbuild.serve.client import GenerationRequest, SpecbuildClient
 from specbuild.errors import RequestError, ServerError
 from specbuild.serve.server import TritonServer

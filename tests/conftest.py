@@ -208,11 +208,11 @@ class Reference:
 @pytest.fixture(scope="session")
 def target_alone(tiny_release, tokenizer) -> Callable[..., Reference]:
     """The tiny release's target alone, in process: ``target_alone(prompt, max_tokens, bad_words=(), seed=None,
-    **request)`` (``request``: more :class:`specbuild.speculation.request.GenerationRequest` fields, e.g.
+    **request)`` (``request``: more :class:`specbuild.speculation.request.TokenRequest` fields, e.g.
     ``min_tokens``, ``end_id``, ``sampling``). Greedy; with a seed, sampled at temperature 1 one token per round,
     as the server runs a streamed K=0 request."""
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
     from specbuild.speculation.rules import GREEDY, SamplingParams
 
     speculator = InProcessSpeculator.from_checkpoints(tiny_release.engines / "target", None)
@@ -223,7 +223,7 @@ def target_alone(tiny_release, tokenizer) -> Callable[..., Reference]:
         words = [tokenizer.encode(word, add_special_tokens=False) for word in bad_words]
         fields = {"sampling": GREEDY if seed is None else SamplingParams(temperature=1.0),
                   "end_id": tokenizer.eos_token_id, "target_only_chunk": None if seed is None else 1, **request}
-        out = speculator.generate(GenerationRequest(tokenizer.encode(prompt), max_tokens, seed=seed,
+        out = speculator.generate(TokenRequest(tokenizer.encode(prompt), max_tokens, seed=seed,
                                                     num_draft_tokens=0, bad_words=words, **fields))
         return Reference(tuple(out.tokens), tokenizer.decode(out.tokens, skip_special_tokens=True))
 

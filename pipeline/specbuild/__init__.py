@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BuildSpec": ("specbuild.spec", "BuildSpec"),
     "load_spec": ("specbuild.spec", "load_spec"),
-    "check_pair": ("specbuild.check.report", "check"),
-    "CheckReport": ("specbuild.check.report", "CheckReport"),
+    "check_pair": ("specbuild.check.pair_report", "check"),
+    "CheckReport": ("specbuild.check.pair_report", "CheckReport"),
     "compile": ("specbuild.compiler", "run"),
     "CompileResult": ("specbuild.compiler", "CompileResult"),
     "verify": ("specbuild.package.manifest", "verify"),

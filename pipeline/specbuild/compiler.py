@@ -20,7 +20,7 @@ from rich.console import Console
 from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
 from specbuild.package.build_record import RECORD_FORMAT
 from specbuild.package.vendor import source_digest
-from specbuild.check.report import SPEC_READS as CHECK_READS
+from specbuild.check.pair_report import SPEC_READS as CHECK_READS
 from specbuild.doctor.facts import ship_doctor
 from specbuild.runtimes.interface import STEPS, PackageContext, ReleaseContents, Step
 from specbuild.runtimes.registry import resolved, runtime_for
@@ -81,7 +81,7 @@ def _checkpoints(spec: BuildSpec) -> dict[Role, CheckpointInfo]:
 
 
 def _check_action(spec: BuildSpec, output: Path) -> dict[str, Any]:
-    from specbuild.check.report import check
+    from specbuild.check.pair_report import check
     from specbuild.package.manifest import checkpoint_identity
 
     report = check(spec.target.checkpoint, spec.draft.checkpoint, spec)
@@ -253,7 +253,7 @@ def plan(spec: BuildSpec) -> dict[str, Any]:
     """What ``compile`` would do, without doing it (nothing is written): the runtime's conversion and build of
     each model (for ``tensorrt-llm`` the exact commands and build configs per rank), at the limits the
     checkpoints give where the spec leaves them open."""
-    from specbuild.check.report import spec_for_checkpoints
+    from specbuild.check.pair_report import spec_for_checkpoints
 
     spec = resolved(spec)
     build_dir, engines, repository = _dirs(spec)

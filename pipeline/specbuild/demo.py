@@ -29,7 +29,7 @@ from specbuild.speculation.traffic import GREEDY, sampling_profile
 from specbuild.terminal import make_console
 
 if TYPE_CHECKING:
-    from specbuild.bench.metrics import Cell
+    from specbuild.bench.figures import Cell
 
 # K measured on this release (docs/benchmarks.md, "K by the request's own acceptance"): with the 16k head a draft
 # step costs c = 0.10-0.13 and verifying 2-3 tokens barely more than one (V 1.11-1.20 through the server), so up to
@@ -154,7 +154,7 @@ def run_demo(workdir: str | Path = ".", *, max_tokens: int = 48, num_draft_token
              tiny: bool = False, tiny_seed: int = 0, console: Console | None = None) -> DemoResult:
     from specbuild import compiler
     from specbuild.bench.estimate import estimate_pair
-    from specbuild.bench.runner import BenchPlan, repository_tokenizer, run_bench
+    from specbuild.bench.sweep import BenchPlan, repository_tokenizer, run_bench
     from specbuild.drafts.model_pairs import pair_dir
     from specbuild.runtimes.names import TORCH
     from specbuild.serve.server import TritonServer

@@ -44,15 +44,15 @@ def speculation(target_dir: Path, draft_dir: Path, device: str, prompts: list[li
                 end_id: int | None) -> dict[str, Any]:
     """Greedy generation at each K on the same prompts, interleaved: identity with K=0, tokens/s, acceptance."""
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
 
     speculator = InProcessSpeculator.from_checkpoints(target_dir, draft_dir, max_draft_len=max(KS), device=device)
-    speculator.generate(GenerationRequest(prompts[0], 4, num_draft_tokens=max(KS)))  # warm-up (CUDA kernels)
+    speculator.generate(TokenRequest(prompts[0], 4, num_draft_tokens=max(KS)))  # warm-up (CUDA kernels)
     totals = {k: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "outputs": []} for k in KS}
     for index, prompt in enumerate(prompts):
         for k in (KS if index % 2 == 0 else KS[::-1]):
             started = time.perf_counter()
-            result = speculator.generate(GenerationRequest(prompt, max_tokens, end_id=end_id, num_draft_tokens=k))
+            result = speculator.generate(TokenRequest(prompt, max_tokens, end_id=end_id, num_draft_tokens=k))
             total = totals[k]
             total["seconds"] += time.perf_counter() - started
             total["tokens"] += len(result.tokens)

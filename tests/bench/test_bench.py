@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.bench.metrics import (BY_SOURCE, COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare,
+from specbuild.bench.figures import (BY_SOURCE, COUNTER_NAMES, PER_POSITION, Cell, Counters, RequestTrace, chunk_tokens, compare,
                                      drift_warnings, match_baseline, percentiles, served_efficiency, summarize)
-from specbuild.bench.runner import BenchPlan, is_loopback, rotated
+from specbuild.bench.sweep import BenchPlan, is_loopback, rotated
 from specbuild.errors import UsageError
 from specbuild.speculation.cost import expected_speedup, leviathan_tokens_per_step, per_token_acceptance
 from specbuild.bench.prompts import BUNDLED, CATEGORIES, interleave, load_prompts, parse_jsonl
@@ -271,7 +271,7 @@ def test_each_sampling_profile_is_compared_with_its_own_k0():
 
 
 def test_a_sampled_cell_sends_seeded_requests_the_same_in_every_cell():
-    from specbuild.bench.runner import SentPrompt, _request
+    from specbuild.bench.sweep import SentPrompt, _request
 
     plan = BenchPlan(ks=(2,), samplings=("greedy", "t0.7"))
     prompt = SentPrompt("hi", "chat")
@@ -354,7 +354,7 @@ def test_other_addresses_are_not_loopback(url):
 # --- reports ---------------------------------------------------------------------------------------------
 def test_reports_are_written(tmp_path: Path):
     from specbuild.bench.report import markdown, tables, write_outputs
-    from specbuild.bench.runner import BenchReport
+    from specbuild.bench.sweep import BenchReport
 
     base = synthetic_cell(0, 20.0, Counters.of(rounds=100, target_seconds=5.0))
     spec = synthetic_cell(2, 26.0, Counters.of(rounds=50, drafts=50, drafted_tokens=100, accepted_tokens=50, draft_seconds=0.5,
@@ -513,7 +513,7 @@ def test_interleaved_cells_count_only_their_own_blocks(tiny_release, tiny_server
     """Cells of one level run block by block in turn against the shared tiny server: each cell's counter
     deltas are its own blocks' (K=0 drafts nothing, K=1 at most one token a round), and every cell sent
     every prompt; sampled cells beside greedy ones, each against its own K=0, text compared on greedy only."""
-    from specbuild.bench.runner import repository_tokenizer, run_bench
+    from specbuild.bench.sweep import repository_tokenizer, run_bench
 
     plan = BenchPlan(ks=(1, 3), lookup=(False, True), concurrencies=(1, 2), requests=3, max_tokens=10,
                      samplings=("greedy", "t1.0"))
@@ -623,7 +623,7 @@ def test_bench_command_refuses_bad_options_without_a_traceback(args, message):
 
 
 def test_acceptance_per_position_divides_by_drafts_at_that_position():
-    from specbuild.bench.metrics import acceptance_per_position
+    from specbuild.bench.figures import acceptance_per_position
 
     # Adaptive K: 10 rounds drafted position 0, only 4 reached position 2.
     counters = Counters.of(drafts=10, accepted_per_position=(8.0, 5.0, 2.0), drafted_per_position=(10.0, 8.0, 4.0))

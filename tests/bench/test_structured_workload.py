@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.bench.metrics import RequestTrace, compare, summarize
+from specbuild.bench.figures import RequestTrace, compare, summarize
 from specbuild.bench.prompts import SCHEMA_SUFFIX, Prompt, load_prompts, with_and_without_schema
 from specbuild.bench.report import kind_rows, markdown, tables
-from specbuild.bench.runner import BenchPlan, BenchReport
+from specbuild.bench.sweep import BenchPlan, BenchReport
 from specbuild.errors import UsageError
 
 
@@ -93,7 +93,7 @@ def test_reports_show_kinds_only_when_there_are_several():
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_structured_run_against_the_tiny_server_measures_both_kinds_and_keeps_the_text(tiny_release, tiny_server):
-    from specbuild.bench.runner import repository_tokenizer, run_bench
+    from specbuild.bench.sweep import repository_tokenizer, run_bench
 
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
                                                "ok": {"type": "boolean"}}, "required": ["n", "ok"]}

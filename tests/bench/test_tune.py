@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild.bench.metrics import Cell, percentiles
+from specbuild.bench.figures import Cell, percentiles
 from specbuild.errors import SpecError, UsageError
 from specbuild.spec import SpeculationSpec, load_spec
 from specbuild.spec_rendering import render_spec, starter_spec

@@ -10,8 +10,8 @@ import pytest
 from checkpoint_factory import Checkpoints, copy_checkpoint, edit_json
 from click.testing import CliRunner, Result
 
-from specbuild.check.report import check, render_check
-from specbuild.check.report import check as check_with
+from specbuild.check.pair_report import check, render_check
+from specbuild.check.pair_report import check as check_with
 from specbuild.cli import main
 from specbuild.spec import BuildSpec, ModelSpec
 
@@ -165,7 +165,7 @@ def test_render_check_escapes_markup(checkpoints: Checkpoints) -> None:
 
 
 def test_memory_plan_caption_reads_as_sentences(checkpoints: Checkpoints, tmp_path: Path) -> None:
-    from specbuild.check.report import memory_caption
+    from specbuild.check.pair_report import memory_caption
 
     gpu = BuildSpec(runtime="tensorrt-llm", target=ModelSpec(checkpoint=str(checkpoints.target)),
                     draft=ModelSpec(checkpoint=str(checkpoints.draft)))

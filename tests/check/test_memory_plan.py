@@ -12,7 +12,7 @@ from specbuild.checkpoint.tokenizer_files import TokenizerInfo
 from specbuild.checkpoint.weights import WeightsInfo
 from specbuild.errors import IncompatibleError
 from specbuild.check.memory_plan import GIB, engine_dtype, plan_memory
-from specbuild.check.report import spec_for_checkpoints
+from specbuild.check.pair_report import spec_for_checkpoints
 from specbuild.spec import BuildSpec
 
 LLAMA_VOCAB = 128256

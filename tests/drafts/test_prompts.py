@@ -1,4 +1,4 @@
-"""The distillation prompts (specbuild.drafts.prompts), the benchmark prompts they hold out (.held_out) and the local
+"""The distillation prompts (specbuild.drafts.distill_prompts), the benchmark prompts they hold out (.held_out) and the local
 passages they are made from (specbuild.bench.passages)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from specbuild.bench import passages as passage_module
 from specbuild.bench.passages import DEBIAN_DOC, MAX_CHARS, MIN_CHARS, local_passages, near_duplicates, prose
 from specbuild.drafts.held_out import HELDOUT_FILE, benchmark_prompts, too_similar
-from specbuild.drafts.prompts import KINDS, distillation_prompts, prompt_pool
+from specbuild.drafts.distill_prompts import KINDS, distillation_prompts, prompt_pool
 
 SEED = 3  # one seed throughout: the pool is built (a few seconds) once per seed and kept
 DOC = """Summary line of a helper.

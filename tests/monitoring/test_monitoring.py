@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from specbuild.errors import UsageError
 from specbuild.monitoring.dashboard import DASHBOARD_FILE, GRID_WIDTH, JOB, render, specbuild_dashboard
 from specbuild.monitoring.promql import Scope
-from specbuild.monitoring.rules import AlertThresholds, alerts, recording_rules, release_thresholds
+from specbuild.monitoring.alert_rules import AlertThresholds, alerts, recording_rules, release_thresholds
 from specbuild.runtimes.pod_plans import DeployOptions
 from specbuild.serve.k8s import DASHBOARD_CONFIG_MAP, manifests
 from specbuild.cli import main

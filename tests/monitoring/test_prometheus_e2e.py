@@ -24,7 +24,7 @@ from specbuild.monitoring.dashboard import GPU_ONLY_METRICS, JOB, RATE_INTERVAL,
 from specbuild.monitoring.prometheus_config import JOB as SCRAPE_JOB
 from specbuild.monitoring.prometheus_config import CONFIG_FILE, RULES_FILE, prometheus_config, rule_file
 from specbuild.monitoring.promql import Scope
-from specbuild.monitoring.rules import AlertThresholds, alerts, recording_rules
+from specbuild.monitoring.alert_rules import AlertThresholds, alerts, recording_rules
 from specbuild.serve.client import GenerationRequest
 from specbuild.speculation.stats import LATENCY_METRICS
 

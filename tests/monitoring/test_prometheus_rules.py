@@ -15,7 +15,7 @@ import yaml
 from prometheus_tools import promtool
 from specbuild.monitoring.prometheus_config import CONFIG_FILE, RULES_FILE, rule_file
 from specbuild.monitoring.promql import Scope
-from specbuild.monitoring.rules import AlertThresholds, alerts
+from specbuild.monitoring.alert_rules import AlertThresholds, alerts
 
 THRESHOLDS = AlertThresholds(ttft_p95_seconds=2.0, min_acceptance=0.2, error_share=0.05, timeout_share=0.05)
 NS, JOB, OTHER = "llm", "llm/demo", "llm/other"

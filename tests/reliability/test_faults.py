@@ -118,7 +118,7 @@ def _after_writing(path_name: str, fault: Callable[..., None]) -> Callable[..., 
 
 FAULTS = {
     # step: (what to patch, replacement)
-    "check": ("specbuild.check.report.check", _interrupt),
+    "check": ("specbuild.check.pair_report.check", _interrupt),
     "convert": ("specbuild.runtimes.torch.runtime.copy_tokenizer", _disk_full),
     "build": ("pathlib.Path.write_text", _after_writing("build_info.json", _disk_full)),
     "package": ("specbuild.package.repository.validate_repository", _interrupt),

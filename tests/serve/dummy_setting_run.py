@@ -27,7 +27,7 @@ def main(target: str, draft: str, root: Path) -> dict[str, Any]:
     from specbuild.cli import main as cli
     from specbuild.errors import RequestError
     from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPIAdapterParameters
-    from specbuild.runtimes.tensorrt_llm_llmapi.requests import parse_rows
+    from specbuild.runtimes.tensorrt_llm_llmapi.requests import parse_adapter_rows
     from specbuild.serve.client import SpecbuildClient
     from specbuild.serve.frontend import OpenAIFrontend
     from specbuild.serve.server import TritonServer
@@ -74,7 +74,7 @@ def main(target: str, draft: str, root: Path) -> dict[str, Any]:
     adapter = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True, max_request_seconds=0.0,
                                       tensorrt_llm="main", draft_max_seq_len=128)
     try:
-        parse_rows({"text_input": np.array([[b"hi"]], dtype=object), "max_tokens": np.array([[4]], np.int32),
+        parse_adapter_rows({"text_input": np.array([[b"hi"]], dtype=object), "max_tokens": np.array([[4]], np.int32),
                     "most_tokens": np.array([[CAP]], np.int32)}, adapter)
         observed["adapter"] = None
     except RequestError as exc:

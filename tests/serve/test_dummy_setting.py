@@ -45,7 +45,7 @@ def _changed(left: Path, right: Path) -> list[str]:
 def _with_dummy_setting(copy: Path) -> None:
     package = copy / "specbuild"
     _insert(package / "speculation" / "request_settings.py", ")\n\nSent = ", ROW, before=True)
-    orchestration = package / "triton_models" / "orchestration.py"
+    orchestration = package / "triton_models" / "orchestrator_requests.py"
     _insert(orchestration, "from __future__ import annotations\n", "\nimport dataclasses\n")
     _insert(orchestration, "        chosen = resolve(public.settings, settings)\n", CONSUMER)
 
@@ -57,7 +57,7 @@ def test_a_dummy_row_and_its_consumer_work_on_every_surface(checkpoints, tmp_pat
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     _with_dummy_setting(copy)
     assert _changed(PACKAGE, copy) == ["specbuild/speculation/request_settings.py",
-                                       "specbuild/triton_models/orchestration.py"]
+                                       "specbuild/triton_models/orchestrator_requests.py"]
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("dummy_setting_run.py")),
                           str(checkpoints.target), str(checkpoints.draft), str(tmp_path / "release")],
                          env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True, timeout=900)

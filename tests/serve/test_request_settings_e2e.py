@@ -126,7 +126,7 @@ def test_a_setting_sent_through_a_surface_changes_what_the_orchestrator_does(ser
 def test_the_engine_free_adapter_keeps_or_refuses_each_setting_with_its_reason(setting):
     from specbuild.errors import RequestError
     from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPIAdapterParameters
-    from specbuild.runtimes.tensorrt_llm_llmapi.requests import parse_rows
+    from specbuild.runtimes.tensorrt_llm_llmapi.requests import parse_adapter_rows
 
     settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True, max_request_seconds=0.0,
                                        tensorrt_llm="main", draft_max_seq_len=512)
@@ -135,7 +135,7 @@ def test_the_engine_free_adapter_keeps_or_refuses_each_setting_with_its_reason(s
 
     def request(value: Any) -> list[Any]:
         dtype = np.int32 if setting.kind is int else np.bool_
-        return parse_rows({"text_input": np.array([[b"hi"]], dtype=object), "max_tokens": np.array([[4]], np.int32),
+        return parse_adapter_rows({"text_input": np.array([[b"hi"]], dtype=object), "max_tokens": np.array([[4]], np.int32),
                            setting.name: np.array([[value]], dtype)}, settings)
 
     assert request(restated)  # what the LLM API does anyway: kept

@@ -37,11 +37,11 @@ def test_verifying_more_tokens_never_costs_less_whatever_a_mix_of_measurements_s
 
 def test_a_fixed_k_request_is_judged_at_the_ks_it_drafts_an_adaptive_one_at_every_k():
     from specbuild.speculation.drafting import DraftHealth, draft_sources
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
     from specbuild.speculation.stats import SpeculationStats
 
     def gate(**request):
-        drafts = draft_sources(GenerationRequest([1, 2, 3], 8, break_even=DEMO, **request), lambda *_: None,
+        drafts = draft_sources(TokenRequest([1, 2, 3], 8, break_even=DEMO, **request), lambda *_: None,
                                max_draft_len=4, stats=SpeculationStats(), health=DraftHealth())
         return drafts.gate.max_k
 
@@ -52,11 +52,11 @@ def test_a_fixed_k_request_is_judged_at_the_ks_it_drafts_an_adaptive_one_at_ever
 def test_a_round_drafts_at_most_the_best_k_at_the_requests_own_acceptance():
     """A draft that agrees less is worth fewer tokens a round: K follows the request's acceptance, within its own."""
     from specbuild.speculation.drafting import Draft, DraftHealth, Drafts, draft_sources
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
     from specbuild.speculation.stats import SpeculationStats
 
     def drafts():
-        return draft_sources(GenerationRequest([1, 2, 3], 64, num_draft_tokens=4, break_even=DEMO), lambda *_: None,
+        return draft_sources(TokenRequest([1, 2, 3], 64, num_draft_tokens=4, break_even=DEMO), lambda *_: None,
                              max_draft_len=4, stats=SpeculationStats(), health=DraftHealth())
 
     agreeing, rejected = drafts(), drafts()
@@ -140,7 +140,7 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
     the loop told the speculator's round costs what its rounds cost."""
     from specbuild.runtimes.torch.engine import TorchEngine
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
 
     speculator = InProcessSpeculator(TorchEngine(tiny.target, max_draft_len=4), TorchEngine(tiny.unrelated))
     measuring = InProcessSpeculator(speculator.target, speculator.draft)
@@ -150,9 +150,9 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
     alone = InProcessSpeculator(speculator.target, None)
     chunk = 1 if stream else None
     for prompt in ([1, 5, 9], [3, 3, 7, 2], [11, 4]):
-        expected = alone.generate(GenerationRequest(prompt, 60, num_draft_tokens=0)).tokens
-        plain = speculator.generate(GenerationRequest(prompt, 60, num_draft_tokens=4, target_only_chunk=chunk))
-        gated = speculator.generate(GenerationRequest(prompt, 60, num_draft_tokens=4, target_only_chunk=chunk,
+        expected = alone.generate(TokenRequest(prompt, 60, num_draft_tokens=0)).tokens
+        plain = speculator.generate(TokenRequest(prompt, 60, num_draft_tokens=4, target_only_chunk=chunk))
+        gated = speculator.generate(TokenRequest(prompt, 60, num_draft_tokens=4, target_only_chunk=chunk,
                                                       break_even=DEMO))
         assert plain.tokens == expected and gated.tokens == expected
         assert gated.stats.break_even_requests == 1 and gated.stats.break_even_rounds > 0
@@ -160,7 +160,7 @@ def test_greedy_text_is_the_same_with_and_without_the_break_even_and_it_switched
         assert plain.stats.break_even_rounds == 0
         if not stream:  # a stretch is one target call of its tokens
             assert gated.stats.rounds < plain.stats.rounds
-        measured = measuring.generate(GenerationRequest(prompt, 60, num_draft_tokens=4, target_only_chunk=chunk,
+        measured = measuring.generate(TokenRequest(prompt, 60, num_draft_tokens=4, target_only_chunk=chunk,
                                                         break_even=DEMO))
         assert measured.tokens == expected  # whatever this host's costs decide
     costs = measuring.costs  # what the rounds after each request's first cost, for the break-even (round_costs.py)
@@ -176,7 +176,7 @@ def test_served_requests_are_counted_where_the_break_even_switched_drafting_off_
     a request leaves drafting to the break-even and is counted by both counters; one that sends break_even=false
     drafts every round and is counted by neither; the text is the same."""
     from specbuild import compiler
-    from specbuild.bench.runner import read_counters
+    from specbuild.bench.sweep import read_counters
     from specbuild.serve.client import SpecbuildClient
     from specbuild.serve.server import TritonServer
     from specbuild.spec import load_spec

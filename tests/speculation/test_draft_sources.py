@@ -16,9 +16,9 @@ from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.drafting import (SOURCE_CLASSES, Draft, DraftHealth, DraftSetup, DraftSource,
                                             ModelDrafts, draft_sources)
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.loop import Round, speculate
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.request_settings import REQUEST_SETTINGS
 from specbuild.speculation.stats import SpeculationStats
 
@@ -37,7 +37,7 @@ class RunDrafts(DraftSource):
         self.outcomes: list[tuple[int, int]] = []
 
     @classmethod
-    def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> RunDrafts:
+    def for_request(cls, request: TokenRequest, setup: DraftSetup) -> RunDrafts:
         return cls()
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
@@ -62,7 +62,7 @@ def alone(tiny):
     return InProcessSpeculator(TorchEngine(tiny.target, cache_tokens=0), None)
 
 
-def run(request: GenerationRequest, target: TorchEngine, draft: TorchEngine | None,
+def run(request: TokenRequest, target: TorchEngine, draft: TorchEngine | None,
         source_classes: Sequence[type[DraftSource]]) -> tuple[list[Round], SpeculationStats, list[DraftSource]]:
     stats = SpeculationStats()
 
@@ -86,9 +86,9 @@ def run(request: GenerationRequest, target: TorchEngine, draft: TorchEngine | No
 def test_a_new_source_class_drafts_exactly_and_reads_the_targets_outputs(target, alone, k):
     proposed = 0
     for prompt in PROMPTS:
-        request = GenerationRequest(prompt, 16, num_draft_tokens=k)
+        request = TokenRequest(prompt, 16, num_draft_tokens=k)
         rounds, stats, sources = run(request, target, None, [RunDrafts])
-        assert [t for step in rounds for t in step.tokens] == alone.generate(GenerationRequest(prompt, 16)).tokens
+        assert [t for step in rounds for t in step.tokens] == alone.generate(TokenRequest(prompt, 16)).tokens
         (source,) = sources
         assert isinstance(source, RunDrafts)
         counted = stats.source("run")
@@ -105,10 +105,10 @@ def test_a_new_source_goes_before_the_draft_model_and_the_model_fills_in(tiny, t
     draft = TorchEngine(tiny.perturbed)
     totals = SpeculationStats()
     for prompt in PROMPTS:
-        request = GenerationRequest(prompt, 16, num_draft_tokens=3)
+        request = TokenRequest(prompt, 16, num_draft_tokens=3)
         rounds, stats, sources = run(request, target, draft, [RunDrafts, *SOURCE_CLASSES])
         assert [type(source) for source in sources] == [RunDrafts, ModelDrafts]  # no lookup: the request has none
-        assert [t for step in rounds for t in step.tokens] == alone.generate(GenerationRequest(prompt, 16)).tokens
+        assert [t for step in rounds for t in step.tokens] == alone.generate(TokenRequest(prompt, 16)).tokens
         totals += stats
     assert totals.source("run").drafts > 0 and totals.source("model").drafts > 0
     assert totals.source("run").drafts + totals.source("model").drafts == totals.drafts
@@ -117,7 +117,7 @@ def test_a_new_source_goes_before_the_draft_model_and_the_model_fills_in(tiny, t
 def test_the_break_even_prices_a_source_by_its_declared_cost():
     """A request drafting from free sources only costs no draft step; one with the draft model costs its c."""
     cost = CostModel(draft_cost=0.4, measured=True)
-    request = GenerationRequest([1, 2, 3], 16, break_even=cost)
+    request = TokenRequest([1, 2, 3], 16, break_even=cost)
 
     async def never(engine_request: EngineRequest) -> EngineOutput:
         raise AssertionError("not called")

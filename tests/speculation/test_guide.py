@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specbuild.errors import RequestError
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.guide import GuideCompiler
 from specbuild.speculation.guide_spec import MAX_GUIDE_BYTES, GuideSpec
 from specbuild.speculation.rules import allowed_tokens

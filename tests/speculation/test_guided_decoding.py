@@ -24,7 +24,7 @@ from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 from specbuild.speculation.guide import GuideCompiler
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.lookup import PromptLookup
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.rules import SamplingParams, allowed_tokens, probabilities, restrict
 from test_rules import ALPHA, chi_square_pvalue, rejection_step, token_match_step, two_token_joint
 
@@ -103,12 +103,12 @@ def text(tokens: list[int]) -> str:
 def test_greedy_output_is_the_targets_alone_under_the_grammar_at_every_k(engines, compiler, prompt):
     target, draft = engines
     guide = compiler.guide(GuideSpec("regex", REGEX), END)
-    alone = InProcessSpeculator(target, None).generate(GenerationRequest(prompt, 12, end_id=END, guide=guide))
+    alone = InProcessSpeculator(target, None).generate(TokenRequest(prompt, 12, end_id=END, guide=guide))
     assert alone.finish_reason == "end_id" and re.fullmatch(REGEX, text(alone.tokens)), text(alone.tokens)
-    unguided = InProcessSpeculator(target, None).generate(GenerationRequest(prompt, 12, end_id=END))
+    unguided = InProcessSpeculator(target, None).generate(TokenRequest(prompt, 12, end_id=END))
     assert unguided.tokens != alone.tokens  # the grammar changes the answer: the masks were applied
     for k, lookup in itertools.product((1, 2, 4, 8), (None, PromptLookup(max_ngram=2, min_ngram=1))):
-        result = InProcessSpeculator(target, draft).generate(GenerationRequest(
+        result = InProcessSpeculator(target, draft).generate(TokenRequest(
             prompt, 12, end_id=END, num_draft_tokens=k, prompt_lookup=lookup, guide=guide))
         assert (result.tokens, result.finish_reason) == (alone.tokens, alone.finish_reason), (k, lookup)
         assert result.stats.drafted_tokens > 0
@@ -119,13 +119,13 @@ def test_greedy_output_is_the_targets_alone_under_the_grammar_at_every_k(engines
 def test_a_complete_grammar_ends_the_answer_before_min_tokens_and_a_stop_word_ends_it_inside(engines, compiler):
     target, draft = engines
     guide = compiler.guide(GuideSpec("regex", "ab"), END)
-    result = InProcessSpeculator(target, draft).generate(GenerationRequest(
+    result = InProcessSpeculator(target, draft).generate(TokenRequest(
         [1, 5], 10, end_id=END, min_tokens=6, num_draft_tokens=3, guide=guide))
     assert (text(result.tokens), result.finish_reason) == ("ab", "end_id")
-    stopped = InProcessSpeculator(target, draft).generate(GenerationRequest(
+    stopped = InProcessSpeculator(target, draft).generate(TokenRequest(
         [1, 5], 10, end_id=END, stop_words=[[3]], num_draft_tokens=3, guide=guide))
     assert (text(stopped.tokens), stopped.finish_reason) == ("a", "stop_words")
-    short = InProcessSpeculator(target, draft).generate(GenerationRequest(
+    short = InProcessSpeculator(target, draft).generate(TokenRequest(
         [1, 5], 1, end_id=END, num_draft_tokens=3, guide=guide))
     assert (text(short.tokens), short.finish_reason) == ("a", "length")
 
@@ -168,7 +168,7 @@ def test_sampled_guided_answers_follow_the_targets_constrained_distribution(engi
     speculator = InProcessSpeculator(target, draft)
     outputs, accepted = [], 0
     for seed in range(draws):
-        result = speculator.generate(GenerationRequest(
+        result = speculator.generate(TokenRequest(
             prompt, length, sampling=params, seed=seed, end_id=END, num_draft_tokens=k,
             use_draft_logits=use_draft_logits, guide=guide,
             prompt_lookup=PromptLookup(max_ngram=2, min_ngram=1) if lookup else None))

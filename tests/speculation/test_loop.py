@@ -13,11 +13,11 @@ import pytest
 from random_llama import VOCAB
 from specbuild.speculation.cost import CostModel
 from specbuild.speculation.drafting import DraftHealth, draft_sources, next_draft_length
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.modes import VERIFICATION_MODES, VerificationMode
 from specbuild.runtimes.torch.inprocess import Generated, InProcessSpeculator
 from specbuild.speculation.loop import Round, _accepted_prefix, speculate
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
 from specbuild.speculation.stats import SourceStats, SpeculationStats
@@ -43,7 +43,7 @@ def speculator(request, tiny, target):
     return InProcessSpeculator(target, TorchEngine(getattr(tiny, request.param)))
 
 
-def run_loop(request: GenerationRequest, target_call, draft_call, stats=None, *, health=None,
+def run_loop(request: TokenRequest, target_call, draft_call, stats=None, *, health=None,
              lookup_draft_fallback=True, on_draft_failure=None, load_cap=None, draft_window=None) -> list[Round]:
     stats = stats if stats is not None else SpeculationStats()
     drafts = draft_sources(request, draft_call, max_draft_len=MAX_DRAFT_LEN, stats=stats,
@@ -66,10 +66,10 @@ def engine_call(engine: TorchEngine, seen: list[EngineRequest] | None = None):
 def test_greedy_is_token_identical_to_target_alone_for_every_k(speculator, alone):
     totals = SpeculationStats()
     for prompt in PROMPTS:
-        expected = alone.generate(GenerationRequest(prompt, 16)).tokens
+        expected = alone.generate(TokenRequest(prompt, 16)).tokens
         assert len(expected) == 16
         for k in range(1, MAX_DRAFT_LEN + 1):
-            result = speculator.generate(GenerationRequest(prompt, 16, num_draft_tokens=k))
+            result = speculator.generate(TokenRequest(prompt, 16, num_draft_tokens=k))
             assert result.tokens == expected, (prompt, k)
             assert result.finish_reason == "length"
             assert result.stats.drafts > 0
@@ -82,9 +82,9 @@ def test_greedy_is_token_identical_to_target_alone_for_every_k(speculator, alone
 def test_adaptive_k_stays_within_bounds_and_exact(tiny, target, alone):
     draft = TorchEngine(tiny.perturbed)
     for prompt in PROMPTS[:6]:
-        expected = alone.generate(GenerationRequest(prompt, 24)).tokens
+        expected = alone.generate(TokenRequest(prompt, 24)).tokens
         seen: list[EngineRequest] = []
-        rounds = run_loop(GenerationRequest(prompt, 24, num_draft_tokens=3, adaptive_draft=True),
+        rounds = run_loop(TokenRequest(prompt, 24, num_draft_tokens=3, adaptive_draft=True),
                           engine_call(target), engine_call(draft, seen))
         assert [t for r in rounds for t in r.tokens] == expected
         ks = [r.max_new_tokens for r in seen]
@@ -103,11 +103,11 @@ def test_next_draft_length(current, drafted, accepted, expected):
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_stop_words_end_output_at_first_occurrence(speculator, alone, k):
     prompt = PROMPTS[3]
-    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    full = alone.generate(TokenRequest(prompt, 24)).tokens
     start = 5
     word = full[start:start + 2]
     first = next(i for i in range(len(full) - 1) if full[i:i + 2] == word)
-    result = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, stop_words=[[VOCAB + 3], word]))
+    result = speculator.generate(TokenRequest(prompt, 24, num_draft_tokens=k, stop_words=[[VOCAB + 3], word]))
     assert result.tokens == full[: first + 2]  # the stop word is kept, nothing after it
     assert result.finish_reason == "stop_words"
 
@@ -115,19 +115,19 @@ def test_stop_words_end_output_at_first_occurrence(speculator, alone, k):
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_end_id_stops_before_the_end_token(speculator, alone, k):
     prompt = PROMPTS[5]
-    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    full = alone.generate(TokenRequest(prompt, 24)).tokens
     end_id = full[6]
     first = full.index(end_id)
-    reference = alone.generate(GenerationRequest(prompt, 24, end_id=end_id))
-    result = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, end_id=end_id))
+    reference = alone.generate(TokenRequest(prompt, 24, end_id=end_id))
+    result = speculator.generate(TokenRequest(prompt, 24, num_draft_tokens=k, end_id=end_id))
     assert result.tokens == reference.tokens == full[:first]
     assert result.finish_reason == reference.finish_reason == "end_id"
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 9])
 def test_max_tokens(speculator, alone, max_tokens):
-    expected = alone.generate(GenerationRequest(PROMPTS[0], max_tokens)).tokens
-    result = speculator.generate(GenerationRequest(PROMPTS[0], max_tokens, num_draft_tokens=8))
+    expected = alone.generate(TokenRequest(PROMPTS[0], max_tokens)).tokens
+    result = speculator.generate(TokenRequest(PROMPTS[0], max_tokens, num_draft_tokens=8))
     assert result.tokens == expected and len(expected) == max_tokens
     assert result.finish_reason == "length"
 
@@ -147,19 +147,19 @@ def test_failing_draft_falls_back_to_target_alone(tiny, target, alone, fail_on_c
     failures: list[Exception] = []
     stats = SpeculationStats()
     prompt = PROMPTS[7]
-    rounds = run_loop(GenerationRequest(prompt, 20, num_draft_tokens=2), engine_call(target), flaky_draft,
+    rounds = run_loop(TokenRequest(prompt, 20, num_draft_tokens=2), engine_call(target), flaky_draft,
                       stats, on_draft_failure=failures.append)
-    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 20)).tokens
+    assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(prompt, 20)).tokens
     assert stats.fallbacks == 1 and calls == fail_on_call  # never asks the failed draft again
     assert [str(e) for e in failures] == ["draft model unavailable"]
     assert stats.drafts == fail_on_call - 1
 
 
 def test_target_only_chunk_streams_token_by_token(target, alone):
-    rounds = run_loop(GenerationRequest(PROMPTS[2], 6, target_only_chunk=1), engine_call(target), None)
+    rounds = run_loop(TokenRequest(PROMPTS[2], 6, target_only_chunk=1), engine_call(target), None)
     assert [len(r.tokens) for r in rounds] == [1] * 6
     assert [r.finished for r in rounds] == [False] * 5 + [True]
-    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(PROMPTS[2], 6)).tokens
+    assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(PROMPTS[2], 6)).tokens
 
 
 def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
@@ -167,11 +167,11 @@ def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
     drafting resumes when the load falls; the output stays the target's own."""
     draft = TorchEngine(tiny.perturbed)
     prompt = PROMPTS[4]
-    expected = alone.generate(GenerationRequest(prompt, 12)).tokens
+    expected = alone.generate(TokenRequest(prompt, 12)).tokens
     load = iter([None, 0, 0, None] + [None] * 12)
     targets: list[EngineRequest] = []
     drafts: list[EngineRequest] = []
-    rounds = run_loop(GenerationRequest(prompt, 12, num_draft_tokens=3, target_only_chunk=1),
+    rounds = run_loop(TokenRequest(prompt, 12, num_draft_tokens=3, target_only_chunk=1),
                       engine_call(target, targets), engine_call(draft, drafts), load_cap=lambda: next(load))
     assert [t for r in rounds for t in r.tokens] == expected
     assert [bool(r.draft_tokens) for r in targets[:4]] == [True, False, False, True]
@@ -180,7 +180,7 @@ def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
 
     targets.clear()
     drafts.clear()
-    rounds = run_loop(GenerationRequest(prompt, 12, num_draft_tokens=3), engine_call(target, targets),
+    rounds = run_loop(TokenRequest(prompt, 12, num_draft_tokens=3), engine_call(target, targets),
                       engine_call(draft, drafts), load_cap=lambda: 0)
     assert [t for r in rounds for t in r.tokens] == expected
     assert drafts == [] and len(targets) == 1 and targets[0].max_new_tokens == 12  # as K=0 runs
@@ -190,12 +190,12 @@ def test_a_load_cap_shortens_the_rounds_it_lowers_and_counts_them(tiny, target, 
     """The schedule's K below the request's: those rounds draft the cap (counted, but not the rounds max_tokens cuts
     to the cap anyway); one above it changes nothing."""
     draft = TorchEngine(tiny.perturbed)
-    prompt, request = PROMPTS[4], GenerationRequest(PROMPTS[4], 12, num_draft_tokens=3)
+    prompt, request = PROMPTS[4], TokenRequest(PROMPTS[4], 12, num_draft_tokens=3)
     for cap, asked, lowered in ((1, 1, True), (5, 3, False)):
         drafts: list[EngineRequest] = []
         stats = SpeculationStats()
         rounds = run_loop(request, engine_call(target), engine_call(draft, drafts), stats, load_cap=lambda: cap)
-        assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 12)).tokens
+        assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(prompt, 12)).tokens
         assert max(r.max_new_tokens for r in drafts) == asked  # the last ones may be cut by max_tokens
         assert stats.drafts > 0 and (0 < stats.load_rounds <= stats.drafts if lowered else stats.load_rounds == 0)
 
@@ -203,7 +203,7 @@ def test_a_load_cap_shortens_the_rounds_it_lowers_and_counts_them(tiny, target, 
 def test_a_seeded_sampled_request_keeps_its_k_when_the_server_is_busy(tiny, target):
     """Its text depends on K; the same seed must give the same text whatever the load."""
     draft = TorchEngine(tiny.perturbed)
-    request = GenerationRequest(PROMPTS[4], 12, sampling=SamplingParams(temperature=1.0, top_k=10), seed=7,
+    request = TokenRequest(PROMPTS[4], 12, sampling=SamplingParams(temperature=1.0, top_k=10), seed=7,
                                 num_draft_tokens=3)
     quiet = run_loop(request, engine_call(target), engine_call(draft))
     drafts: list[EngineRequest] = []
@@ -216,14 +216,14 @@ def test_an_engine_that_returns_nothing_ends_the_request():
     async def silent(request: EngineRequest) -> EngineOutput:
         return EngineOutput([])
 
-    rounds = run_loop(GenerationRequest([1, 2], 5), silent, None)
+    rounds = run_loop(TokenRequest([1, 2], 5), silent, None)
     assert rounds == [Round([], True, "no_progress")]
 
 
 def test_sampled_generation_is_reproducible_by_seed(speculator):
     params = SamplingParams(temperature=1.0, top_k=10)
     def draw(seed: int, use_draft_logits: bool, verification: VerificationMode = "token") -> Generated:
-        return speculator.generate(GenerationRequest(PROMPTS[1], 20, sampling=params, seed=seed, num_draft_tokens=3,
+        return speculator.generate(TokenRequest(PROMPTS[1], 20, sampling=params, seed=seed, num_draft_tokens=3,
                                                      use_draft_logits=use_draft_logits, verification=verification))
     for mode in ((True,), (False,), (True, "block")):
         assert draw(7, *mode).tokens == draw(7, *mode).tokens
@@ -247,7 +247,7 @@ def test_the_target_verifies_by_the_request_s_rule(tiny, target):
     draft = TorchEngine(tiny.perturbed)
     for verification in VERIFICATION_MODES:
         targets: list[EngineRequest] = []
-        run_loop(GenerationRequest(PROMPTS[4], 12, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
+        run_loop(TokenRequest(PROMPTS[4], 12, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
                                    verification=verification), engine_call(target, targets), engine_call(draft))
         assert any(r.draft_tokens for r in targets)
         assert all(r.verification == verification for r in targets)
@@ -255,15 +255,15 @@ def test_the_target_verifies_by_the_request_s_rule(tiny, target):
 
 def test_bad_words_never_appear_and_greedy_stays_exact(speculator, alone):
     prompt = PROMPTS[4]
-    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    full = alone.generate(TokenRequest(prompt, 24)).tokens
     banned = sorted(set(full[:6]))[:2]
     bad_words = [[t] for t in banned]
-    reference = alone.generate(GenerationRequest(prompt, 24, bad_words=bad_words)).tokens
+    reference = alone.generate(TokenRequest(prompt, 24, bad_words=bad_words)).tokens
     assert reference != full
     for k in (1, 4):
-        greedy = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, bad_words=bad_words)).tokens
+        greedy = speculator.generate(TokenRequest(prompt, 24, num_draft_tokens=k, bad_words=bad_words)).tokens
         assert greedy == reference
-        sampled = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=k, bad_words=bad_words,
+        sampled = speculator.generate(TokenRequest(prompt, 24, num_draft_tokens=k, bad_words=bad_words,
                                                         sampling=SamplingParams(), seed=k)).tokens
         assert not set(banned) & set(greedy + sampled)
 
@@ -286,7 +286,7 @@ def test_stats_count_what_the_engines_did(tiny, target):
     seen_draft: list[EngineRequest] = []
     seen_target: list[EngineRequest] = []
     stats = SpeculationStats()
-    rounds = run_loop(GenerationRequest(PROMPTS[6], 20, num_draft_tokens=4), engine_call(target, seen_target),
+    rounds = run_loop(TokenRequest(PROMPTS[6], 20, num_draft_tokens=4), engine_call(target, seen_target),
                       engine_call(draft, seen_draft), stats)
     assert stats.rounds == len(rounds) == len(seen_target)
     assert stats.drafts == len(seen_draft)
@@ -318,11 +318,11 @@ def test_a_draft_identical_to_the_target_is_always_accepted_up_to_the_end_token(
 
     prompt, full, end_id = next(
         (prompt, full, token) for prompt in PROMPTS
-        for full in [alone.generate(GenerationRequest(prompt, 16)).tokens]
+        for full in [alone.generate(TokenRequest(prompt, 16)).tokens]
         for i, token in enumerate(full) if i >= 3 and token not in full[:i]
     )  # an end token the target reaches after a few tokens
     stats = SpeculationStats()
-    rounds = run_loop(GenerationRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive_draft=True),
+    rounds = run_loop(TokenRequest(prompt, 16, num_draft_tokens=4, end_id=end_id, adaptive_draft=True),
                       engine_call(target), twin_draft, stats)
     assert [t for r in rounds for t in r.tokens] == full[: full.index(end_id)]
     assert rounds[-1].finish_reason == "end_id" and stats.acceptance_rate == 1.0
@@ -330,8 +330,8 @@ def test_a_draft_identical_to_the_target_is_always_accepted_up_to_the_end_token(
 
 def test_from_checkpoints_caps_k_at_the_targets_max_draft_len(tiny, alone):
     speculator = InProcessSpeculator.from_checkpoints(tiny.target, tiny.perturbed, max_draft_len=3)
-    result = speculator.generate(GenerationRequest(PROMPTS[9], 12, num_draft_tokens=8))
-    assert result.tokens == alone.generate(GenerationRequest(PROMPTS[9], 12)).tokens
+    result = speculator.generate(TokenRequest(PROMPTS[9], 12, num_draft_tokens=8))
+    assert result.tokens == alone.generate(TokenRequest(PROMPTS[9], 12)).tokens
     assert len(result.stats.drafted_per_position) == 3 and result.stats.drafts > 0  # never more than 3 drafted
 
 
@@ -345,9 +345,9 @@ def test_greedy_with_prompt_lookup_is_token_identical(tiny, target, alone, with_
     draft = InProcessSpeculator(target, TorchEngine(tiny.unrelated) if with_draft else None)
     totals = SpeculationStats()
     for prompt in REPEATING:
-        expected = alone.generate(GenerationRequest(prompt, 20)).tokens
+        expected = alone.generate(TokenRequest(prompt, 20)).tokens
         for k in (1, 3):
-            result = draft.generate(GenerationRequest(prompt, 20, num_draft_tokens=k, prompt_lookup=LOOKUP))
+            result = draft.generate(TokenRequest(prompt, 20, num_draft_tokens=k, prompt_lookup=LOOKUP))
             assert result.tokens == expected, (prompt, k)
             totals += result.stats
     lookup = totals.source("lookup")
@@ -363,7 +363,7 @@ def test_a_lookup_round_calls_no_draft_model(tiny, target):
     seen_draft: list[EngineRequest] = []
     seen_target: list[EngineRequest] = []
     stats = SpeculationStats()
-    run_loop(GenerationRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
+    run_loop(TokenRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
              engine_call(target, seen_target), engine_call(draft, seen_draft), stats)
     assert stats.source("lookup").drafts > 0
     assert len(seen_draft) == stats.drafts - stats.source("lookup").drafts
@@ -376,9 +376,9 @@ def test_lookup_keeps_drafting_after_the_draft_model_fails(target, alone):
 
     stats = SpeculationStats()
     prompt = REPEATING[0]
-    rounds = run_loop(GenerationRequest(prompt, 20, num_draft_tokens=3, prompt_lookup=LOOKUP),
+    rounds = run_loop(TokenRequest(prompt, 20, num_draft_tokens=3, prompt_lookup=LOOKUP),
                       engine_call(target), broken, stats)
-    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 20)).tokens
+    assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(prompt, 20)).tokens
     assert stats.fallbacks == 1 and stats.source("lookup").drafts > 0 and stats.drafts == stats.source("lookup").drafts
 
 
@@ -394,10 +394,10 @@ def test_past_the_draft_window_the_request_goes_on_exactly_without_the_draft_mod
         seen_draft: list[EngineRequest] = []
         seen_target: list[EngineRequest] = []
         stats = SpeculationStats()
-        request = GenerationRequest(prompt, 24, num_draft_tokens=4, prompt_lookup=lookup)
+        request = TokenRequest(prompt, 24, num_draft_tokens=4, prompt_lookup=lookup)
         rounds = run_loop(request, engine_call(target, seen_target), engine_call(draft, seen_draft), stats,
                           draft_window=DRAFT_WINDOW)
-        assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(prompt, 24)).tokens
+        assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(prompt, 24)).tokens
         assert stats.fallbacks == 0 and stats.draft_window == 1
         assert seen_draft and all(len(r.input_ids) + r.max_new_tokens <= DRAFT_WINDOW for r in seen_draft)
         past = [r for r in seen_target if len(r.input_ids) >= DRAFT_WINDOW]
@@ -413,7 +413,7 @@ def test_past_the_draft_window_the_break_even_prices_lookup_drafts_at_no_draft_c
     cost = CostModel(draft_cost=0.18, verify_cost={1: 1.15})
     prompt = REPEATING[0] * 2  # past the window from round one, whatever the break-even decides later
     assert len(prompt) > DRAFT_WINDOW
-    request = GenerationRequest(prompt, 8, num_draft_tokens=4, prompt_lookup=LOOKUP, break_even=cost)
+    request = TokenRequest(prompt, 8, num_draft_tokens=4, prompt_lookup=LOOKUP, break_even=cost)
     stats = SpeculationStats()
     drafts = draft_sources(request, engine_call(draft), max_draft_len=MAX_DRAFT_LEN, stats=stats,
                            health=DraftHealth(), draft_window=DRAFT_WINDOW)
@@ -428,8 +428,8 @@ def test_past_the_draft_window_the_break_even_prices_lookup_drafts_at_no_draft_c
 def test_the_in_process_speculator_drafts_within_its_draft_engine_s_window(tiny, target, alone):
     speculator = InProcessSpeculator(target, TorchEngine(tiny.perturbed, max_seq_len=DRAFT_WINDOW))
     prompt = PROMPTS[5]
-    result = speculator.generate(GenerationRequest(prompt, 24, num_draft_tokens=4))
-    assert result.tokens == alone.generate(GenerationRequest(prompt, 24)).tokens
+    result = speculator.generate(TokenRequest(prompt, 24, num_draft_tokens=4))
+    assert result.tokens == alone.generate(TokenRequest(prompt, 24)).tokens
     assert result.stats.draft_window == 1 and result.stats.fallbacks == 0 and result.stats.drafts > 0
 
 
@@ -437,7 +437,7 @@ def test_sampled_lookup_drafts_are_verified_by_token_matching(tiny, target):
     """Lookup drafts carry no logits, even under draft-logits acceptance (test_speculative proves it exact), while
     the draft model's drafts in the same request carry the logits they were sampled from."""
     seen: list[EngineRequest] = []
-    request = GenerationRequest(REPEATING[1], 16, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
+    request = TokenRequest(REPEATING[1], 16, sampling=SamplingParams(), seed=3, num_draft_tokens=3,
                                 prompt_lookup=LOOKUP, use_draft_logits=True)
     stats = SpeculationStats()
     run_loop(request, engine_call(target, seen), engine_call(TorchEngine(tiny.unrelated)), stats)
@@ -456,7 +456,7 @@ def test_draft_requests_ask_for_exactly_k_tokens_unless_their_logits_are_used(ti
     """As NVIDIA's draft-target BLS: ``min_tokens = k`` keeps a draft from stopping short; not when its logits
     drive rejection sampling, which needs the distribution the tokens were really drawn from."""
     seen: list[EngineRequest] = []
-    request = GenerationRequest(PROMPTS[3], 12, sampling=sampling or GREEDY, seed=1,
+    request = TokenRequest(PROMPTS[3], 12, sampling=sampling or GREEDY, seed=1,
                                 num_draft_tokens=3, use_draft_logits=use_draft_logits)
     run_loop(request, engine_call(target), engine_call(TorchEngine(tiny.perturbed), seen))
     assert seen and all(r.min_new_tokens == (r.max_new_tokens if min_tokens else 0) for r in seen)
@@ -466,11 +466,11 @@ def test_draft_requests_ask_for_exactly_k_tokens_unless_their_logits_are_used(ti
 def test_a_lookup_only_release_never_calls_the_draft_model(tiny, target, alone):
     seen: list[EngineRequest] = []
     stats = SpeculationStats()
-    rounds = run_loop(GenerationRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
+    rounds = run_loop(TokenRequest(REPEATING[0], 20, num_draft_tokens=2, prompt_lookup=LOOKUP),
                       engine_call(target), engine_call(TorchEngine(tiny.perturbed), seen), stats,
                       lookup_draft_fallback=False)
     assert not seen and stats.drafts == stats.source("lookup").drafts > 0
-    assert [t for r in rounds for t in r.tokens] == alone.generate(GenerationRequest(REPEATING[0], 20)).tokens
+    assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(REPEATING[0], 20)).tokens
 
 
 def test_after_a_draft_failure_new_requests_skip_the_draft_for_a_while(tiny, target):
@@ -482,19 +482,19 @@ def test_after_a_draft_failure_new_requests_skip_the_draft_for_a_while(tiny, tar
 
     seen: list[EngineRequest] = []
     first, second, third = SpeculationStats(), SpeculationStats(), SpeculationStats()
-    run_loop(GenerationRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target), broken, first, health=health)
-    run_loop(GenerationRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target),
+    run_loop(TokenRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target), broken, first, health=health)
+    run_loop(TokenRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target),
              engine_call(TorchEngine(tiny.perturbed), seen), second, health=health)
     assert first.fallbacks == second.fallbacks == 1 and not seen  # the second request did not even try
     now[0] += 5.0
-    run_loop(GenerationRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target),
+    run_loop(TokenRequest(PROMPTS[5], 8, num_draft_tokens=2), engine_call(target),
              engine_call(TorchEngine(tiny.perturbed), seen), third, health=health)
     assert third.fallbacks == 0 and seen  # tried again after the down-time
 
 
 def test_lookup_is_off_at_k0_and_counts_only_its_own_rounds(target):
     stats = SpeculationStats()
-    run_loop(GenerationRequest(REPEATING[0], 8, num_draft_tokens=0, prompt_lookup=LOOKUP), engine_call(target), None,
+    run_loop(TokenRequest(REPEATING[0], 8, num_draft_tokens=0, prompt_lookup=LOOKUP), engine_call(target), None,
              stats)
     assert stats.drafts == 0 and stats.source("lookup").drafts == 0 and stats.by_source == {}
     stats = SpeculationStats()
@@ -513,13 +513,13 @@ def test_min_tokens_keep_the_end_token_out_and_speculation_resumes_after(tiny, t
     """Until min_tokens the target generates alone with the end token masked (the only distribution it
     defines there), then drafting resumes; greedy output equals the target alone with min_tokens."""
     prompt = PROMPTS[5]
-    full = alone.generate(GenerationRequest(prompt, 24)).tokens
+    full = alone.generate(TokenRequest(prompt, 24)).tokens
     end_id = full[3]
     chunk = 1 if stream else None
-    reference = alone.generate(GenerationRequest(prompt, 24, end_id=end_id, min_tokens=9, target_only_chunk=chunk))
+    reference = alone.generate(TokenRequest(prompt, 24, end_id=end_id, min_tokens=9, target_only_chunk=chunk))
     assert len(reference.tokens) >= 9 and end_id not in reference.tokens[:9]
     seen: list[EngineRequest] = []
-    rounds = run_loop(GenerationRequest(prompt, 24, end_id=end_id, min_tokens=9, num_draft_tokens=3,
+    rounds = run_loop(TokenRequest(prompt, 24, end_id=end_id, min_tokens=9, num_draft_tokens=3,
                                         target_only_chunk=chunk),
                       engine_call(target, seen), engine_call(TorchEngine(tiny.perturbed)))
     assert [t for r in rounds for t in r.tokens] == reference.tokens
@@ -532,11 +532,11 @@ def test_min_tokens_keep_the_end_token_out_and_speculation_resumes_after(tiny, t
 
 def test_a_penalised_request_runs_by_the_target_alone_and_is_counted(tiny, target, alone):
     sampling = SamplingParams(top_k=1, repetition_penalty=3.0, presence_penalty=2.0)
-    request = GenerationRequest(PROMPTS[2], 16, sampling=sampling, num_draft_tokens=4)
+    request = TokenRequest(PROMPTS[2], 16, sampling=sampling, num_draft_tokens=4)
     drafted: list[EngineRequest] = []
     stats = SpeculationStats()
     rounds = run_loop(request, engine_call(target), engine_call(TorchEngine(tiny.perturbed), drafted), stats)
-    expected = alone.generate(GenerationRequest(PROMPTS[2], 16, sampling=sampling, num_draft_tokens=0)).tokens
+    expected = alone.generate(TokenRequest(PROMPTS[2], 16, sampling=sampling, num_draft_tokens=0)).tokens
     assert [t for r in rounds for t in r.tokens] == expected
-    assert expected != alone.generate(GenerationRequest(PROMPTS[2], 16)).tokens  # the penalties mattered
+    assert expected != alone.generate(TokenRequest(PROMPTS[2], 16)).tokens  # the penalties mattered
     assert not drafted and stats.unspeculated == 1 and stats.drafted_tokens == 0

@@ -8,7 +8,7 @@ import pytest
 
 from specbuild.speculation.cost import BreakEvenGate, CostModel
 from specbuild.speculation.drafting import DraftHealth, draft_sources
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.round_costs import MIN_SAMPLES, PROBE_TOKENS, REFRESH_SECONDS, RoundCosts
 from specbuild.speculation.stats import METRICS, SpeculationStats
 
@@ -96,7 +96,7 @@ def test_at_this_hosts_costs_a_request_the_in_process_figures_would_leave_drafti
 
 def test_the_probe_runs_once_after_the_first_round_and_is_counted_apart_from_the_break_even():
     costs, stats = RoundCosts(), SpeculationStats()
-    drafts = draft_sources(GenerationRequest([1, 2, 3], 64, num_draft_tokens=1, break_even=IN_PROCESS),
+    drafts = draft_sources(TokenRequest([1, 2, 3], 64, num_draft_tokens=1, break_even=IN_PROCESS),
                            lambda *_: None, max_draft_len=4, stats=stats, health=DraftHealth(), costs=costs)
     gate = drafts.gate
     assert gate.drafting and drafts.round_length == 1
@@ -116,7 +116,7 @@ def test_the_probe_is_one_prometheus_name():
 def test_a_seeded_sampled_request_decides_without_host_timings_so_its_text_is_reproducible():
     from specbuild.speculation.rules import SamplingParams
 
-    request = GenerationRequest([1, 2, 3], 64, num_draft_tokens=1, break_even=IN_PROCESS, seed=7,
+    request = TokenRequest([1, 2, 3], 64, num_draft_tokens=1, break_even=IN_PROCESS, seed=7,
                                 sampling=SamplingParams(temperature=1.0))
     drafts = draft_sources(request, lambda *_: None, max_draft_len=4, stats=SpeculationStats(),
                            health=DraftHealth(), costs=RoundCosts())
@@ -131,12 +131,12 @@ def test_a_draft_call_that_catches_up_after_rounds_without_it_does_not_price_the
     import asyncio
 
     from specbuild.speculation.drafting import ModelDrafts
-    from specbuild.speculation.engine import EngineOutput
+    from specbuild.speculation.engine_call import EngineOutput
 
     async def draft_call(request):
         return EngineOutput([7] * request.max_new_tokens, None)
 
-    request = GenerationRequest([1, 2, 3], 64, num_draft_tokens=2)
+    request = TokenRequest([1, 2, 3], 64, num_draft_tokens=2)
     source = ModelDrafts(draft_call, request, SpeculationStats(), DraftHealth())
 
     async def rounds(indices):
@@ -160,7 +160,7 @@ def test_a_draft_call_that_catches_up_after_rounds_without_it_does_not_price_the
     from specbuild.speculation.loop import speculate
 
     costs = Recorded()
-    looped = GenerationRequest([1, 2, 3], 12, num_draft_tokens=2)
+    looped = TokenRequest([1, 2, 3], 12, num_draft_tokens=2)
     drafts = draft_sources(looped, draft_call, max_draft_len=4, stats=SpeculationStats(), health=DraftHealth())
 
     async def run():

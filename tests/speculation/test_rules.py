@@ -726,7 +726,7 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     With prompt lookup (on a prompt that repeats itself), lookup drafts are verified by token matching, mixed
     with draft-model rounds under rejection sampling, or alone. A draft with a sub-vocabulary head (10 of 16 ids)
     is accepted against its own distribution, zero outside its ids. Block verification likewise."""
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup
     from specbuild.runtimes.torch.engine import TorchEngine
@@ -736,14 +736,14 @@ def test_end_to_end_sampled_continuations_match_target(tiny, k, use_draft_logits
     target = TorchEngine(tiny.target, max_draft_len=8)
     lookup = PromptLookup(max_ngram=2, min_ngram=1) if "lookup" in drafter else None
     if lookup:  # the target's own greedy answer repeats itself: lookup has something to find from round one
-        prompt += InProcessSpeculator(target, None).generate(GenerationRequest(prompt, 8)).tokens
+        prompt += InProcessSpeculator(target, None).generate(TokenRequest(prompt, 8)).tokens
     draft = (TorchEngine(tiny.sub_vocabulary if "sub-vocabulary" in drafter else tiny.perturbed)
              if "draft" in drafter else None)
     speculator = InProcessSpeculator(target, draft)
     outputs = []
     accepted = lookup_accepted = lookup_drafted = 0
     for seed in range(draws):
-        result = speculator.generate(GenerationRequest(
+        result = speculator.generate(TokenRequest(
             prompt, length, sampling=params, seed=seed, num_draft_tokens=k, use_draft_logits=use_draft_logits,
             prompt_lookup=lookup, verification=verification))
         assert len(result.tokens) == length

@@ -17,9 +17,9 @@ from specbuild.package.build_record import BuildLimits, BuildRecord, Engine
 from specbuild.package.repository import orchestrator_config
 from specbuild.runtimes.registry import runtime_for
 from specbuild.triton_models.engine_io import decode_output, decode_requests, encode_outputs, encode_request
-from specbuild.triton_models.orchestration import RowProgress, parse_rows
+from specbuild.triton_models.orchestrator_requests import OrchestratorRowProgress, parse_orchestrator_rows
 from specbuild.spec import load_spec
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import GREEDY, SamplingParams
@@ -111,7 +111,7 @@ def request(**arrays: object) -> dict[str, np.ndarray]:
 
 
 def test_rows_take_their_own_prompt_and_a_broadcast_setting():
-    rows = parse_rows(request(temperature=np.array([[0.5]], dtype=np.float32), top_p=np.array([[0.875]], np.float32),
+    rows = parse_orchestrator_rows(request(temperature=np.array([[0.5]], dtype=np.float32), top_p=np.array([[0.875]], np.float32),
                               stream=np.array([[True]])), SETTINGS)
     assert [row.generation.prompt_ids for row in rows] == [[5, 6, 7], [8, 9]]
     assert all(row.generation.max_tokens == 10 and row.stream for row in rows)
@@ -121,14 +121,14 @@ def test_rows_take_their_own_prompt_and_a_broadcast_setting():
 
 
 def test_the_release_s_verification_reaches_every_row():
-    assert all(row.generation.verification == "token" for row in parse_rows(request(), SETTINGS))
-    rows = parse_rows(request(), replace(SETTINGS, verification="block"))
+    assert all(row.generation.verification == "token" for row in parse_orchestrator_rows(request(), SETTINGS))
+    rows = parse_orchestrator_rows(request(), replace(SETTINGS, verification="block"))
     assert all(row.generation.verification == "block" for row in rows)
 
 
 def test_a_temperature_alone_is_greedy_as_in_nvidia_s_backend():
     """What NVIDIA's end_to_end_grpc_client sends by default: temperature 1.0, no top_k/top_p."""
-    [row, _] = parse_rows(request(temperature=np.array([[1.0]], dtype=np.float32)), SETTINGS)
+    [row, _] = parse_orchestrator_rows(request(temperature=np.array([[1.0]], dtype=np.float32)), SETTINGS)
     assert row.generation.sampling.is_greedy
 
 
@@ -137,19 +137,19 @@ def test_a_temperature_alone_is_greedy_as_in_nvidia_s_backend():
 def test_renamed_inputs_are_read_under_either_name(current, older, field, value):
     dtype = np.uint64 if current == "seed" else np.int32
     for name in (current, older):
-        rows = parse_rows(request(**{name: np.array([[value]], dtype=dtype)}), SETTINGS)
+        rows = parse_orchestrator_rows(request(**{name: np.array([[value]], dtype=dtype)}), SETTINGS)
         assert all(getattr(row.generation, field) == value for row in rows)
-    both = parse_rows(request(**{current: np.array([[value]], dtype=dtype), older: np.array([[value]], dtype=dtype)}),
+    both = parse_orchestrator_rows(request(**{current: np.array([[value]], dtype=dtype), older: np.array([[value]], dtype=dtype)}),
                       SETTINGS)
     assert all(getattr(row.generation, field) == value for row in both)
     with pytest.raises(RequestError, match=f"{current}={value} and {older}=3 disagree") as error:
-        parse_rows(request(**{current: np.array([[value]], dtype=dtype), older: np.array([[3]], dtype=dtype)}),
+        parse_orchestrator_rows(request(**{current: np.array([[value]], dtype=dtype), older: np.array([[3]], dtype=dtype)}),
                    SETTINGS)
     assert error.value.fix == f"send only {current}"
 
 
 def test_penalties_reach_the_sampling_settings_and_a_time_limit_stays_within_the_server_s():
-    rows = parse_rows(request(repetition_penalty=np.array([[1.3]], dtype=np.float32),
+    rows = parse_orchestrator_rows(request(repetition_penalty=np.array([[1.3]], dtype=np.float32),
                               frequency_penalty=np.array([[0.5]], dtype=np.float32),
                               length_penalty=np.array([[2.0]], dtype=np.float32),
                               max_time=np.array([[5.0], [900.0]], dtype=np.float32)), SETTINGS)
@@ -157,7 +157,7 @@ def test_penalties_reach_the_sampling_settings_and_a_time_limit_stays_within_the
     assert rows[0].generation.sampling.repetition_penalty == pytest.approx(1.3)
     assert [row.max_seconds for row in rows] == [5.0, 600.0]
     unlimited = replace(SETTINGS, max_request_seconds=0.0)
-    assert [row.max_seconds for row in parse_rows(request(), unlimited)] == [None, None]
+    assert [row.max_seconds for row in parse_orchestrator_rows(request(), unlimited)] == [None, None]
 
 
 @pytest.mark.parametrize(("arrays", "message"), [
@@ -183,28 +183,28 @@ def test_penalties_reach_the_sampling_settings_and_a_time_limit_stays_within_the
 ])
 def test_bad_requests_name_the_input(arrays, message):
     with pytest.raises(RequestError, match=message):
-        parse_rows(request(**arrays), replace(SETTINGS, guided_decoding=True))
+        parse_orchestrator_rows(request(**arrays), replace(SETTINGS, guided_decoding=True))
 
 
 def test_a_guide_is_read_per_row_and_refused_where_the_engines_take_no_masks():
     guided = request(guided_decoding_guide_type=np.array([[b"regex"], [b""]], dtype=object),
                      guided_decoding_guide=np.array([[b"[ab]+"], [b""]], dtype=object))
-    rows = parse_rows(guided, replace(SETTINGS, guided_decoding=True))
+    rows = parse_orchestrator_rows(guided, replace(SETTINGS, guided_decoding=True))
     assert [row.guide for row in rows] == [GuideSpec("regex", "[ab]+"), None]
     with pytest.raises(RequestError) as refused:  # a TensorRT-LLM release: its engines take no guide masks
-        parse_rows(guided, SETTINGS)
+        parse_orchestrator_rows(guided, SETTINGS)
     assert refused.value.message.startswith("guided_decoding_guide_type='regex': this release's engine models")
 
 
 def test_a_negative_end_id_never_stops():
-    rows = parse_rows(request(end_id=np.array([[-1]], dtype=np.int32)), SETTINGS)
+    rows = parse_orchestrator_rows(request(end_id=np.array([[-1]], dtype=np.int32)), SETTINGS)
     assert [row.generation.end_id for row in rows] == [None, None]
 
 
 def test_each_response_is_about_one_row():
-    streamed, whole = parse_rows(request(stream=np.array([[True], [False]]),
+    streamed, whole = parse_orchestrator_rows(request(stream=np.array([[True], [False]]),
                                          exclude_input_in_output=np.array([[False]])), SETTINGS)
-    row = RowProgress(0, row=streamed, stats=SpeculationStats(drafted_tokens=4, accepted_tokens=3), scheduled_ns=10)
+    row = OrchestratorRowProgress(0, row=streamed, stats=SpeculationStats(drafted_tokens=4, accepted_tokens=3), scheduled_ns=10)
     row.add([1, 2], 20, None)
     first = row.response(5)
     row.add([3], 30, "length")
@@ -219,7 +219,7 @@ def test_each_response_is_about_one_row():
     assert {name: array.dtype.name for name, array in second.items()} == {
         t.name: NUMPY_DTYPES[t.dtype] for t in ORCHESTRATOR_OUTPUTS}
 
-    other = RowProgress(1, row=whole)
+    other = OrchestratorRowProgress(1, row=whole)
     other.add([4], 40, "end_id")
     answer = other.response(5)
     assert answer["output_ids"].tolist() == [[8, 9, 4]]  # the whole answer, with its prompt (not excluded)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.runtimes.torch.engine import TorchEngine
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.request_runner import RequestRunner
 

@@ -160,7 +160,7 @@ def estimate_pair(target_dir: str | Path, draft_dir: str | Path, *, prompts: int
 
     from specbuild.bench.acceptance import measure_acceptance
     from specbuild.bench.prompts import load_prompts
-    from specbuild.bench.runner import chat_prompts
+    from specbuild.bench.sweep import chat_prompts
     from specbuild.runtimes.torch.engine import TorchEngine
     from specbuild.runtimes.torch.threads import torch_threads
     from specbuild.terminal import stage

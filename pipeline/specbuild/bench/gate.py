@@ -53,7 +53,7 @@ def parse_thresholds(assignments: Iterable[str]) -> GateThresholds:
 
 
 @dataclass(frozen=True)
-class Check:
+class GateCheck:
     """One threshold against one cell (or the whole run: ``cell`` None)."""
 
     threshold: str  # the GateThresholds field
@@ -72,14 +72,14 @@ class Check:
 @dataclass(frozen=True)
 class GateResult:
     thresholds: GateThresholds
-    checks: tuple[Check, ...]
+    checks: tuple[GateCheck, ...]
 
     @property
     def passed(self) -> bool:
         return all(check.passed for check in self.checks)
 
     @property
-    def failures(self) -> list[Check]:
+    def failures(self) -> list[GateCheck]:
         return [check for check in self.checks if not check.passed]
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,12 +103,12 @@ def _where(cell: Mapping[str, Any]) -> str:
     return f"{cell.get('label', 'K=' + str(cell.get('k')))} concurrency {cell.get('concurrency')}"
 
 
-def _at_least(threshold: str, limit: float, measured: float | None, cell: Mapping[str, Any], missing: str) -> Check:
-    return Check(threshold, limit, measured, measured is not None and measured >= limit, _where(cell),
+def _at_least(threshold: str, limit: float, measured: float | None, cell: Mapping[str, Any], missing: str) -> GateCheck:
+    return GateCheck(threshold, limit, measured, measured is not None and measured >= limit, _where(cell),
                  missing if measured is None else "")
 
 
-def _identity(cell: Mapping[str, Any]) -> Check:
+def _identity(cell: Mapping[str, Any]) -> GateCheck:
     """The share of prompts whose text equals K=0's must be 1 (``matches_baseline``, set for greedy cells)."""
     share = cell.get("matches_baseline")
     if share is None:
@@ -117,14 +117,14 @@ def _identity(cell: Mapping[str, Any]) -> Check:
         detail = f"{1 - share:.0%} of the prompts were answered differently from K=0"
     else:
         detail = ""
-    return Check("greedy_identical", True, share, share == 1.0, _where(cell), detail)
+    return GateCheck("greedy_identical", True, share, share == 1.0, _where(cell), detail)
 
 
 def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResult:
     """Every threshold of ``thresholds`` against the bench ``report`` (its JSON form)."""
     cells: list[Mapping[str, Any]] = list(report.get("cells", []))
     gated = _gated_cells(cells)
-    checks: list[Check] = []
+    checks: list[GateCheck] = []
     if thresholds.min_speedup is not None:
         checks += [_at_least("min_speedup", thresholds.min_speedup, cell.get("speedup"), cell,
                              "no K=0 cell at this concurrency to compare with") for cell in gated]
@@ -134,20 +134,20 @@ def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResul
     if thresholds.greedy_identical:
         greedy = [cell for cell in gated if cell.get("sampling", GREEDY) == GREEDY]
         checks += [_identity(cell) for cell in greedy] or [
-            Check("greedy_identical", True, None, False, None, "the run has no greedy cell: identity is checked on "
+            GateCheck("greedy_identical", True, None, False, None, "the run has no greedy cell: identity is checked on "
                   "greedy answers (sampled ones depend on K), so add --sampling greedy")]
     if thresholds.max_p95_ms is not None:
         for cell in gated:
             p95 = (cell.get("e2e") or {}).get("p95")
             measured = None if p95 is None else p95 * 1000.0
-            checks.append(Check("max_p95_ms", thresholds.max_p95_ms, measured,
+            checks.append(GateCheck("max_p95_ms", thresholds.max_p95_ms, measured,
                                 measured is not None and measured <= thresholds.max_p95_ms, _where(cell),
                                 "no request finished" if measured is None else ""))
     checks.append(_error_rate(cells, thresholds.max_error_rate))
     return GateResult(thresholds, tuple(checks))
 
 
-def _error_rate(cells: Sequence[Mapping[str, Any]], limit: float) -> Check:
+def _error_rate(cells: Sequence[Mapping[str, Any]], limit: float) -> GateCheck:
     """Failed requests over the whole run, with what the first failures were told."""
     failed = sum(int(cell.get("errors") or 0) for cell in cells)
     sent = failed + sum(int(cell.get("requests") or 0) for cell in cells)
@@ -156,4 +156,4 @@ def _error_rate(cells: Sequence[Mapping[str, Any]], limit: float) -> Check:
     detail = f"{failed} of {sent} requests failed" if sent else "no request was sent"
     if messages:
         detail += ": " + "; ".join(messages[:3]) + (f" (and {len(messages) - 3} more)" if len(messages) > 3 else "")
-    return Check("max_error_rate", limit, rate, rate is not None and rate <= limit, None, detail)
+    return GateCheck("max_error_rate", limit, rate, rate is not None and rate <= limit, None, detail)

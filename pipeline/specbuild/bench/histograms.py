@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from specbuild.bench.metrics import QUANTILES
+from specbuild.bench.figures import QUANTILES
 from specbuild.speculation.stats import LATENCY_METRICS
 
 

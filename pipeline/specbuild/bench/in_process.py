@@ -2,7 +2,7 @@
 served path against.
 
 Nothing is re-implemented: the request goes through the release's ensemble steps as its ``config.pbtxt`` maps
-them (the preprocessing's :class:`~specbuild.triton_models.preprocess.Preprocessor`, then the orchestrator's
+them (the preprocessing's :class:`~specbuild.triton_models.preprocessor.Preprocessor`, then the orchestrator's
 :class:`~specbuild.triton_models.request_runner.RequestRunner` with the orchestrator's own parameters) and the
 engines load as the engine models load them (:func:`~specbuild.runtimes.torch.engine_loading.load_engine`: the
 same thread governor, cache and warm-up). What is left out is what serving adds: Triton, the BLS calls and their
@@ -25,11 +25,11 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from specbuild.bench.metrics import Counters, RequestTrace, chunk_tokens  # noqa: E402
+from specbuild.bench.figures import Counters, RequestTrace, chunk_tokens  # noqa: E402
 from specbuild.errors import RequestError, UsageError  # noqa: E402
 from specbuild.package.contract import ENSEMBLE_MODEL, ORCHESTRATOR_MODEL, PREPROCESSING_MODEL  # noqa: E402
 from specbuild.serve.client import first_value  # noqa: E402
-from specbuild.speculation.engine import EngineOutput, EngineRequest  # noqa: E402
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest  # noqa: E402
 from specbuild.speculation.stats import REQUEST_METRICS, SpeculationStats, request_samples  # noqa: E402
 from specbuild.triton_models.text import incremental_text  # noqa: E402
 

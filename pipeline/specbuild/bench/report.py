@@ -1,5 +1,5 @@
 """The outputs of ``specbuild bench``: terminal tables, JSON, Markdown and PNG plots of a
-:class:`~specbuild.bench.runner.BenchReport`."""
+:class:`~specbuild.bench.sweep.BenchReport`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 from rich.table import Table
 
-from specbuild.bench.metrics import Cell, served_efficiency
+from specbuild.bench.figures import Cell, served_efficiency
 from specbuild.errors import UsageError
 from specbuild.speculation.stats import E2E, QUEUE, TPOT, TTFT, Metric
 from specbuild.speculation.traffic import GREEDY, describe_profiles

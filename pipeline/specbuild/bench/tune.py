@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from specbuild.bench.metrics import Cell
+from specbuild.bench.figures import Cell
 from specbuild.errors import SpecError, UsageError
 from specbuild.spec import load_spec
 from specbuild.spec_rendering import yaml_scalar
@@ -205,7 +205,7 @@ def tune(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, ks: Seque
     ``url``) under each profile of the traffic mix (``traffic``, else the spec's), choose the best setting for
     ``goal`` on that mix, and (``write``) make it the spec's and repository's default."""
     from specbuild import compiler
-    from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
+    from specbuild.bench.sweep import BenchPlan, bench_server, repository_tokenizer, run_bench
 
     spec = load_spec(spec_path)
     mix = _mix(spec, traffic)
@@ -257,7 +257,7 @@ def tune_schedule(spec_path: str | Path, goal: Goal, prompts: Sequence[Any], *, 
     each level makes the schedule (:func:`load_schedule`), and (``write``) it becomes the spec's and repository's,
     with the cost model measured at the lowest level. ``TuneResult.choice``: the best cell at the lowest level."""
     from specbuild import compiler
-    from specbuild.bench.runner import BenchPlan, BenchReport, bench_server, repository_tokenizer, run_bench
+    from specbuild.bench.sweep import BenchPlan, BenchReport, bench_server, repository_tokenizer, run_bench
 
     spec = load_spec(spec_path)
     mix = _mix(spec, traffic)

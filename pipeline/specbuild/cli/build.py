@@ -61,7 +61,7 @@ def check_command(target: str, draft: str, spec_file: str | None, json_mode: boo
     Exit 0: compatible; 1: incompatible (each reason with its fix) or an unreadable checkpoint; 2: usage error.
     """
     from specbuild.check.compatibility import BreakEven
-    from specbuild.check.report import check, render_check
+    from specbuild.check.pair_report import check, render_check
     from specbuild.errors import IncompatibleError
 
     spec = load_spec(spec_file, {"target.checkpoint": target, "draft.checkpoint": draft},

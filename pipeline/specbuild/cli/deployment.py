@@ -9,7 +9,7 @@ import click
 
 from specbuild.cli.common import console, json_option, main, print_json, reports_errors
 from specbuild.cli.serving import launch_overrides
-from specbuild.monitoring.rules import DEFAULT_MIN_ACCEPTANCE
+from specbuild.monitoring.alert_rules import DEFAULT_MIN_ACCEPTANCE
 from specbuild.runtimes.pod_plans import CPU_IMAGE, REPLICA_CEILING, DeployOptions
 
 DEPLOY = DeployOptions()  # `specbuild deploy`'s defaults
@@ -27,7 +27,7 @@ def _label(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 
 
 def alert_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The alerts' thresholds (specbuild.monitoring.rules), for ``deploy`` and ``monitoring``."""
+    """The alerts' thresholds (specbuild.monitoring.alert_rules), for ``deploy`` and ``monitoring``."""
     command = click.option("--ttft-p95", "ttft_p95_seconds", type=click.FloatRange(min=0, min_open=True),
                            default=None, metavar="SECONDS",
                            help="alert when the p95 time to first token stays above this  [default: the release's "
@@ -121,7 +121,7 @@ def monitoring(repository: str, out_dir: str, min_acceptance: float | None, ttft
     """Write a Prometheus for the release in REPOSITORY served outside Kubernetes (docker/compose.yaml, profile
     prometheus): its scrape configuration, its recording and alerting rules, and the Grafana dashboard to import."""
     from specbuild.monitoring.prometheus_config import write_monitoring
-    from specbuild.monitoring.rules import release_thresholds
+    from specbuild.monitoring.alert_rules import release_thresholds
     from specbuild.package.manifest import read_release
     from specbuild.serve.release_launch import release_launch_spec
 

@@ -173,7 +173,7 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
 
     from specbuild.bench.gate import evaluate, parse_thresholds
     from specbuild.bench.prompts import load_prompts
-    from specbuild.bench.runner import BenchPlan, bench_server, repository_tokenizer, run_bench
+    from specbuild.bench.sweep import BenchPlan, bench_server, repository_tokenizer, run_bench
     from specbuild.errors import UsageError
 
     thresholds = parse_thresholds(gate)

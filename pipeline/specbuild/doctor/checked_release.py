@@ -68,7 +68,7 @@ def release_number(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
 
 
-class Release:
+class FoundRelease:
     """The release beside this file, and where its parts are in this environment."""
 
     def __init__(self, repository: Path, engines: Path | None, checkpoints: Mapping[str, Path]) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 if __package__:  # specbuild.doctor.checkpoint_checks
     from specbuild.doctor.checked_release import (FAIL, LOGITS_PARAMETER_CAP, MANIFEST, PASS, RECOMPILE, UNCHECKABLE,
-                                                  Check, Release, importable, release_number)
+                                                  Check, FoundRelease, importable, release_number)
     from specbuild.doctor.runtime_checks import model_yaml
 else:  # beside doctor.py in a release, which put its folder on sys.path
-    from checked_release import (FAIL, LOGITS_PARAMETER_CAP, MANIFEST, PASS, RECOMPILE, UNCHECKABLE, Check, Release,
+    from checked_release import (FAIL, LOGITS_PARAMETER_CAP, MANIFEST, PASS, RECOMPILE, UNCHECKABLE, Check, FoundRelease,
                                  importable, release_number)
     from runtime_checks import model_yaml
 
@@ -53,7 +53,7 @@ def _config_facts(config: Any) -> dict[str, Any]:
             "num_kv_heads": getattr(config, "num_key_value_heads", None) or heads}
 
 
-def check_checkpoint_config(release: Release, role: str) -> Iterator[Check]:
+def check_checkpoint_config(release: FoundRelease, role: str) -> Iterator[Check]:
     """The checkpoint's config.json as the installed transformers reads it, against what specbuild built with."""
     name = f"config:{role}"
     built = release.compatibility.get(role)
@@ -101,7 +101,7 @@ def check_checkpoint_config(release: Release, role: str) -> Iterator[Check]:
                     f"embeddings {seen['tie_word_embeddings']}, as built")
 
 
-def _tokenizer_dirs(release: Release) -> list[Path]:
+def _tokenizer_dirs(release: FoundRelease) -> list[Path]:
     """The tokenizer copy the release ships, and for the LLM-API the tokenizer TensorRT-LLM's ``LLM()`` loads:
     model.yaml's ``tokenizer`` (a path in the container) where it names one, else its target checkpoint."""
     shipped = sorted(release.repository.glob("*/1/tokenizer/tokenizer_config.json"))
@@ -116,7 +116,7 @@ def _tokenizer_dirs(release: Release) -> list[Path]:
     return folders
 
 
-def check_tokenizer(release: Release) -> Iterator[Check]:
+def check_tokenizer(release: FoundRelease) -> Iterator[Check]:
     """The release's tokenizer loads with the installed transformers, with the eos/bos ids specbuild built with."""
     built = (release.compatibility.get("target") or {}).get("tokenizer") or {}
     folders = _tokenizer_dirs(release)
@@ -148,7 +148,7 @@ def check_tokenizer(release: Release) -> Iterator[Check]:
         yield Check("tokenizer", PASS, f"{version} loads " + "; ".join(seen))
 
 
-def check_logits(release: Release, role: str) -> Iterator[Check]:
+def check_logits(release: FoundRelease, role: str) -> Iterator[Check]:
     """A few next-token logits of the checkpoint, computed here in fp32 on the CPU, against the build's."""
     name = f"logits:{role}"
     recorded = (release.facts.get("logits") or {}).get(role)

@@ -16,11 +16,11 @@ from typing import Any
 
 if __package__:  # specbuild.doctor.environment_checks
     from specbuild.doctor.checked_release import (FAIL, HERE, MANIFEST, PASS, RECOMPILE, RULES, TRITON_VERSION_ENV,
-                                                  UNCHECKABLE, Check, Release, importable, installed_version,
+                                                  UNCHECKABLE, Check, FoundRelease, importable, installed_version,
                                                   release_number)
 else:  # beside doctor.py in a release, which put its folder on sys.path
     from checked_release import (FAIL, HERE, MANIFEST, PASS, RECOMPILE, RULES, TRITON_VERSION_ENV, UNCHECKABLE, Check,
-                                 Release, importable, installed_version, release_number)
+                                 FoundRelease, importable, installed_version, release_number)
 
 
 def _image_rules() -> Any:
@@ -45,7 +45,7 @@ def _recorded(path: Path) -> str:
     return f"symlink:{os.readlink(path)}" if path.is_symlink() else _hash(path)
 
 
-def check_files(release: Release) -> Iterator[Check]:
+def check_files(release: FoundRelease) -> Iterator[Check]:
     """Every file the manifest lists, here and unchanged; no file in the repository it does not list."""
     files: dict[str, str] = release.manifest.get("files", {})
     engines_tree = release.manifest.get("trees", {}).get("engines")
@@ -94,7 +94,7 @@ def check_files(release: Release) -> Iterator[Check]:
         yield Check("files", PASS, f"{len(files)} files match {MANIFEST}")
 
 
-def check_packages(release: Release) -> Iterator[Check]:
+def check_packages(release: FoundRelease) -> Iterator[Check]:
     """Python and the packages specbuild depends on in the image (image_rules.py), and TensorRT-LLM's line."""
     if not importable("packaging"):
         yield Check("packages", UNCHECKABLE, f"the packaging module ({RULES} reads versions with it) is not "
@@ -128,7 +128,7 @@ def check_packages(release: Release) -> Iterator[Check]:
                     + (f"; TensorRT-LLM {installed_trtllm}" if installed_trtllm else ""))
 
 
-def check_python_backend(release: Release) -> Iterator[Check]:
+def check_python_backend(release: FoundRelease) -> Iterator[Check]:
     """The python backend's known bugs (by the image's Triton release) that the release's python models would hit."""
     bugs = release.facts.get("python_backend_bugs", [])
     hit = [bug for bug in bugs if bug["files"]]
@@ -153,7 +153,7 @@ def check_python_backend(release: Release) -> Iterator[Check]:
                     + ", ".join(f"{bug['name']} (r{bug['fixed_in']})" for bug in hit))
 
 
-def check_gpus(release: Release) -> Iterator[Check]:
+def check_gpus(release: FoundRelease) -> Iterator[Check]:
     """The GPUs visible here against the launch's count and the memory plan's least memory per GPU."""
     plan = release.compatibility.get("memory_plan") or {}
     needed, need_bytes = plan.get("gpus", 1), plan.get("min_gpu_bytes")

@@ -24,14 +24,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 if __package__:  # specbuild.doctor.release_doctor
-    from specbuild.doctor.checked_release import FAIL, HERE, ROLES, UNCHECKABLE, Check, Release, Unreadable
+    from specbuild.doctor.checked_release import FAIL, HERE, ROLES, UNCHECKABLE, Check, FoundRelease, Unreadable
     from specbuild.doctor.checkpoint_checks import check_checkpoint_config, check_logits, check_tokenizer
     from specbuild.doctor.environment_checks import check_files, check_gpus, check_packages, check_python_backend
     from specbuild.doctor.runtime_checks import check_engines, check_model_yaml, check_tokenizer_info
 else:  # doctor.py in a release: its parts lie beside it (no bytecode cache: a folder in a model repository is a model)
     sys.dont_write_bytecode = True
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from checked_release import FAIL, HERE, ROLES, UNCHECKABLE, Check, Release, Unreadable
+    from checked_release import FAIL, HERE, ROLES, UNCHECKABLE, Check, FoundRelease, Unreadable
     from checkpoint_checks import check_checkpoint_config, check_logits, check_tokenizer
     from environment_checks import check_files, check_gpus, check_packages, check_python_backend
     from runtime_checks import check_engines, check_model_yaml, check_tokenizer_info
@@ -40,7 +40,7 @@ else:  # doctor.py in a release: its parts lie beside it (no bytecode cache: a f
 PARTS = ("checked_release.py", "checkpoint_checks.py", "environment_checks.py", "runtime_checks.py")
 
 
-def checks(release: Release) -> list[tuple[str, Callable[[], Iterator[Check]]]]:
+def checks(release: FoundRelease) -> list[tuple[str, Callable[[], Iterator[Check]]]]:
     """The checks that apply to the release, in order, each by the name its verdicts carry."""
     found: list[tuple[str, Callable[[], Iterator[Check]]]] = [("files", lambda: check_files(release)),
                                                               ("packages", lambda: check_packages(release))]
@@ -60,7 +60,7 @@ def checks(release: Release) -> list[tuple[str, Callable[[], Iterator[Check]]]]:
     return found
 
 
-def run(release: Release) -> list[Check]:
+def run(release: FoundRelease) -> list[Check]:
     results = []
     for name, check in checks(release):
         try:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where a checkpoint is here")
     args = parser.parse_args(argv)
     try:
-        release = Release(HERE, args.engines, dict(args.checkpoint))
+        release = FoundRelease(HERE, args.engines, dict(args.checkpoint))
     except Unreadable as exc:
         print(f"error: {exc}\n  fix: run the doctor inside a release folder that specbuild compiled",
               file=sys.stderr)

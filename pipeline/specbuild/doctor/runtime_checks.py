@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 if __package__:  # specbuild.doctor.runtime_checks
-    from specbuild.doctor.checked_release import (FAIL, PASS, RECOMPILE, UNCHECKABLE, Check, Release, Unreadable,
+    from specbuild.doctor.checked_release import (FAIL, PASS, RECOMPILE, UNCHECKABLE, Check, FoundRelease, Unreadable,
                                                   importable, installed_version)
 else:  # beside doctor.py in a release, which put its folder on sys.path
-    from checked_release import (FAIL, PASS, RECOMPILE, UNCHECKABLE, Check, Release, Unreadable, importable,
+    from checked_release import (FAIL, PASS, RECOMPILE, UNCHECKABLE, Check, FoundRelease, Unreadable, importable,
                                  installed_version)
 
 
-def model_yaml(release: Release) -> dict[str, Any] | None:
+def model_yaml(release: FoundRelease) -> dict[str, Any] | None:
     path = release.repository / "tensorrt_llm" / "1" / "model.yaml"
     if not path.is_file():
         return None
@@ -28,7 +28,7 @@ def model_yaml(release: Release) -> dict[str, Any] | None:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
-def _line_rules(release: Release) -> Any:
+def _line_rules(release: FoundRelease) -> Any:
     """The TensorRT-LLM line table the release's adapter ships (specbuild's lines.py, vendored beside it)."""
     vendored = release.repository / "llmapi_adapter" / "1"
     sys.path.insert(0, str(vendored))
@@ -39,7 +39,7 @@ def _line_rules(release: Release) -> Any:
     return lines
 
 
-def check_model_yaml(release: Release) -> Iterator[Check]:
+def check_model_yaml(release: FoundRelease) -> Iterator[Check]:
     """The LLM-API release's model.yaml against its TensorRT-LLM line's parsers: the line table always, TensorRT-LLM's
     own ``DecodingBaseConfig`` where tensorrt_llm is importable."""
     config = model_yaml(release)
@@ -80,7 +80,7 @@ def check_model_yaml(release: Release) -> Iterator[Check]:
                 f"TensorRT-LLM {installed_version('tensorrt_llm')} parses {where} as {type(parsed).__name__}")
 
 
-def check_engines(release: Release) -> Iterator[Check]:
+def check_engines(release: FoundRelease) -> Iterator[Check]:
     """Each built engine's config.json (TensorRT-LLM's) against the build record specbuild wrote for it."""
     records = (release.manifest.get("extra") or {}).get("build_info") or {}
     if not release.manifest.get("engines_built", True) or not records:
@@ -120,7 +120,7 @@ def check_engines(release: Release) -> Iterator[Check]:
         yield Check("engines", PASS, f"the {' and '.join(seen)} engines' config.json match their build records")
 
 
-def check_tokenizer_info(release: Release) -> Iterator[Check]:
+def check_tokenizer_info(release: FoundRelease) -> Iterator[Check]:
     """A guided release's xgrammar tokenizer-info file, read by the installed xgrammar as the backend reads it."""
     recorded = release.facts["tokenizer_info"]
     path = release.repository / recorded["path"]

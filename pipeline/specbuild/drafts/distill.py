@@ -3,7 +3,7 @@
 Recipe (chosen by measured cost on a 2-core CPU; see docs/benchmarks.md):
 
 1. **Data the target produces itself.** The target answers locally composed prompts
-   (:mod:`specbuild.drafts.prompts`, never the benchmark set) greedily: that is exactly the text a greedy
+   (:mod:`specbuild.drafts.distill_prompts`, never the benchmark set) greedily: that is exactly the text a greedy
    draft must predict while its tokens are being accepted. One teacher-forced pass over each answer keeps
    the target's top-k next-token log-probabilities and its final (normed) hidden state at every position.
 2. **A draft initialised from the target.** A standard Llama causal LM with the target's tokenizer and

@@ -1,6 +1,6 @@
 """The data ``specbuild draft`` distils from: the target's own answers to local prompts, and its labels.
 
-The target answers the distillation prompts (:mod:`specbuild.drafts.prompts`, never the benchmark set)
+The target answers the distillation prompts (:mod:`specbuild.drafts.distill_prompts`, never the benchmark set)
 greedily, and for ``answers="greedy+sampled"`` again by sampling; one teacher-forced pass over each answer
 keeps the target's top-k next-token log-probabilities and final hidden state at every position (see
 :mod:`specbuild.drafts.distill` for the whole recipe). Made once per run and kept in its state folder.
@@ -95,7 +95,7 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
     """The distillation prompts (never a benchmark prompt), held-out ones first, encoded by :func:`chat_encode`."""
-    from specbuild.drafts.prompts import distillation_prompts
+    from specbuild.drafts.distill_prompts import distillation_prompts
 
     return chat_encode(tokenizer, distillation_prompts(options.prompts, options.seed))
 

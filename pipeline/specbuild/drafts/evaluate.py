@@ -63,11 +63,11 @@ def compare_in_process(target_dir: str | Path, drafts: str | Path | Mapping[str,
     from transformers import AutoTokenizer
 
     from specbuild.bench.prompts import load_prompts
-    from specbuild.bench.runner import chat_prompts, rotated
+    from specbuild.bench.sweep import chat_prompts, rotated
     from specbuild.runtimes.torch.engine import PrefixCache, TorchEngine
     from specbuild.runtimes.torch.inprocess import InProcessSpeculator
     from specbuild.speculation.lookup import PromptLookup
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
     from specbuild.speculation.stats import SpeculationStats
 
     folders = {DEFAULT_DRAFT: drafts} if isinstance(drafts, (str, Path)) else dict(drafts)
@@ -83,14 +83,14 @@ def compare_in_process(target_dir: str | Path, drafts: str | Path | Mapping[str,
         speculators[None] = InProcessSpeculator(target, None)
         engines = [target] + [s.draft for s in speculators.values() if s.draft is not None]
         for speculator in speculators.values():  # first calls are slow: none of them is timed
-            speculator.generate(GenerationRequest(prompt_ids=prompt_ids[0], max_tokens=WARMUP_TOKENS, end_id=eos,
+            speculator.generate(TokenRequest(prompt_ids=prompt_ids[0], max_tokens=WARMUP_TOKENS, end_id=eos,
                                                   num_draft_tokens=2 if speculator.draft else 0))
         with stage(progress, "in-process speculative decoding", len(prompt_ids) * len(settings)) as advance:
             for index, ids in enumerate(prompt_ids):
                 for setting in rotated(settings, index):
                     for engine in engines:
                         engine.cache = PrefixCache(engine.cache.max_tokens)
-                    request = GenerationRequest(prompt_ids=ids, max_tokens=max_tokens, end_id=eos,
+                    request = TokenRequest(prompt_ids=ids, max_tokens=max_tokens, end_id=eos,
                                                 num_draft_tokens=setting.k,
                                                 prompt_lookup=PromptLookup() if setting.lookup else None)
                     began = time.perf_counter()

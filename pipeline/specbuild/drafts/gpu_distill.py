@@ -6,7 +6,7 @@ needs ``gguf`` (pure Python; carry its wheel, see ``--gguf``) and accelerate, wh
 It runs :func:`specbuild.drafts.distill.make_draft` with the recipe that made the demo's draft
 (``docs/benchmarks.md``, "The demo's draft": the target's greedy and sampled answers, the full-distribution joint
 teacher) at 4 layers, on the distillation prompt pool of
-:mod:`specbuild.drafts.prompts`, and writes into OUT what a release needs and nothing heavier:
+:mod:`specbuild.drafts.distill_prompts`, and writes into OUT what a release needs and nothing heavier:
 
 - ``layers<N>.safetensors``: the draft's decoder layers and final norm in bfloat16 (the format of
   ``drafts/assets/demo-draft/``: :func:`specbuild.drafts.demo_models.assemble_draft` adds the target's own
@@ -123,7 +123,7 @@ def run(out: Path, *, target: Path | None = None, gguf: Path | None = None, devi
 
     from specbuild.drafts.agreement import agreement, benchmark_answers
     from specbuild.drafts.distill import make_draft, resolve_device, state_dir
-    from specbuild.drafts.prompts import prompt_pool
+    from specbuild.drafts.distill_prompts import prompt_pool
     from specbuild.runtimes.torch.engine import TorchEngine
     from specbuild.stages.hashing import sha256_file
 

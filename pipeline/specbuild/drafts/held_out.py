@@ -1,4 +1,4 @@
-"""The prompts a distillation pool (:mod:`specbuild.drafts.prompts`) holds out: every benchmark prompt (the bundled
+"""The prompts a distillation pool (:mod:`specbuild.drafts.distill_prompts`) holds out: every benchmark prompt (the bundled
 general and structured sets and the repository's held-out set), and any prompt too similar to one by word trigrams
 (:func:`too_similar`)."""
 

@@ -12,7 +12,7 @@ import yaml
 
 from specbuild.monitoring.dashboard import DASHBOARD_FILE
 from specbuild.monitoring.promql import Scope
-from specbuild.monitoring.rules import AlertThresholds, rule_groups
+from specbuild.monitoring.alert_rules import AlertThresholds, rule_groups
 
 JOB = "specbuild"  # the scrape job: the release's ``job`` label
 CONFIG_FILE = "prometheus.yml"

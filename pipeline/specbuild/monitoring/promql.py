@@ -1,5 +1,5 @@
 """PromQL for what an operator watches, each signal written once from the metrics table's names
-(:mod:`specbuild.speculation.stats`), for the recording and alerting rules (:mod:`specbuild.monitoring.rules`) and the
+(:mod:`specbuild.speculation.stats`), for the recording and alerting rules (:mod:`specbuild.monitoring.alert_rules`) and the
 dashboard (:mod:`specbuild.monitoring.dashboard`) alike.
 
 Every signal is per release: summed over its replicas ``by (namespace, job)`` (a release has one scrape job: its

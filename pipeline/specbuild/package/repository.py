@@ -260,7 +260,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
         write_config(output_dir / name, config)
     (output_dir / contract.ENSEMBLE_MODEL / "1").mkdir(exist_ok=True)
     for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL):
-        ship_model_source(ENSEMBLE_MODELS_DIR / f"{name}.py", output_dir / name)
+        ship_model_source(ENSEMBLE_MODELS_DIR / f"{name}_model.py", output_dir / name)
     for name in (contract.PREPROCESSING_MODEL, contract.ORCHESTRATOR_MODEL, contract.POSTPROCESSING_MODEL):
         ship_tokenizer(tokenizer_dir, output_dir / name)  # the orchestrator's compiles guides
     for role, model in engine_models.items():

@@ -41,7 +41,7 @@ class DeployOptions:
     shm_gib: int = DEFAULT_SHM_GIB
     hpa_target: float | None = None  # in-flight requests per pod; None: 3/4 of limits.max_batch_size
     monitor_labels: dict[str, str] = field(default_factory=dict)  # labels a Prometheus selects PodMonitors by
-    # (and PrometheusRules); the alerts' thresholds, None: specbuild.monitoring.rules' defaults (the runtime's TTFT)
+    # (and PrometheusRules); the alerts' thresholds, None: specbuild.monitoring.alert_rules' defaults (the runtime's TTFT)
     min_acceptance: float | None = None
     ttft_p95_seconds: float | None = None
     # labels Grafana's dashboard sidecar selects ConfigMaps by (kube-prometheus-stack's default)

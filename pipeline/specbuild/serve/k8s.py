@@ -42,7 +42,7 @@ import yaml
 from specbuild.errors import UsageError
 from specbuild.monitoring.dashboard import DASHBOARD_FILE
 from specbuild.monitoring.promql import Scope
-from specbuild.monitoring.rules import release_thresholds, rule_groups
+from specbuild.monitoring.alert_rules import release_thresholds, rule_groups
 from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint, check_options
 from specbuild.runtimes.registry import runtime_for
 from specbuild.serve.release_launch import release_launch_spec
@@ -264,7 +264,7 @@ def release_scope(spec: BuildSpec, options: DeployOptions) -> Scope:
 
 
 def prometheus_rule(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
-    """The release's recording and alerting rules (:mod:`specbuild.monitoring.rules`), for the Prometheus that selects
+    """The release's recording and alerting rules (:mod:`specbuild.monitoring.alert_rules`), for the Prometheus that selects
     the PodMonitor (the same labels)."""
     thresholds = release_thresholds(spec, min_acceptance=options.min_acceptance,
                                     ttft_p95_seconds=options.ttft_p95_seconds)

@@ -47,7 +47,7 @@ from specbuild.triton_models.text import StopStrings
 
 
 # --- generation -------------------------------------------------------------------------------------------------
-class Generation:
+class CompletionRun:
     """One request's run: its text pieces (stop strings applied) and, at the end, why it finished."""
 
     def __init__(self, client: OrchestratorClient, arrays: dict[str, Any], stops: list[str], max_tokens: int,
@@ -188,7 +188,7 @@ async def chat_completions(request: ChatRequest, http: Request, served: ServedHe
 
 
 def _start(client: OrchestratorClient, request: CompletionRequest | ChatRequest, prompt_ids: list[int],
-           budget: int | None) -> Generation:
+           budget: int | None) -> CompletionRun:
     request.check()
     room = client.settings.max_seq_len - len(prompt_ids)
     max_tokens = budget if budget is not None else max(1, room)
@@ -197,10 +197,10 @@ def _start(client: OrchestratorClient, request: CompletionRequest | ChatRequest,
                                **request.settings())
     except RequestError as exc:
         raise APIError(400, exc.message) from None
-    return Generation(client, arrays, request.stop_strings, max_tokens, len(prompt_ids))
+    return CompletionRun(client, arrays, request.stop_strings, max_tokens, len(prompt_ids))
 
 
-async def _answer(http: Request, model: str, generation: Generation, kind: str,
+async def _answer(http: Request, model: str, generation: CompletionRun, kind: str,
                   request: CompletionRequest | ChatRequest,
                   shape: Callable[[str | None, str | None], dict[str, Any] | None]) -> Any:
     """A whole answer as JSON, or (``stream``) the pieces as server-sent events; ``shape(text, finish)`` gives

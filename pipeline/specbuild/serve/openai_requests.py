@@ -45,7 +45,7 @@ class StreamOptions(BaseModel):
 
 class _OpenAIFields(BaseModel):
     """Fields both endpoints take (OpenAI's, then specbuild's extras; the request settings are added from their
-    table: :data:`_GenerationRequest`)."""
+    table: :data:`_CompletionFields`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -90,11 +90,11 @@ class _OpenAIFields(BaseModel):
 
 
 # Both endpoints' fields: OpenAI's, then specbuild's request settings (extra fields named as their inputs).
-_GenerationRequest = create_model("_GenerationRequest", __base__=_OpenAIFields, **{
+_CompletionFields = create_model("_CompletionFields", __base__=_OpenAIFields, **{
     setting.name: (setting.kind | None, Field(None, ge=setting.minimum)) for setting in REQUEST_SETTINGS})
 
 
-class CompletionRequest(_GenerationRequest):  # type: ignore[misc, valid-type]
+class CompletionRequest(_CompletionFields):  # type: ignore[misc, valid-type]
     prompt: str | list[str]
     echo: bool = False
     suffix: str | None = None
@@ -168,7 +168,7 @@ class ResponseFormat(BaseModel):
         return {}
 
 
-class ChatRequest(_GenerationRequest):  # type: ignore[misc, valid-type]
+class ChatRequest(_CompletionFields):  # type: ignore[misc, valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None

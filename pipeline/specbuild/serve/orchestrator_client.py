@@ -1,6 +1,6 @@
 """The ``orchestrator`` model called directly over Triton's gRPC stream (asyncio), with the ensemble's own
-pre- and postprocessing: the release's tokenizer through :class:`~specbuild.triton_models.preprocess.Preprocessor`,
-requests checked by :func:`~specbuild.triton_models.orchestration.parse_rows` with the orchestrator's own parameters
+pre- and postprocessing: the release's tokenizer through :class:`~specbuild.triton_models.preprocessor.Preprocessor`,
+requests checked by :func:`~specbuild.triton_models.orchestrator_requests.parse_orchestrator_rows` with the orchestrator's own parameters
 before they are sent, and text by :func:`~specbuild.triton_models.text.incremental_text`.
 
 Calling the orchestrator rather than the ensemble is what makes cancellation work: closing the stream cancels the
@@ -26,8 +26,8 @@ from specbuild.package.contract import (
     by_name,
 )
 from specbuild.serve.client import batch_of_one, grpc_inputs
-from specbuild.triton_models.orchestration import parse_rows
-from specbuild.triton_models.preprocess import Preprocessor
+from specbuild.triton_models.orchestrator_requests import parse_orchestrator_rows
+from specbuild.triton_models.preprocessor import Preprocessor
 from specbuild.triton_models.text import encode_word_list, incremental_text
 
 _INPUTS = by_name(ORCHESTRATOR_INPUTS)
@@ -74,7 +74,7 @@ def orchestrator_arrays(preprocessor: Preprocessor, settings: OrchestratorParame
         raise RequestError(f"unknown request settings: {', '.join(unknown)}")
     arrays = batch_of_one(values, _INPUTS)
     arrays["stop_words_ids"] = encode_word_list(preprocessor.word_ids(stop_words))[None]
-    parse_rows(arrays, settings)
+    parse_orchestrator_rows(arrays, settings)
     return arrays
 
 

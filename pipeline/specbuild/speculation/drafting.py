@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 import torch
 
 from specbuild.speculation.cost import BreakEvenGate
-from specbuild.speculation.engine import EngineCall, EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineCall, EngineOutput, EngineRequest
 from specbuild.speculation.lookup import PromptLookup
 from specbuild.speculation.rules import round_seed
 from specbuild.speculation.stats import SpeculationStats
 
 if TYPE_CHECKING:
-    from specbuild.speculation.request import GenerationRequest
+    from specbuild.speculation.request import TokenRequest
     from specbuild.speculation.round_costs import RoundCosts
 
 DRAFT_ROLE = 0  # the seed stream of draft calls (the target's is 1; see rules.round_seed)
@@ -81,7 +81,7 @@ class DraftSource(ABC):
 
     @classmethod
     @abstractmethod
-    def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> DraftSource | None:
+    def for_request(cls, request: TokenRequest, setup: DraftSetup) -> DraftSource | None:
         """This source for ``request``, or None where it does not draft for it."""
 
     @abstractmethod
@@ -140,7 +140,7 @@ class LookupDrafts(DraftSource):
         self.lookup = lookup
 
     @classmethod
-    def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> LookupDrafts | None:
+    def for_request(cls, request: TokenRequest, setup: DraftSetup) -> LookupDrafts | None:
         return None if request.prompt_lookup is None else cls(request.prompt_lookup)
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
@@ -164,7 +164,7 @@ class ModelDrafts(DraftSource):
     settings = ("use_draft_logits",)
     costs_draft_steps = True
 
-    def __init__(self, call: EngineCall, request: GenerationRequest, stats: SpeculationStats, health: DraftHealth,
+    def __init__(self, call: EngineCall, request: TokenRequest, stats: SpeculationStats, health: DraftHealth,
                  on_failure: Callable[[Exception], None] | None = None, window: int | None = None) -> None:
         self.call = call
         self.window = window
@@ -180,7 +180,7 @@ class ModelDrafts(DraftSource):
         self._next_round = -1  # the round a call continues the previous one in
 
     @classmethod
-    def for_request(cls, request: GenerationRequest, setup: DraftSetup) -> ModelDrafts | None:
+    def for_request(cls, request: TokenRequest, setup: DraftSetup) -> ModelDrafts | None:
         """The draft model, unless the release drafts by lookup only where lookup is on (``lookup_draft_fallback``
         False); under the guide's masks for a guided request."""
         if setup.draft is None or (request.prompt_lookup is not None and not setup.lookup_draft_fallback):
@@ -341,7 +341,7 @@ class Drafts:
 SOURCE_CLASSES: tuple[type[DraftSource], ...] = (LookupDrafts, ModelDrafts)
 
 
-def draft_sources(request: GenerationRequest, draft: EngineCall | None, *, max_draft_len: int,
+def draft_sources(request: TokenRequest, draft: EngineCall | None, *, max_draft_len: int,
                   stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
                   on_failure: Callable[[Exception], None] | None = None,
                   costs: RoundCosts | None = None, draft_window: int | None = None,

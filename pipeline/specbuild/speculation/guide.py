@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from specbuild.errors import RequestError
-from specbuild.speculation.engine import EngineCall, EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineCall, EngineOutput, EngineRequest
 from specbuild.speculation.guide_spec import GUIDE_INPUT, GuideSpec
 
 COMPILE_SECONDS = 10.0  # a compile still running then is given up (its thread finishes unseen)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from specbuild.speculation.drafting import Draft, Drafts
-from specbuild.speculation.engine import EngineCall, EngineOutput, EngineRequest
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.engine_call import EngineCall, EngineOutput, EngineRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.rules import round_seed
 from specbuild.speculation.stats import SpeculationStats
@@ -39,7 +39,7 @@ class Round:
     finish_reason: str | None = None
 
 
-async def speculate(request: GenerationRequest, target: EngineCall, drafts: Drafts | None, *,
+async def speculate(request: TokenRequest, target: EngineCall, drafts: Drafts | None, *,
                     stats: SpeculationStats | None = None,
                     load_cap: Callable[[], int | None] | None = None,
                     costs: RoundCosts | None = None) -> AsyncIterator[Round]:
@@ -86,7 +86,7 @@ class LoadCap:
     verifying cost more of the shared compute than they save. Not for a seeded sampled request: its output depends on
     K, and the same seed must give the same text at any load."""
 
-    def __init__(self, request: GenerationRequest, cap: Callable[[], int | None] | None,
+    def __init__(self, request: TokenRequest, cap: Callable[[], int | None] | None,
                  stats: SpeculationStats) -> None:
         seeded = not request.sampling.is_greedy and request.seed is not None
         self.cap = None if seeded else cap  # another K would change a seeded request's random draws
@@ -109,7 +109,7 @@ class RoundTiming:
     time), so the break-even learns what rounds cost here
     (:class:`~specbuild.speculation.round_costs.RoundCosts`)."""
 
-    def __init__(self, request: GenerationRequest, stats: SpeculationStats, costs: RoundCosts | None) -> None:
+    def __init__(self, request: TokenRequest, stats: SpeculationStats, costs: RoundCosts | None) -> None:
         self.stats = stats
         self.costs = costs if request.guide is None and request.engine_guide is None else None
         self._draft_seconds = 0.0  # the draft model's in the round's proposal
@@ -141,7 +141,7 @@ class GuideHooks:
     (a request may be run again), its masks on every target call (the draft's: ``ModelDrafts.for_request``), a
     proposal cut to what it admits, each round's tokens accepted. Without a guide each hook passes through."""
 
-    def __init__(self, request: GenerationRequest, stats: SpeculationStats) -> None:
+    def __init__(self, request: TokenRequest, stats: SpeculationStats) -> None:
         self.guide = request.guide
         self.stats = stats
         if self.guide is not None:
@@ -163,7 +163,7 @@ class GuideHooks:
         return self.guide.finished
 
 
-def _append(generated: list[int], returned: list[int], request: GenerationRequest) -> tuple[list[int], bool, bool]:
+def _append(generated: list[int], returned: list[int], request: TokenRequest) -> tuple[list[int], bool, bool]:
     """Append a round's ``returned`` tokens to ``generated``, up to the end token (``ended``) and up to and including
     the first stop word (``stopped``); the tokens appended, ended, stopped."""
     ended = request.end_id is not None and request.end_id in returned
@@ -186,7 +186,7 @@ def _stop_index(generated: list[int], start: int, stop_words: list[list[int]]) -
     return None
 
 
-def finish_reason(request: GenerationRequest, new_tokens: list[int], generated: int, *, ended: bool, stopped: bool,
+def finish_reason(request: TokenRequest, new_tokens: list[int], generated: int, *, ended: bool, stopped: bool,
                   grammar_complete: bool) -> str | None:
     """Why the request is done after a round that appended ``new_tokens`` (``generated`` tokens in all), or None."""
     if stopped:
@@ -202,7 +202,7 @@ def finish_reason(request: GenerationRequest, new_tokens: list[int], generated: 
     return None
 
 
-def _target_request(request: GenerationRequest, context: list[int], draft: Draft | None, remaining: int,
+def _target_request(request: TokenRequest, context: list[int], draft: Draft | None, remaining: int,
                     unfinished: int, round_index: int, drafts: Drafts | None) -> EngineRequest:
     """Verify ``draft`` (the accepted prefix plus one token of the target's own comes back), or, without one,
     generate: up to the ``unfinished`` tokens min_tokens still needs (none of them the end token) while a source

@@ -13,7 +13,7 @@ from specbuild.speculation.rules import GREEDY, SamplingParams
 
 
 @dataclass
-class GenerationRequest:
+class TokenRequest:
     """What one client asked for, in token ids."""
 
     prompt_ids: list[int]

@@ -1,6 +1,6 @@
 """Acceptance statistics: what one request (or, summed, many) drafted and accepted, and the Prometheus metrics
 the orchestrator exports them as (counters, the in-flight gauge, latency histograms). This module owns the names:
-the orchestrator writes these metrics, ``specbuild bench`` reads them back (:class:`specbuild.bench.metrics.Counters`,
+the orchestrator writes these metrics, ``specbuild bench`` reads them back (:class:`specbuild.bench.figures.Counters`,
 :mod:`specbuild.bench.histograms`), and the alerting rules and dashboard query them (:mod:`specbuild.monitoring`).
 Names follow vLLM's (``spec_decode`` counters, request latency histograms).
 """

@@ -1,6 +1,6 @@
 """Engine requests and responses as the ``tensorrtllm`` backend's tensors, both ways (pure numpy; no Triton).
 
-The orchestrator encodes each :class:`~specbuild.speculation.engine.EngineRequest` with
+The orchestrator encodes each :class:`~specbuild.speculation.engine_call.EngineRequest` with
 :func:`encode_request` and reads the answer with :func:`decode_output`; the torch runtime's engine model
 decodes what it receives with :func:`decode_requests` and answers with :func:`encode_outputs`. Names, dtypes
 and semantics are those of :mod:`specbuild.package.backend_contract`, so what the orchestrator sends to a
@@ -20,7 +20,7 @@ from specbuild.errors import RequestError
 from specbuild.package.backend_contract import BLOCK_VERIFICATION, ENGINE_INPUTS, GUIDE_MASKS
 from specbuild.package.backend_guides import backend_guide
 from specbuild.package.contract import NUMPY_DTYPES, by_name
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.guide_spec import GUIDE_INPUT, TYPE_INPUT
 from specbuild.speculation.rules import SamplingParams
 from specbuild.triton_models.batch import row_value

@@ -1,7 +1,7 @@
 """The rules of specbuild's public request inputs, once: each row of a request to the ensemble's interface read as
 NVIDIA's backend reads it, and what a row reports back while it runs.
 
-Both models that answer the public interface build on these: the orchestrator (:mod:`.orchestration`, behind the
+Both models that answer the public interface build on these: the orchestrator (:mod:`.orchestrator_requests`, behind the
 ensemble's preprocessing) and the engine-free runtime's adapter in front of TensorRT-LLM's LLM-API model
 (:mod:`specbuild.runtimes.tensorrt_llm_llmapi.requests`). :func:`read_row` checks what every runtime refuses alike
 (``max_tokens``, beam search, several sequences, ``length_penalty``, both spellings of ``seed`` and ``min_tokens``,

@@ -3,7 +3,7 @@
 after the round that passes its deadline; each response goes out when a row has news, the request's last one
 flagged final and sent only after the metrics count the request (so a client that reads the metrics next finds it).
 
-The Triton model (``triton_models/orchestrator.py``) hands each request in as an :class:`Exchange` (its tensors in,
+The Triton model (``triton_models/orchestrator_model.py``) hands each request in as an :class:`Exchange` (its tensors in,
 its responses out, its cancellation) and the engine models as two async calls; tests hand in their own, so the
 policy is tested in the fast tier and the served path by the end-to-end tests.
 """
@@ -20,13 +20,13 @@ import numpy as np
 from specbuild.errors import RequestError
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.speculation.drafting import DraftHealth, draft_sources
-from specbuild.speculation.engine import EngineCall
+from specbuild.speculation.engine_call import EngineCall
 from specbuild.speculation.guide import Guide, engine_guide
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.loop import speculate
 from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.stats import SpeculationStats
-from specbuild.triton_models.orchestration import RowProgress, parse_rows
+from specbuild.triton_models.orchestrator_requests import OrchestratorRowProgress, parse_orchestrator_rows
 
 TIME_LIMIT = "time"  # a row's finish reason when its time limit ends it
 
@@ -106,8 +106,8 @@ class RequestRunner:
     async def _serve(self, exchange: Exchange) -> None:
         arrival_ns, started = time.time_ns(), self.clock()
         try:
-            rows = [RowProgress(index, row=row)
-                    for index, row in enumerate(parse_rows(exchange.arrays(), self.settings))]
+            rows = [OrchestratorRowProgress(index, row=row)
+                    for index, row in enumerate(parse_orchestrator_rows(exchange.arrays(), self.settings))]
             for row in rows:  # compiled before any engine call: an invalid guide is the request's error
                 spec, generation = row.row.guide, row.row.generation
                 if spec is not None:
@@ -122,7 +122,7 @@ class RequestRunner:
                         generation.guide = guide
             unfinished = len(rows)
 
-            def report(row: RowProgress) -> None:
+            def report(row: OrchestratorRowProgress) -> None:
                 """After each round of a row: its response when one is due, the last one final (and counted
                 before it goes, so a client reading the metrics next finds its request there)."""
                 nonlocal unfinished
@@ -155,8 +155,8 @@ class RequestRunner:
             self.log.log_error(f"orchestrator: request failed: {exc!r}")
             exchange.send_error(f"orchestrator: {exc}")
 
-    async def _run_row(self, row: RowProgress, exchange: Exchange, started: float,
-                       report: Callable[[RowProgress], None]) -> None:
+    async def _run_row(self, row: OrchestratorRowProgress, exchange: Exchange, started: float,
+                       report: Callable[[OrchestratorRowProgress], None]) -> None:
         """Run one row to its end, its time limit, or the client's cancellation (raised after the round that
         sees it: a client that went away stops costing engine time within one round)."""
         settings = self.settings

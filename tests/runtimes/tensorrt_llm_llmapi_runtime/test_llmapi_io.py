@@ -12,7 +12,7 @@ from specbuild.package.contract import NUMPY_DTYPES, by_name
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_INPUTS, LLMAPI_OUTPUTS, LLMAPIAdapterParameters
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest, decode_answer, decode_request, encode_answer, \
     encode_request
-from specbuild.runtimes.tensorrt_llm_llmapi.requests import RowProgress, parse_rows, past_draft_window, templated
+from specbuild.runtimes.tensorrt_llm_llmapi.requests import AdapterRowProgress, parse_adapter_rows, past_draft_window, templated
 
 SETTINGS = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=True, max_request_seconds=600.0,
                                    tensorrt_llm="main", draft_max_seq_len=2048)
@@ -94,26 +94,26 @@ def test_answers_are_strings_sent_only_when_asked_and_read_back() -> None:
 
 
 def test_a_public_request_maps_onto_sampling_params() -> None:
-    [row] = parse_rows(ensemble_request(stream=True, random_seed=7, stop_words=["\n\n"], num_draft_tokens=4,
+    [row] = parse_adapter_rows(ensemble_request(stream=True, random_seed=7, stop_words=["\n\n"], num_draft_tokens=4,
                                         use_draft_logits=False, end_id=2, exclude_input_in_output=False), SETTINGS)
     assert row.llm == LLMAPIRequest(prompt="def main(", max_tokens=8, top_k=1, seed=7, streaming=True)
     assert row.stop == ("\n\n",) and "sampling_param_stop" not in encode_request(row.llm)  # ended here, not sent
     assert row.stream and not row.include_prompt  # a stream never carries the prompt
-    [sampled] = parse_rows(ensemble_request(temperature=0.8, top_p=1.0), SETTINGS)
+    [sampled] = parse_adapter_rows(ensemble_request(temperature=0.8, top_p=1.0), SETTINGS)
     assert (sampled.llm.temperature, sampled.llm.top_k, sampled.llm.top_p) == (pytest.approx(0.8), 0, 1.0)
     # NVIDIA's rule, as for every runtime: top_k and top_p 0 are greedy whatever the temperature
-    [greedy] = parse_rows(ensemble_request(temperature=0.8, top_p=0.0), SETTINGS)
+    [greedy] = parse_adapter_rows(ensemble_request(temperature=0.8, top_p=0.0), SETTINGS)
     assert (greedy.llm.top_k, greedy.llm.top_p) == (1, None)
-    [seeded] = parse_rows(ensemble_request(seed=9, random_seed=9), SETTINGS)  # either name, the same value
+    [seeded] = parse_adapter_rows(ensemble_request(seed=9, random_seed=9), SETTINGS)  # either name, the same value
     assert seeded.llm.seed == 9
-    [whole] = parse_rows(ensemble_request(exclude_input_in_output=False), SETTINGS)
+    [whole] = parse_adapter_rows(ensemble_request(exclude_input_in_output=False), SETTINGS)
     assert whole.include_prompt and whole.llm.exclude_input_from_output
 
 
 def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> None:
     settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=0.0,
                                        tensorrt_llm="1.2", draft_max_seq_len=2048)
-    [row] = parse_rows(ensemble_request(stream=True), settings)
+    [row] = parse_adapter_rows(ensemble_request(stream=True), settings)
     assert row.stream and not row.llm.streaming
 
 
@@ -138,7 +138,7 @@ def test_on_a_line_that_does_not_stream_a_stream_asks_for_the_whole_answer() -> 
 ])
 def test_what_the_llm_api_cannot_honour_is_refused_naming_the_input(values: dict, named: str, fix: str) -> None:
     with pytest.raises(RequestError) as refused:
-        parse_rows(ensemble_request(rows=2, **values), SETTINGS)
+        parse_adapter_rows(ensemble_request(rows=2, **values), SETTINGS)
     assert refused.value.message.startswith(named) and fix in refused.value.fix
 
 
@@ -153,14 +153,14 @@ def test_bad_values_are_refused(values: dict, expected: str) -> None:
     if "max_tokens" in values:
         arrays["max_tokens"] = np.array([[values["max_tokens"]]], dtype=np.int32)
     with pytest.raises(RequestError, match=expected):
-        parse_rows(arrays, SETTINGS)
+        parse_adapter_rows(arrays, SETTINGS)
     with pytest.raises(RequestError, match="text_input is empty"):
-        parse_rows({**ensemble_request(), "text_input": np.array([[b" "]], dtype=object)}, SETTINGS)
+        parse_adapter_rows({**ensemble_request(), "text_input": np.array([[b" "]], dtype=object)}, SETTINGS)
 
 
 def test_a_streamed_row_sends_deltas_and_ends_at_the_stop_word_kept() -> None:
-    [row] = parse_rows(ensemble_request(stream=True, stop_words=["END", "wö"]), SETTINGS)
-    progress = RowProgress(0, row=row)
+    [row] = parse_adapter_rows(ensemble_request(stream=True, stop_words=["END", "wö"]), SETTINGS)
+    progress = AdapterRowProgress(0, row=row)
     progress.update(LLMAPIAnswer("Hello"))
     assert progress.take_new_text() == "Hello" and not progress.finished
     progress.update(LLMAPIAnswer("Hello, w\ufffd"))  # an incomplete character is held back
@@ -172,15 +172,15 @@ def test_a_streamed_row_sends_deltas_and_ends_at_the_stop_word_kept() -> None:
 
 
 def test_on_a_line_that_does_not_stream_the_stop_word_cuts_the_whole_answer() -> None:
-    [row] = parse_rows(ensemble_request(stop_words=["\n\n"]), SETTINGS)
-    progress = RowProgress(0, row=row)
+    [row] = parse_adapter_rows(ensemble_request(stop_words=["\n\n"]), SETTINGS)
+    progress = AdapterRowProgress(0, row=row)
     progress.update(LLMAPIAnswer("first\n\nsecond\n\nthird", "length"))
     assert progress.finished and progress.generated() == "first\n\n" and progress.answer.finish_reason == "stop"
 
 
 def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about_one_row() -> None:
-    [row] = parse_rows(ensemble_request(), SETTINGS)
-    progress = RowProgress(1, row=row, prompt_tokens=5, scheduled_ns=10)
+    [row] = parse_adapter_rows(ensemble_request(), SETTINGS)
+    progress = AdapterRowProgress(1, row=row, prompt_tokens=5, scheduled_ns=10)
     progress.update(LLMAPIAnswer("a", acceptance_rate=0.25, total_accepted_draft_tokens=1, total_draft_tokens=4), 20)
     progress.update(LLMAPIAnswer("ab"), 30)
     assert (progress.answer.text, progress.answer.total_draft_tokens) == ("ab", 4)
@@ -203,35 +203,35 @@ def test_statistics_carry_over_answers_that_lack_them_and_each_response_is_about
 ])
 def test_a_row_past_the_draft_window_is_counted(prompt_tokens: int, tokens: int,
                                                 settings: LLMAPIAdapterParameters, past: bool) -> None:
-    [row] = parse_rows(ensemble_request(), settings)
-    progress = RowProgress(0, row=row, prompt_tokens=prompt_tokens)
+    [row] = parse_adapter_rows(ensemble_request(), settings)
+    progress = AdapterRowProgress(0, row=row, prompt_tokens=prompt_tokens)
     progress.tokens = tokens
     assert past_draft_window(progress, settings) is past
 
 
 def test_a_stop_reason_of_the_model_adds_nothing() -> None:
-    [row] = parse_rows(ensemble_request(stop_words=["END"]), SETTINGS)
-    progress = RowProgress(0, row=row)
+    [row] = parse_adapter_rows(ensemble_request(stop_words=["END"]), SETTINGS)
+    progress = AdapterRowProgress(0, row=row)
     progress.update(LLMAPIAnswer("text", "stop", "2"))  # the end token's id
     progress.finished = True
     assert progress.generated() == "text"
 
 
 def test_a_release_without_speculation_passes_penalties_on() -> None:
-    [row] = parse_rows(ensemble_request(presence_penalty=0.5, frequency_penalty=0.25), TARGET_ALONE)
+    [row] = parse_adapter_rows(ensemble_request(presence_penalty=0.5, frequency_penalty=0.25), TARGET_ALONE)
     assert (row.llm.presence_penalty, row.llm.frequency_penalty) == (0.5, 0.25)
     arrays = encode_request(row.llm)
     assert arrays["sampling_param_frequency_penalty"].tolist() == [0.25]
-    [plain] = parse_rows(ensemble_request(presence_penalty=0.0), SETTINGS)  # the neutral value is no penalty
+    [plain] = parse_adapter_rows(ensemble_request(presence_penalty=0.0), SETTINGS)  # the neutral value is no penalty
     assert plain.llm.presence_penalty is None
 
 
 def test_the_time_limit_is_max_time_within_the_release_s() -> None:
-    [row] = parse_rows(ensemble_request(max_time=2.0), SETTINGS)
+    [row] = parse_adapter_rows(ensemble_request(max_time=2.0), SETTINGS)
     assert row.max_seconds == 2.0
-    [capped] = parse_rows(ensemble_request(max_time=2000.0), SETTINGS)
+    [capped] = parse_adapter_rows(ensemble_request(max_time=2000.0), SETTINGS)
     assert capped.max_seconds == 600.0
-    [unlimited] = parse_rows(ensemble_request(), TARGET_ALONE)
+    [unlimited] = parse_adapter_rows(ensemble_request(), TARGET_ALONE)
     assert unlimited.max_seconds is None
 
 
@@ -240,10 +240,10 @@ def test_on_a_line_that_does_not_stream_max_time_is_refused_naming_why() -> None
     settings = LLMAPIAdapterParameters(num_draft_tokens=4, end_id=2, streams=False, max_request_seconds=600.0,
                                        tensorrt_llm="1.2", draft_max_seq_len=2048)
     with pytest.raises(RequestError) as refused:
-        parse_rows(ensemble_request(max_time=2.0), settings)
+        parse_adapter_rows(ensemble_request(max_time=2.0), settings)
     assert "max_time=2.0" in refused.value.message and "does not stream" in refused.value.message
     assert "triton.tensorrt_llm: main" in refused.value.fix
-    [bounded] = parse_rows(ensemble_request(), settings)
+    [bounded] = parse_adapter_rows(ensemble_request(), settings)
     assert bounded.max_seconds == 600.0  # the release's own limit still holds
 
 
@@ -262,10 +262,10 @@ class ChatTokenizer:
 
 
 def test_the_chat_template_is_applied_without_a_second_bos() -> None:
-    [row] = parse_rows(ensemble_request(apply_chat_template=True), SETTINGS)
+    [row] = parse_adapter_rows(ensemble_request(apply_chat_template=True), SETTINGS)
     assert templated(row, ChatTokenizer()).llm.prompt == "<user>def main(<assistant>"
     assert templated(row, ChatTokenizer()).echo == "def main("  # an answer repeats the client's text, as preprocessing
-    [plain] = parse_rows(ensemble_request(), SETTINGS)
+    [plain] = parse_adapter_rows(ensemble_request(), SETTINGS)
     assert templated(plain, ChatTokenizer()) == plain
 
     class NoTemplate(ChatTokenizer):

@@ -18,7 +18,7 @@ from checkpoint_factory import Checkpoints, package_llmapi_release, release_spec
 from specbuild import compiler
 from specbuild.runtimes.registry import best_available, runtime_for
 from specbuild.runtimes.tensorrt_llm_llmapi.runtime import PYTORCH_ARCHITECTURES
-from specbuild.check.report import check
+from specbuild.check.pair_report import check
 from specbuild.cli import main
 from specbuild.errors import SpecError, UsageError
 from specbuild.package import contract

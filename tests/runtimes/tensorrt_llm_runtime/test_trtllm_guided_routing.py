@@ -18,7 +18,7 @@ from specbuild.package.backend_guides import write_tokenizer_info
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine
 from specbuild.runtimes.torch.engine import TorchEngine
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.guide import GuideCompiler
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.speculation.stats import SpeculationStats

@@ -15,7 +15,7 @@ from specbuild.errors import RequestError
 from specbuild.package.backend_guides import backend_guide, write_tokenizer_info
 from specbuild.runtimes.torch.backend_guided import BackendGuidedEngine
 from specbuild.runtimes.torch.engine import TorchEngine
-from specbuild.speculation.engine import EngineRequest
+from specbuild.speculation.engine_call import EngineRequest
 from specbuild.speculation.guide_spec import GuideSpec
 from specbuild.triton_models.engine_io import decode_requests, encode_request
 

@@ -18,7 +18,7 @@ from specbuild.runtimes.torch.threads import (
     threads,
     wait_policy,
 )
-from specbuild.speculation.engine import EngineRequest
+from specbuild.speculation.engine_call import EngineRequest
 
 
 def run(governor: ThreadGovernor, seconds: dict[int, float], steps: int, tokens: int = 1) -> list[int]:

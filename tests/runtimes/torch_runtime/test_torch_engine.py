@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from random_llama import VOCAB
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.errors import RequestError
 from specbuild.runtimes.torch.inprocess import InProcessSpeculator
 from specbuild.speculation.rules import GREEDY, SamplingParams
-from specbuild.speculation.engine import EngineRequest
+from specbuild.speculation.engine_call import EngineRequest
 from specbuild.runtimes.torch.engine import (
     PackedLinear,
     PrefixCache,
@@ -158,7 +158,7 @@ def test_speculation_with_caches_equals_speculation_without(tiny, sampling, use_
                                    TorchEngine(tiny.perturbed, cache_tokens=tokens))
     cached, uncached = speculator(4096), speculator(0)
     for seed, prompt in enumerate([[1, 2, 3], [7], [4, 4, 4, 4, 4, 4, 4, 4], [0, 15, 3, 9]]):
-        request = GenerationRequest(prompt, 20, sampling=sampling or GREEDY, seed=seed,
+        request = TokenRequest(prompt, 20, sampling=sampling or GREEDY, seed=seed,
                                     num_draft_tokens=3 + seed, use_draft_logits=use_draft_logits)
         got, expected = cached.generate(request), uncached.generate(request)
         assert got.tokens == expected.tokens
@@ -383,8 +383,8 @@ def test_a_sub_vocabulary_draft_leaves_greedy_text_as_the_target_alone(tiny, use
     speculative = InProcessSpeculator(target, TorchEngine(tiny.sub_vocabulary))
     accepted = rejected = 0
     for prompt in ([1, 2, 3], [7], [0, 15, 3, 9], [10, 4, 6, 13, 1]):
-        expected = alone.generate(GenerationRequest(prompt, 24)).tokens
-        got = speculative.generate(GenerationRequest(prompt, 24, num_draft_tokens=4,
+        expected = alone.generate(TokenRequest(prompt, 24)).tokens
+        got = speculative.generate(TokenRequest(prompt, 24, num_draft_tokens=4,
                                                      use_draft_logits=use_draft_logits))
         assert got.tokens == expected
         accepted += got.stats.accepted_tokens

@@ -37,12 +37,12 @@ from specbuild.package.contract import ENSEMBLE_INPUTS  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.contract import ADAPTER_WANTS, LLMAPIAdapterParameters  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import decode_answer, encode_request  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.requests import (  # noqa: E402
-    RowProgress,
-    parse_rows,
+    AdapterRowProgress,
+    parse_adapter_rows,
     past_draft_window,
     templated,
 )
-from specbuild.triton_models.common import (  # noqa: E402
+from specbuild.triton_models.model_io import (  # noqa: E402
     FINAL,
     model_dir,
     model_parameters,
@@ -98,8 +98,8 @@ class TritonPythonModel:
         try:
             refuse_parameters(request.parameters(), (tensor.name for tensor in ENSEMBLE_INPUTS))  # its ensemble's first
             rows = [templated(row, self.tokenizer)
-                    for row in parse_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)]
-            progress = [RowProgress(index, row=row, prompt_tokens=len(self.tokenizer.encode(row.llm.prompt)))
+                    for row in parse_adapter_rows(request_arrays(request, ENSEMBLE_INPUTS), self.settings)]
+            progress = [AdapterRowProgress(index, row=row, prompt_tokens=len(self.tokenizer.encode(row.llm.prompt)))
                         for index, row in enumerate(rows)]
             texts = await self._answer(request, sender, progress, arrival_ns)
             if texts is None:
@@ -122,7 +122,7 @@ class TritonPythonModel:
             for index, answer in enumerate(last):
                 sender.send(answer, flags=FINAL if index == len(last) - 1 else 0)
 
-    def _record(self, progress: list[RowProgress], arrival_ns: int) -> None:
+    def _record(self, progress: list[AdapterRowProgress], arrival_ns: int) -> None:
         """The counters, and each row's latencies (its first and last text from the LLM-API model)."""
         stats = SpeculationStats()
         for item in progress:
@@ -135,7 +135,7 @@ class TritonPythonModel:
             stats.draft_window += past_draft_window(item, self.settings)
         self.metrics.record(stats, sum(item.tokens for item in progress))
 
-    async def _answer(self, request: Any, sender: Any, progress: list[RowProgress],
+    async def _answer(self, request: Any, sender: Any, progress: list[AdapterRowProgress],
                       arrival_ns: int) -> list[str] | None:
         """Run every row; streamed, a response whenever a row has new text. Returns each row's last text (the rest
         of a stream, else the whole answer), or None when the client cancelled. A row past its time limit ends
@@ -170,7 +170,7 @@ class TritonPythonModel:
             for task in tasks:
                 task.cancel()
 
-    async def _run_row(self, item: RowProgress, events: asyncio.Queue[BaseException | None]) -> None:
+    async def _run_row(self, item: AdapterRowProgress, events: asyncio.Queue[BaseException | None]) -> None:
         """Ask the LLM-API model for one row, recording each of its answers in ``item``; an event per answer."""
         answers = None
         item.scheduled_ns = time.time_ns()
@@ -209,7 +209,7 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - handed to the sending loop
             events.put_nowait(exc)
 
-    def _count(self, item: RowProgress) -> None:
+    def _count(self, item: AdapterRowProgress) -> None:
         """output_token_count: ``max_tokens`` for an answer that ran to it, else the text re-tokenized (the
         LLM-API model returns no token ids; re-tokenizing may merge what was generated as several tokens)."""
         answer = item.answer

@@ -105,7 +105,7 @@ def _refuse_fixed_speculation(public: PublicRow, settings: LLMAPIAdapterParamete
                       "only", f"send end_id={settings.end_id} or leave it out")
 
 
-def parse_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[AdapterRow]:
+def parse_adapter_rows(arrays: Arrays, settings: LLMAPIAdapterParameters) -> list[AdapterRow]:
     """Each row of an ensemble request as an LLM-API request: the public rules
     (:func:`~specbuild.triton_models.public_rows.read_row`), then what the LLM API cannot honour, refused with a
     :class:`RequestError` naming the input; nothing of the request runs then."""
@@ -168,7 +168,7 @@ def templated(row: AdapterRow, tokenizer: Any) -> AdapterRow:
 
 
 @dataclass
-class RowProgress(public_rows.RowProgress):
+class AdapterRowProgress(public_rows.RowProgress):
     """What a row's client has been sent and the latest answer of the LLM-API model for it, with what every
     response reports (``tokens``: the output_token_count of the latest text)."""
 
@@ -212,7 +212,7 @@ class RowProgress(public_rows.RowProgress):
         return {"text_output": np.array([text.encode("utf-8")], dtype=np.object_), **figures}
 
 
-def past_draft_window(progress: RowProgress, settings: LLMAPIAdapterParameters) -> bool:
+def past_draft_window(progress: AdapterRowProgress, settings: LLMAPIAdapterParameters) -> bool:
     """Whether a speculating row's sequence outgrew the draft's window: TensorRT-LLM's LLM API then stops drafting
     for it and verifies placeholder drafts (NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/speculative/model_drafter.py``,
     ``_prepare_draft_batch``: skipped once its tokens minus one reach the draft engine's ``max_seq_len``, which

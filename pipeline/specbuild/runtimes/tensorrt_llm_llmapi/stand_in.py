@@ -26,7 +26,7 @@ from specbuild.runtimes.tensorrt_llm_llmapi.model_yaml import ModelYaml
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import LLMAPIAnswer, LLMAPIRequest
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.runtimes.torch.inprocess import InProcessSpeculator
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.rules import SamplingParams
 from specbuild.speculation.stats import SpeculationStats
 
@@ -68,7 +68,7 @@ class LLMAPIStandIn:
             TorchEngine(target_dir, max_seq_len=limits.engine_seq_len,
                         max_draft_len=self.max_draft_len, **engine), draft)
 
-    def _generation(self, request: LLMAPIRequest, prompt_ids: list[int]) -> GenerationRequest:
+    def _generation(self, request: LLMAPIRequest, prompt_ids: list[int]) -> TokenRequest:
         if len(prompt_ids) > self.config.max_input_len:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens, more than max_input_len "
                                f"({self.config.max_input_len})")
@@ -82,7 +82,7 @@ class LLMAPIStandIn:
         sampling = SamplingParams.from_backend(request.temperature, request.top_k, request.top_p,
                                                presence_penalty=request.presence_penalty,
                                                frequency_penalty=request.frequency_penalty)
-        return GenerationRequest(prompt_ids=prompt_ids, max_tokens=request.max_tokens, sampling=sampling,
+        return TokenRequest(prompt_ids=prompt_ids, max_tokens=request.max_tokens, sampling=sampling,
                                  seed=request.seed, end_id=self.end_id, num_draft_tokens=self.max_draft_len,
                                  use_draft_logits=False)
 

@@ -29,7 +29,7 @@ from specbuild.runtimes.tensorrt_llm_llmapi.contract import LLMAPI_INPUTS, MODEL
 from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.tensors import decode_request, encode_answer  # noqa: E402
 from specbuild.runtimes.tensorrt_llm_llmapi.stand_in import LLMAPIStandIn  # noqa: E402
-from specbuild.triton_models.common import (  # noqa: E402
+from specbuild.triton_models.model_io import (  # noqa: E402
     FINAL,
     model_dir,
     request_arrays,

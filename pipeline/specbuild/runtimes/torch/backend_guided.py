@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specbuild.package.backend_guides import load_tokenizer_info
 from specbuild.runtimes.torch.engine import TorchEngine
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.guide import GuideCompiler
 
 

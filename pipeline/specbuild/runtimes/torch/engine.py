@@ -26,7 +26,7 @@ import torch
 from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
 from specbuild.errors import RequestError
 from specbuild.runtimes.torch.threads import ThreadGovernor
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.rules import (SamplingParams, allowed_tokens, make_generator, penalize, probabilities,
                                         restrict, sample, verify)
 

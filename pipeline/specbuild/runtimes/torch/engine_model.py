@@ -31,7 +31,7 @@ from specbuild.package.backend_contract import BLOCK_VERIFICATION, ENGINE_INPUTS
 from specbuild.runtimes.torch.engine_loading import load_engine  # noqa: E402
 from specbuild.runtimes.torch.parameters import TorchEngineParameters  # noqa: E402
 from specbuild.triton_models.engine_io import decode_requests, encode_outputs  # noqa: E402
-from specbuild.triton_models.common import (  # noqa: E402
+from specbuild.triton_models.model_io import (  # noqa: E402
     error_response,
     model_parameters,
     request_arrays,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.speculation.drafting import DraftHealth, draft_sources
-from specbuild.speculation.engine import EngineOutput, EngineRequest
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.loop import Round, speculate
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.stats import SpeculationStats
 
@@ -44,10 +44,10 @@ class InProcessSpeculator:
         draft = TorchEngine(draft_dir, dtype=dtype, device=device) if draft_dir else None
         return cls(target, draft)
 
-    def generate(self, request: GenerationRequest) -> Generated:
+    def generate(self, request: TokenRequest) -> Generated:
         return asyncio.run(self._generate(request))
 
-    async def _generate(self, request: GenerationRequest) -> Generated:
+    async def _generate(self, request: TokenRequest) -> Generated:
         stats = SpeculationStats()
         tokens: list[int] = []
         finish_reason = None
@@ -56,7 +56,7 @@ class InProcessSpeculator:
             finish_reason = step.finish_reason
         return Generated(tokens, stats, finish_reason)
 
-    def rounds(self, request: GenerationRequest, stats: SpeculationStats, *,
+    def rounds(self, request: TokenRequest, stats: SpeculationStats, *,
                offload: bool = False) -> AsyncIterator[Round]:
         """The request's rounds as they finish (``stats`` updated in place); ``offload`` runs each engine call in
         a worker thread, so requests sharing an event loop overlap (the engines take one call at a time)."""

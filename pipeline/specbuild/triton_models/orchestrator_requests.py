@@ -1,5 +1,5 @@
-"""The orchestrator's request handling as pure functions (the Triton model in ``triton_models/orchestrator.py``
-only moves tensors in and out): a request's rows as :class:`~specbuild.speculation.request.GenerationRequest`
+"""The orchestrator's request handling as pure functions (the Triton model in ``triton_models/orchestrator_model.py``
+only moves tensors in and out): a request's rows as :class:`~specbuild.speculation.request.TokenRequest`
 objects, checked as NVIDIA's backend would check them before anything runs, and the tensors of each response.
 
 Every response is about one row (``batch_index``), as the ``tensorrtllm`` backend answers a batched request
@@ -16,7 +16,7 @@ import numpy as np
 from specbuild.errors import RequestError
 from specbuild.package.contract import NUMPY_DTYPES, ORCHESTRATOR_OUTPUTS, OrchestratorParameters, by_name
 from specbuild.speculation.guide_spec import TYPE_INPUT, GuideSpec
-from specbuild.speculation.request import GenerationRequest
+from specbuild.speculation.request import TokenRequest
 from specbuild.speculation.request_settings import resolve
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models import public_rows
@@ -31,7 +31,7 @@ _OUTPUTS = by_name(ORCHESTRATOR_OUTPUTS)
 class RowRequest:
     """One row of a client's request: what to generate and how to answer."""
 
-    generation: GenerationRequest
+    generation: TokenRequest
     stream: bool
     exclude_input: bool
     echo_ids: list[int]  # what the whole answer repeats before its tokens unless the input is excluded
@@ -50,7 +50,7 @@ def _end_id(value: int | None, vocab_size: int) -> int | None:
     return value
 
 
-def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequest]:
+def parse_orchestrator_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequest]:
     """Each row of an orchestrator request, checked against the release's limits: the public rules
     (:func:`~specbuild.triton_models.public_rows.read_row`), then the prompt and the request settings, each as sent
     or the release's (:func:`~specbuild.speculation.request_settings.resolve`).
@@ -82,7 +82,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
                                "masks and have no guided decoding of their own",
                                f"leave {TYPE_INPUT} out, or package the release again")
         rows.append(RowRequest(
-            generation=GenerationRequest(
+            generation=TokenRequest(
                 prompt_ids=prompt, max_tokens=public.max_tokens, sampling=public.sampling, seed=public.seed,
                 end_id=_end_id(public.end_id, settings.vocab_size), min_tokens=public.min_tokens,
                 stop_words=decode_word_list(None if stop_words is None else stop_words[row]),
@@ -103,7 +103,7 @@ def parse_rows(arrays: Arrays, settings: OrchestratorParameters) -> list[RowRequ
 
 
 @dataclass
-class RowProgress(public_rows.RowProgress):
+class OrchestratorRowProgress(public_rows.RowProgress):
     """One row while it runs: its tokens so far and how many were sent, with what every response reports."""
 
     row: RowRequest = field(kw_only=True)

@@ -1,5 +1,5 @@
 """Triton model ``preprocessing``: text -> token ids, stop/bad word lists, end id
-(:class:`specbuild.triton_models.preprocess.Preprocessor`, which the OpenAI-compatible front end uses too).
+(:class:`specbuild.triton_models.preprocessor.Preprocessor`, which the OpenAI-compatible front end uses too).
 
 Parameters: :class:`specbuild.package.contract.PreprocessingParameters`. The tokenizer files are shipped in
 this model's version folder under ``tokenizer/``.
@@ -17,9 +17,9 @@ from typing import Any  # noqa: E402
 
 from specbuild.errors import RequestError  # noqa: E402
 from specbuild.package.contract import ENSEMBLE_INPUTS, PREPROCESSING_INPUTS, PreprocessingParameters  # noqa: E402
-from specbuild.triton_models.preprocess import Preprocessor  # noqa: E402
+from specbuild.triton_models.preprocessor import Preprocessor  # noqa: E402
 from specbuild.triton_models.request_parameters import refuse_parameters  # noqa: E402
-from specbuild.triton_models.common import (  # noqa: E402
+from specbuild.triton_models.model_io import (  # noqa: E402
     error_response,
     model_dir,
     model_parameters,

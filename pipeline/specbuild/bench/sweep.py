@@ -1,6 +1,6 @@
 """The request side of ``specbuild bench``: a bounded sweep of streamed requests over (K, adaptive, prompt
 lookup, concurrency, sampling profile) cells against a served ensemble on this machine. The math lives in
-:mod:`specbuild.bench.metrics`.
+:mod:`specbuild.bench.figures`.
 
 Cells are measured interleaved, never one after another: on a shared machine the load changes while a sweep
 runs, and cells run in sequence drift apart (a K=2 cell measured 1.30x in sequence and 1.07x interleaved;
@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specbuild.bench.histograms import Latencies
-from specbuild.bench.metrics import (Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare,
+from specbuild.bench.figures import (Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare,
                                      drift_warnings, match_baseline, served_efficiency, summarize)
 from specbuild.package.contract import PREPROCESSING_MODEL
 from specbuild.errors import RequestError, ServerError, UsageError

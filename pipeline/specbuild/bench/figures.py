@@ -1,4 +1,4 @@
-"""The math of ``specbuild bench``: traces in, figures out. No I/O here (see :mod:`specbuild.bench.runner`
+"""The math of ``specbuild bench``: traces in, figures out. No I/O here (see :mod:`specbuild.bench.sweep`
 for the request loops and :mod:`specbuild.bench.report` for tables and plots).
 
 Definitions follow the field (see docs/benchmarks.md):

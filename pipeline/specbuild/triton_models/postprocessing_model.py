@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 from specbuild.package.contract import POSTPROCESSING_INPUTS  # noqa: E402
 from specbuild.triton_models.batch import row_value  # noqa: E402
 from specbuild.triton_models.text import incremental_text  # noqa: E402
-from specbuild.triton_models.common import error_response, model_dir, request_arrays, response  # noqa: E402
+from specbuild.triton_models.model_io import error_response, model_dir, request_arrays, response  # noqa: E402
 
 
 class TritonPythonModel:

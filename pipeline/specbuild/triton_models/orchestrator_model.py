@@ -13,7 +13,7 @@ cancellation on to a step already running) or its time limit passes (``max_time`
 :func:`specbuild.speculation.drafting.draft_sources` (prompt lookup, the draft model, or both); a failing
 draft model leaves requests to the target alone (exact) for a while. How a request is served is
 :class:`specbuild.triton_models.request_runner.RequestRunner`'s (its rows, deadlines, cancellation and responses),
-its rows parsed by :mod:`specbuild.triton_models.orchestration` and its engine calls encoded by
+its rows parsed by :mod:`specbuild.triton_models.orchestrator_requests` and its engine calls encoded by
 :mod:`specbuild.triton_models.engine_io` (pure, unit-tested); this file joins them to Triton: requests, responses
 and BLS calls. Parameters: :class:`specbuild.package.contract.OrchestratorParameters`.
 """
@@ -34,9 +34,9 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from specbuild.package.contract import ORCHESTRATOR_INPUTS, OrchestratorParameters  # noqa: E402
-from specbuild.speculation.engine import EngineOutput, EngineRequest  # noqa: E402
+from specbuild.speculation.engine_call import EngineOutput, EngineRequest  # noqa: E402
 from specbuild.speculation.guide import ReleaseGuides  # noqa: E402
-from specbuild.triton_models.common import (  # noqa: E402
+from specbuild.triton_models.model_io import (  # noqa: E402
     FINAL,
     model_dir,
     model_parameters,
