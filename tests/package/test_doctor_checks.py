@@ -23,12 +23,12 @@ RECORD = {"format": "specbuild.build/v1", "runtime": "tensorrt-llm", "role": "ta
           "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 512, "max_draft_len": 4}}
 
 
-def release(folder: Path, *, manifest: dict | None = None, facts: dict | None = None) -> checked.Release:
+def release(folder: Path, *, manifest: dict | None = None, facts: dict | None = None) -> checked.FoundRelease:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / checked.MANIFEST).write_text(json.dumps({"spec": {"runtime": "tensorrt-llm-llmapi"}, "trees": {},
                                                       **(manifest or {})}))
     (folder / checked.FACTS).write_text(json.dumps(facts or {}))
-    return checked.Release(folder, None, {})
+    return checked.FoundRelease(folder, None, {})
 
 
 def test_the_doctor_runs_alone_with_its_parts_beside_it_on_the_standard_library(tmp_path):
@@ -81,7 +81,7 @@ def test_a_release_whose_models_hit_no_known_bug_passes_anywhere(tmp_path, monke
     assert check.verdict == checked.PASS
 
 
-def engine_release(tmp_path: Path, build_config: dict) -> checked.Release:
+def engine_release(tmp_path: Path, build_config: dict) -> checked.FoundRelease:
     engine = tmp_path / "engines" / "target"
     engine.mkdir(parents=True)
     (engine / "config.json").write_text(json.dumps({
