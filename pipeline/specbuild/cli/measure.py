@@ -13,7 +13,7 @@ from specbuild.drafts.distill_options import ANSWERS, DEVICES, PRECISIONS, TEACH
 from specbuild.errors import SpecbuildError, UsageError
 from specbuild.spec import DEFAULT_SPEC_FILE, LOCAL_GRPC_URL, TRITON_DEFAULTS
 from specbuild.speculation.schedule import TUNED_LOADS
-from specbuild.speculation.traffic import GREEDY, PROFILE_NAMES, describe_profiles, parse_mix, sampling_profile
+from specbuild.speculation.traffic import GREEDY, PROFILE_NAMES, describe_profiles, parse_mix
 from specbuild.terminal import progress_display
 
 DRAFT = DraftOptions()  # `specbuild draft`'s defaults
@@ -70,16 +70,9 @@ def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 def _sampling_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
-    """``"greedy,t0.7"`` -> ``("greedy", "t0.7")``, each a profile of :mod:`specbuild.speculation.traffic`."""
-    if value is None:
-        return None
-    names = tuple(item.strip() for item in value.split(",") if item.strip())
-    try:
-        for name in names:
-            sampling_profile(name)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    return names
+    """``"greedy,t0.7"`` -> ``("greedy", "t0.7")``; BenchPlan checks each is a profile of
+    :mod:`specbuild.speculation.traffic`."""
+    return None if value is None else tuple(item.strip() for item in value.split(",") if item.strip())
 
 
 SAMPLING_HELP = "sampling profiles, comma-separated, each measured against K=0 of its own: " + describe_profiles()
@@ -256,6 +249,7 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
          out_dir: str | None, dry_run: bool, json_mode: bool) -> None:
     """Sweep K and adaptive K, pick the best for a goal, and make it the spec's and repository's default (or, with
     --concurrency-schedule, K per load)."""
+    from specbuild.bench.figures import cell_label
     from specbuild.bench.prompts import load_prompts
     from specbuild.bench.tune import tune as run_tune
     from specbuild.bench.tune import tune_schedule
@@ -286,8 +280,9 @@ def tune(spec_file: str, goal: str, ks: tuple[int, ...] | None, adaptive: str, c
     chosen = [cell for cell in result.report.cells if cell.key[:4] == choice.key[:4]]
     speedups = ", ".join(f"{cell.sampling} {cell.speedup or 1.0:.2f}x" for cell in chosen)
     mix = ", ".join(f"{name} {share:.0%}" for name, share in result.mix.items())
-    console.print(f"best for {goal} on the traffic mix {mix}: [bold]{choice.label.split()[0]}[/] (speedup {speedups} "
-                  f"at concurrency {choice.concurrency})", highlight=False)
+    label = cell_label(choice.k, choice.adaptive, choice.lookup)  # the setting, without the sampling it ran under
+    console.print(f"best for {goal} on the traffic mix {mix}: [bold]{label}[/] (speedup {speedups} at concurrency "
+                  f"{choice.concurrency})", highlight=False)
     if result.schedule is not None:
         console.print(f"K per load: {', '.join(f'K={k} from {c} in flight' for c, k in result.schedule.items())}",
                       highlight=False)
