@@ -8,7 +8,7 @@ and exits with its ``exit_code``, never with a traceback (under ``--json``: one 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 
 class SpecbuildError(Exception):
@@ -84,7 +84,12 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGINT reached a process that runs Triton servers: they are stopped first, then this unwinds
     the program as Ctrl-C does (``except KeyboardInterrupt`` catches both); exit code 128 + the signal."""
 
+    #: The stop signal this process last received, recorded as the exception is made: Python swallows an
+    #: exception raised while a finalizer runs (a signal can land in one), so the CLI reads this as well.
+    received: ClassVar[int | None] = None
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
         self.exit_code = 128 + signum
+        Terminated.received = signum

@@ -42,22 +42,37 @@ def exit_with(error: dict[str, Any], json_mode: bool) -> None:
 
 
 def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a :class:`SpecbuildError` (or an interrupt) into a readable message and its exit code."""
+    """Turn a :class:`SpecbuildError` (or an interrupt) into a readable message and its exit code.
+
+    A stop signal wins over whatever followed it: its handler stops the servers and raises
+    :class:`Terminated`, but a signal landing in a finalizer has that exception swallowed, and the command then
+    fails on the stopped server (or even returns). Either way it reports the interrupt and exits 128 + signal."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         json_mode = bool(kwargs.get("json_mode"))
+        Terminated.received = None  # per invocation: tests run many commands in one process
         try:
-            return command(*args, **kwargs)
-        except SpecbuildError as exc:
-            exit_with(exc.to_json(), json_mode)
+            result = command(*args, **kwargs)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGINT while servers run (errors.Terminated)
-            signum = getattr(exc, "signum", signal.SIGINT)
-            stopped = "; the servers it started were stopped first" if isinstance(exc, Terminated) else ""
-            exit_with({"error": f"interrupted by {signal.Signals(signum).name}{stopped}", "fix": None,
-                       "exit_code": 128 + signum}, json_mode)
+            _exit_interrupted(getattr(exc, "signum", signal.SIGINT), isinstance(exc, Terminated), json_mode)
+        except (Exception, SystemExit) as exc:
+            if Terminated.received is not None:
+                _exit_interrupted(Terminated.received, True, json_mode)
+            if not isinstance(exc, SpecbuildError):
+                raise
+            exit_with(exc.to_json(), json_mode)
+        if Terminated.received is not None:
+            _exit_interrupted(Terminated.received, True, json_mode)
+        return result
 
     return wrapper
+
+
+def _exit_interrupted(signum: int, servers_stopped: bool, json_mode: bool) -> None:
+    stopped = "; the servers it started were stopped first" if servers_stopped else ""
+    exit_with({"error": f"interrupted by {signal.Signals(signum).name}{stopped}", "fix": None,
+               "exit_code": 128 + signum}, json_mode)
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
