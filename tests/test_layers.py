@@ -23,7 +23,7 @@ SOURCE = REPO_ROOT / "pipeline" / PACKAGE
 # never in a circle. ``__init__`` is the package's own (its public API, loaded on first use).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "terminal"),
-    ("speculation",),
+    ("speculation", "capture"),
     ("spec_section", "spec_sources"),
     ("spec",),
     ("stages", "checkpoint", "spec_rendering"),
