@@ -34,8 +34,10 @@ class CaptureRecord:
 
     ``rounds``: each target call's ``[drafted, accepted]`` (0 drafted: the target alone that round);
     ``sampling``: the row's sampling settings by their ensemble input names (``temperature``, ``top_p``,
-    ``top_k``, ``random_seed``, ...), greedy rows included; ``release`` and ``tokenizer``: the SHA-256 of the
-    release's manifest and of its tokenizer files, so a record is never read against another tokenizer."""
+    ``top_k``, ``random_seed``, ...), greedy rows included; ``release``: the SHA-256 of the release's
+    ``manifest.json``; ``tokenizer``: the release tokenizer's
+    :func:`~specbuild.checkpoint.tokenizer_files.tokenizer_hash`, so a record is never read against another
+    tokenizer (a reader compares it with its checkpoint's)."""
 
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
