@@ -214,8 +214,15 @@ class OrchestratorParameters(ModelParameters):
     engine_guides: bool = False
     target_model: str = TARGET_MODEL
     draft_model: str = DRAFT_MODEL
+    tokenizer_hash: str = ""  # the release tokenizer's (checkpoint.tokenizer_files.tokenizer_hash): records carry it
+    capture: bool = False  # the spec's capture section: finished rows are appended to the capture store
+    capture_max_file_mib: float = 64.0
+    capture_max_file_hours: float = 24.0
+    capture_retention_days: float = 30.0
 
     def __post_init__(self) -> None:
+        if self.capture and not self.tokenizer_hash:
+            raise ValueError("capture is on but tokenizer_hash is empty: records would not name their tokenizer")
         if not 0 <= self.num_draft_tokens <= self.max_draft_len:
             raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must be within 0..max_draft_len "
                              f"({self.max_draft_len})")
