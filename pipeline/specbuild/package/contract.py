@@ -155,6 +155,7 @@ ORCHESTRATOR_MODEL = "orchestrator"
 POSTPROCESSING_MODEL = "postprocessing"
 TARGET_MODEL = "target"
 DRAFT_MODEL = "draft"
+MANIFEST_NAME = "manifest.json"  # the release's manifest, beside the models (package/manifest.py writes it)
 MODEL_NAMES = (ENSEMBLE_MODEL, PREPROCESSING_MODEL, ORCHESTRATOR_MODEL, POSTPROCESSING_MODEL, TARGET_MODEL, DRAFT_MODEL)
 
 NUMPY_DTYPES = {
@@ -214,11 +215,13 @@ class OrchestratorParameters(ModelParameters):
     engine_guides: bool = False
     target_model: str = TARGET_MODEL
     draft_model: str = DRAFT_MODEL
-    tokenizer_hash: str = ""  # the release tokenizer's (checkpoint.tokenizer_files.tokenizer_hash): records carry it
-    capture: bool = False  # the spec's capture section: finished rows are appended to the capture store
-    capture_max_file_mib: float = 64.0
-    capture_max_file_hours: float = 24.0
-    capture_retention_days: float = 30.0
+    # the spec's capture section (optional: a release packaged before it captures nothing); records carry the
+    # release tokenizer's hash (checkpoint.tokenizer_files.tokenizer_hash)
+    tokenizer_hash: str = field(default="", metadata=OPTIONAL)
+    capture: bool = field(default=False, metadata=OPTIONAL)  # finished rows are appended to the capture store
+    capture_max_file_mib: float = field(default=64.0, metadata=OPTIONAL)
+    capture_max_file_hours: float = field(default=24.0, metadata=OPTIONAL)
+    capture_retention_days: float = field(default=30.0, metadata=OPTIONAL)
 
     def __post_init__(self) -> None:
         if self.capture and not self.tokenizer_hash:
