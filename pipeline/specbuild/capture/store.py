@@ -162,8 +162,6 @@ class CaptureWriter:
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
         self.drops: Counter[str] = Counter()  # records dropped, by cause
-        self.written_records = 0
-        self.written_bytes = 0
         self.path: Path | None = None  # the file being written
         self._descriptor: int | None = None
         self._size = 0
@@ -187,8 +185,6 @@ class CaptureWriter:
             self._drop(OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)"))
             return 0
         self._size += written
-        self.written_records += 1
-        self.written_bytes += written
         return written
 
     def close(self) -> None:
