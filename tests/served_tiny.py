@@ -43,6 +43,13 @@ def tiny_repository(checkpoints: Checkpoints, tmp_path_factory: pytest.TempPathF
     return _RELEASES[base]
 
 
+@pytest.fixture(scope="session")
+def capturing_repository(checkpoints: Checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The factory pair compiled as :func:`tiny_repository` is, with capture on (the spec's capture section)."""
+    return compile_release(checkpoints, tmp_path_factory.mktemp("capturing_release"),
+                           **{"capture.enabled": True}).repository
+
+
 @pytest.fixture(scope="module")
 def served(tiny_repository: Path) -> Any:
     """A server on ``tiny_repository`` with every model loaded and explicit model control."""

@@ -26,6 +26,7 @@ def test_defaults_work_for_the_demo(tmp_path: Path) -> None:
     assert spec.triton.host == "127.0.0.1"
     assert spec.security.allow_pickle is False and spec.security.trust_remote_code is False
     assert spec.target.checkpoint == str(tmp_path / "t")
+    assert spec.capture.enabled is False  # nothing a user sends is stored unless they turn it on
 
 
 def test_starter_spec_parses_back_and_keeps_comments(tmp_path: Path) -> None:
@@ -98,6 +99,9 @@ def test_overrides_beat_the_file_and_parse_yaml_values(tmp_path: Path) -> None:
     ({"name": "bad name!"}, "name"),
     ({"speculation.verification": "tree"}, "'token' or 'block'"),
     ({"speculation.verification": "block", "speculation.acceptance": "token-match"}, "set acceptance: draft-logits"),
+    ({"capture.claim_size": "10GB"}, "capture.claim_size: Value error, '10GB' is not a Kubernetes quantity"),
+    ({"capture.max_file_mib": 0}, "capture.max_file_mib"),
+    ({"capture.retention_days": -1}, "capture.retention_days"),
 ])
 def test_bad_values_name_the_field(overrides: dict, expected: str, tmp_path: Path) -> None:
     with pytest.raises(SpecError) as error:

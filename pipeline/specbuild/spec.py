@@ -7,6 +7,7 @@ field's dotted path and the allowed values (see :func:`load_spec`).
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -313,6 +314,36 @@ class SecuritySpec(SpecSection):
     trust_remote_code: bool = Field(False, description="run code shipped with a checkpoint; only if you trust it")
 
 
+CLAIM_SIZE = r"^[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi)$"  # a Kubernetes quantity in binary units
+
+
+class CaptureSpec(SpecSection):
+    """Opt-in capture of served traffic (issue 41): each finished request row appended to a local store that
+    ``specbuild draft --from-capture`` trains on. Off unless enabled; each request may opt out (its store input)."""
+
+    enabled: bool = Field(False, description="append each finished request's prompt and generated token ids, sampling "
+                          "settings and per-round acceptance to the capture store (SPECBUILD_CAPTURE_DIR; `specbuild "
+                          "serve --capture-dir`); token ids are the text (the tokenizer decodes them): the store is as "
+                          "private as the traffic; requests opt out with store: false")
+    max_file_mib: float = Field(64.0, gt=0, le=1024 * 1024, allow_inf_nan=False,
+                                description="a capture file is closed and a new one begun past this size (MiB)")
+    max_file_hours: float = Field(24.0, gt=0, allow_inf_nan=False,
+                                  description="a capture file is closed and a new one begun after this many hours")
+    retention_days: float = Field(30.0, gt=0, allow_inf_nan=False,
+                                  description="capture files older than this are deleted by the server that wrote "
+                                  "them (`specbuild capture purge` deletes them sooner)")
+    claim_size: str = Field("10Gi", description="the writable claim each pod of a capturing release gets in "
+                            "Kubernetes (`specbuild deploy`; read by no compile step), a quantity such as 10Gi")
+
+    @field_validator("claim_size")
+    @classmethod
+    def _kubernetes_quantity(cls, size: str) -> str:
+        if not re.fullmatch(CLAIM_SIZE, size):
+            raise ValueError(f"{size!r} is not a Kubernetes quantity in binary units; write a whole number and Ki, "
+                             "Mi, Gi, Ti or Pi, such as 10Gi")
+        return size
+
+
 class _ReleaseSpec(SpecSection):
     """The build spec's sections that every runtime reads, before the runtimes' own."""
 
@@ -324,6 +355,7 @@ class _ReleaseSpec(SpecSection):
     speculation: SpeculationSpec = Field(SpeculationSpec(), description="speculative decoding")
     limits: LimitsSpec = Field(LimitsSpec(), description="what engines are built for")
     triton: TritonSpec = Field(TritonSpec(), description="the Triton server")
+    capture: CaptureSpec = Field(CaptureSpec(), description="opt-in capture of served traffic (token ids are the text)")
 
 
 _RuntimeSections = create_model(  # each runtime's own sections (specbuild.runtimes.settings)

@@ -127,12 +127,12 @@ def samples(accepted_per_position, **scalars):
 
 def test_bench_reads_the_counters_the_orchestrator_writes():
     """One table of names (speculation.stats): every counter bench reads is one the orchestrator exports, by key."""
-    from specbuild.speculation.stats import METRICS, REQUEST_METRICS, SourceStats, SpeculationStats
+    from specbuild.speculation.stats import CAPTURE_METRICS, METRICS, REQUEST_METRICS, SourceStats, SpeculationStats
 
     exported = {metric.name for metric in METRICS}
     assert set(COUNTER_NAMES.values()) | set(PER_POSITION.values()) | set(BY_SOURCE.values()) <= exported
     stats_fields = set(vars(SpeculationStats()))
-    assert set(COUNTER_NAMES) - {metric.key for metric in REQUEST_METRICS} <= stats_fields
+    assert set(COUNTER_NAMES) - {metric.key for metric in REQUEST_METRICS + CAPTURE_METRICS} <= stats_fields
     assert set(PER_POSITION) <= stats_fields and set(BY_SOURCE) == set(vars(SourceStats()))
     assert {"requests", "output_tokens", "errors", "cancelled", "timed_out"} <= set(COUNTER_NAMES)  # by key
 

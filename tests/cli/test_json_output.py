@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import TINY_SEED
+from specbuild.capture.store import open_store
 from specbuild.cli import main
 from locations import REPO_ROOT
 
@@ -39,6 +40,7 @@ FAILURES: dict[str, Args] = {
     "demo-models": lambda tmp: ["demo-models", "--no-such-flag"],
     "draft": lambda tmp: ["draft", f"{MISSING}/target", str(tmp / "draft")],
     "head-vocabulary": lambda tmp: ["head-vocabulary", f"{MISSING}/target", str(tmp)],
+    "capture": lambda tmp: ["capture", "purge", str(tmp), "--yes"],  # a folder that is not a capture store
 }
 
 
@@ -92,6 +94,7 @@ SUCCESSES_WITHOUT_A_SERVER: dict[str, Callable[..., list[str]]] = {
     "deploy": lambda release, spec, tmp: ["deploy", str(release.repository), "-o", str(tmp / "k8s"), "--pvc", "r"],
     "monitoring": lambda release, spec, tmp: ["monitoring", str(release.repository), "-o", str(tmp / "monitoring")],
     "demo-models": lambda release, spec, tmp: ["demo-models", "--tiny"],
+    "capture": lambda release, spec, tmp: ["capture", "show", str(open_store(tmp / "capture"))],
 }
 
 

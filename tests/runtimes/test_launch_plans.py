@@ -70,6 +70,16 @@ def test_docker_run_mounts_read_only_and_publishes_on_loopback(tmp_path):
     assert shlex.split(plan.render().splitlines()[-1]) == argv
 
 
+def test_a_capturing_release_gets_its_store_mounted_read_write_at_capture_and_named(tmp_path):
+    plan = launch_plan(make_spec(), tmp_path / "repo", tmp_path / "engines").with_capture(tmp_path / "store")
+    argv = list(plan.docker_argv)
+    mounts = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--mount"]
+    assert mounts[-1] == f"type=bind,source={tmp_path / 'store'},target=/capture"  # the only one not read-only
+    assert argv[argv.index("-e") + 1] == "SPECBUILD_CAPTURE_DIR=/capture" and plan.env["SPECBUILD_CAPTURE_DIR"]
+    assert tuple(argv[argv.index(plan.image) + 1:]) == plan.server_argv  # docker's options before the image
+    assert shlex.split(plan.render().splitlines()[-1]) == argv
+
+
 def test_host_and_ports_follow_the_spec(tmp_path):
     spec = make_spec(triton={"host": "0.0.0.0", "http_port": 9000, "grpc_port": 9001, "metrics_port": 9002,
                              "openai_port": 9003, "engine_mount": "/models/engines", "repository_mount": "/models/repo"})

@@ -3,8 +3,8 @@ generate endpoint, the gRPC client's keyword, the OpenAI API's extra field and `
 
 Each row has a probe below that says what the setting changes in the orchestrator's own counters (its metrics
 endpoint, not anything the surfaces report): a request sent with the setting moves them otherwise than one sent
-without. The release is the factory pair (random weights): its draft rarely agrees with its target, which is what
-the break-even, adaptive K and token matching react to. The engine-free adapter's verdict is checked per row too.
+without. The release is the factory pair (random weights), capturing: its draft rarely agrees with its target,
+which is what the break-even, adaptive K and token matching react to. The engine-free adapter's verdict is checked per row too.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ PROBES = {
                            lambda base, varied: base == 0 < varied, GREEDY),
     "break_even": Probe({}, {"break_even": False}, "specbuild_break_even_rounds_total",
                         lambda base, varied: varied == 0 < base, GREEDY),
+    "store": Probe({}, {"store": False}, "specbuild_capture_records_total", lambda base, varied: varied == 0 < base,
+                   GREEDY),
 }
 
 
@@ -60,10 +62,21 @@ def test_every_row_has_a_probe():
 
 
 @pytest.fixture(scope="module")
-def openai_url(served, tiny_repository):
+def served(capturing_repository, tmp_path_factory):
+    """The factory pair with capture on (the store row's probe counts the records written), its store a
+    temporary folder."""
+    from specbuild.serve.server import TritonServer
+
+    store = tmp_path_factory.mktemp("settings_capture") / "store"
+    with TritonServer(capturing_repository, startup_timeout=300, capture_dir=store) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def openai_url(served, capturing_repository):
     from specbuild.serve.frontend import OpenAIFrontend
 
-    with OpenAIFrontend(tiny_repository, served.grpc_url, "tiny", port=0) as frontend:
+    with OpenAIFrontend(capturing_repository, served.grpc_url, "tiny", port=0) as frontend:
         yield frontend.url
 
 

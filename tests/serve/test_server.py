@@ -97,7 +97,7 @@ def test_command_is_loopback_strict_and_uses_a_private_shm_prefix(tmp_path):
 
 def test_environment_puts_this_python_and_the_wheel_libraries_first(tmp_path):
     install = find_triton()
-    env = TritonServer.environment(install)
+    env = TritonServer(tmp_path).environment(install)
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(install.libs)
 

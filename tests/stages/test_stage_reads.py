@@ -141,6 +141,8 @@ def other_value(spec: BuildSpec, path: str, elsewhere: dict[str, str]) -> Any:
         return not value
     if path == "speculation.traffic":  # a mix of sampling profiles, never empty
         return {"t0.7": 1.0}
+    if path == "capture.claim_size":  # a Kubernetes quantity
+        return "20Gi"
     if isinstance(value, dict):  # measured figures by K
         return {1: 1.5} if not value else {}
     if isinstance(value, (int, float)):

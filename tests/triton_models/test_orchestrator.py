@@ -29,15 +29,16 @@ TARGET_LIMITS = BuildLimits(max_batch_size=8, max_draft_len=8, max_seq_len=128, 
 DRAFT_LIMITS = BuildLimits(max_batch_size=8, max_seq_len=96, max_input_len=64)  # a draft with a smaller window
 
 
-def rendered_parameters(tmp_path: Path, runtime: str = "torch", **speculation: object) -> dict[str, str]:
+def rendered_parameters(tmp_path: Path, runtime: str = "torch", overrides: dict[str, object] | None = None,
+                        **speculation: object) -> dict[str, str]:
     spec = load_spec(None, {"runtime": runtime, "target.checkpoint": "t", "draft.checkpoint": "d",
-                            "limits.max_input_len": 64, "limits.max_seq_len": 128,
+                            "limits.max_input_len": 64, "limits.max_seq_len": 128, **(overrides or {}),
                             **{f"speculation.{key}": value for key, value in speculation.items()}}, base_dir=tmp_path)
     target, draft = (Engine(tmp_path, BuildRecord(runtime=runtime, role=role, dtype="float16", vocab_size=320,
                                                   architecture="LlamaForCausalLM", limits=limits))
                      for role, limits in (("target", TARGET_LIMITS), ("draft", DRAFT_LIMITS)))
     config = orchestrator_config(spec, target, draft, runtime_for(runtime).load_policy(spec),
-                                 spec.speculation.cost_model(0.1))
+                                 spec.speculation.cost_model(0.1), tokenizer_hash="ab" * 32)
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
@@ -53,6 +54,19 @@ def test_parameters_read_back_what_the_repository_renders(tmp_path, runtime):
     assert settings.draft_max_seq_len == 96
     default = OrchestratorParameters.from_parameters(rendered_parameters(tmp_path, runtime))
     assert default.prompt_lookup is False and default.lookup == PromptLookup()
+
+
+def test_the_capture_section_reaches_the_orchestrator(tmp_path):
+    default = OrchestratorParameters.from_parameters(rendered_parameters(tmp_path))
+    assert default.capture is False and default.tokenizer_hash == "ab" * 32
+    settings = OrchestratorParameters.from_parameters(rendered_parameters(tmp_path, overrides={
+        "capture.enabled": True, "capture.max_file_mib": 2, "capture.max_file_hours": 0.5,
+        "capture.retention_days": 3}))
+    assert (settings.capture, settings.capture_max_file_mib, settings.capture_max_file_hours,
+            settings.capture_retention_days) == (True, 2.0, 0.5, 3.0)
+    with pytest.raises(SpecError, match="tokenizer_hash is empty"):
+        OrchestratorParameters.from_parameters({**rendered_parameters(tmp_path, overrides={"capture.enabled": True}),
+                                                "tokenizer_hash": ""})
 
 
 @pytest.mark.parametrize("key", ["max_draft_len", "num_draft_tokens", "lookup_draft_fallback", "max_seq_len"])

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from specbuild.capture.records import read_records
+from specbuild.capture.store import CaptureWriter, Rotation, open_store
 from specbuild.package.contract import OrchestratorParameters
 from specbuild.runtimes.torch.engine import TorchEngine
 from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.stats import SpeculationStats
+from specbuild.triton_models.request_capture import RequestCapture
 from specbuild.triton_models.request_runner import RequestRunner
 
 SETTINGS = OrchestratorParameters(max_draft_len=4, num_draft_tokens=2, use_draft_logits=True, adaptive_draft=False,
@@ -33,6 +37,7 @@ class Sent:
     error: str | None = None
     cancelled: bool = False
     requests_counted: int = 0  # what the metrics showed when it went
+    records_written: int = 0  # the capture store's complete records when it went
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Recorder:
 
     counts: dict[str, float] = field(default_factory=dict)
     latencies: list[dict[str, int]] = field(default_factory=list)  # one per finished row
+    observed: dict[str, list[float]] = field(default_factory=dict)  # other histograms' observations
     in_flight_now: int = 0
     peak_in_flight: int = 0
 
@@ -62,6 +68,9 @@ class Recorder:
     def observe_latencies(self, **times: int) -> None:
         self.latencies.append(times)
 
+    def observe(self, key: str, value: float) -> None:
+        self.observed.setdefault(key, []).append(value)
+
 
 class Log:
     def __init__(self) -> None:
@@ -80,6 +89,7 @@ class Exchange:
     def __init__(self, arrays: dict[str, np.ndarray], metrics: Recorder, cancel_after: int | None = None) -> None:
         self._arrays, self.metrics, self.cancel_after = arrays, metrics, cancel_after
         self.sent: list[Sent] = []
+        self.capture_store: Path | None = None  # a store the runner captures to: its records counted at each send
 
     def arrays(self) -> dict[str, np.ndarray]:
         return self._arrays
@@ -90,6 +100,8 @@ class Exchange:
     def _note(self, sent: Sent) -> None:
         assert not (self.sent and self.sent[-1].final), "a response after the final one"
         sent.requests_counted = int(self.metrics.counts.get("requests", 0))
+        if self.capture_store is not None:
+            sent.records_written = sum(1 for _ in read_records([self.capture_store]))
         self.sent.append(sent)
 
     def send(self, arrays: dict[str, np.ndarray], *, final: bool) -> None:
@@ -138,16 +150,21 @@ def request(prompts: list[list[int]], max_tokens: int = 12, **arrays: Any) -> di
 
 
 def serve(engines: Engines, arrays: dict[str, np.ndarray], settings: OrchestratorParameters = SETTINGS,
-          cancel_after: int | None = None, linger: float = 0.5, others_in_flight: int = 0
-          ) -> tuple[Exchange, Recorder, Log]:
+          cancel_after: int | None = None, linger: float = 0.5, others_in_flight: int = 0,
+          capture_to: Path | None = None) -> tuple[Exchange, Recorder, Log]:
     """Serve one request (beside ``others_in_flight`` requests the gauge counts), then keep the event loop running
     ``linger`` seconds, as Triton's does for the next requests: work a request left running would show up in the
-    engine calls."""
+    engine calls; ``capture_to``: a capture store the runner writes finished rows to."""
     metrics, log = Recorder(in_flight_now=others_in_flight), Log()
     exchange = Exchange(arrays, metrics, cancel_after)
+    capture = None if capture_to is None else RequestCapture(
+        CaptureWriter(open_store(capture_to), "orchestrator_0_0", Rotation(1 << 20, 3600.0, 86400.0),
+                      warn=log.log_warn), release="r" * 64, tokenizer="t" * 64, metrics=metrics)
+    if capture is not None:
+        exchange.capture_store = capture_to
 
     async def run() -> None:
-        await RequestRunner(settings, engines.target, engines.draft, metrics, log).serve(exchange)
+        await RequestRunner(settings, engines.target, engines.draft, metrics, log, capture=capture).serve(exchange)
         await asyncio.sleep(linger)
 
     asyncio.run(run())
@@ -234,3 +251,26 @@ def test_a_bad_request_is_refused_before_any_engine_call(tiny):
     assert refused.final and "num_draft_tokens must be within 0..4" in refused.error
     assert engines.calls == [] and metrics.counts["errors"] == 1 and "requests" not in metrics.counts
 
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_captured_row_is_written_before_its_last_response_and_an_opted_out_one_never(tiny, tmp_path, stream):
+    store = tmp_path / "capture"
+    exchange, metrics, log = serve(Engines(tiny), request([[3, 4, 5], [6, 7]], max_tokens=10,
+                                                          store=[[True], [False]], stream=[[stream]],
+                                                          exclude_input_in_output=[[True]], temperature=[[0.0]]),
+                                   capture_to=store)
+    [record] = read_records([store])
+    assert record.prompt_ids == (3, 4, 5) and record.finish_reason == "length"
+    row_zero = [sent for sent in exchange.sent if int(sent.arrays["batch_index"][0, 0]) == 0]
+    served = [token for sent in row_zero
+              for token in sent.arrays["output_ids"][0, int(sent.arrays["skip_tokens"][0, 0]):].tolist()]
+    assert list(record.output_ids) == (served if stream else row_zero[-1].arrays["output_ids"][0].tolist())
+    assert len(record.output_ids) == 10 and record.sampling["temperature"] == 0.0 and record.greedy
+    assert sum(drafted for drafted, _ in record.rounds) == int(row_zero[-1].arrays["total_draft_tokens"][0, 0])
+    assert sum(accepted for _, accepted in record.rounds) == int(row_zero[-1].arrays["total_accepted_draft_tokens"][0, 0])
+    assert (record.release, record.tokenizer, record.instance) == ("r" * 64, "t" * 64, "orchestrator_0_0")
+    assert row_zero[-1].records_written == 1  # on disk when the row's last response went
+    assert metrics.counts["captured"] == 1 and "capture_drops" not in metrics.counts
+    assert metrics.counts["capture_bytes"] == len(record.to_line())
+    assert len(metrics.observed["capture_seconds"]) == 1 and not log.lines

@@ -9,10 +9,10 @@ that stream (``generate --stream``, ``serve``), one JSON object per line.
 Commands by stage, each module registering its own on :data:`specbuild.cli.common.main`: :mod:`specbuild.cli.build` (init, check,
 compile, convert, build, package), :mod:`specbuild.cli.serving` (serve, openai, generate, verify, doctor),
 :mod:`specbuild.cli.deployment` (deploy, monitoring), :mod:`specbuild.cli.measure` (bench, tune, demo, demo-models,
-draft).
+draft), :mod:`specbuild.cli.capture` (capture show, capture purge).
 """
 
-from specbuild.cli import build, deployment, measure, serving  # each registers its commands on main
+from specbuild.cli import build, capture, deployment, measure, serving  # each registers its commands on main
 from specbuild.cli.common import main
 
-__all__ = ["build", "deployment", "main", "measure", "serving"]
+__all__ = ["build", "capture", "deployment", "main", "measure", "serving"]

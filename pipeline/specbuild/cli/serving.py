@@ -123,13 +123,16 @@ def _doctor_before_serving(repository: Path, image: str) -> None:
               "in its image first")
 @click.option("--rehearse", is_flag=True, help="a tensorrt-llm-llmapi release: serve it here on the bundled Triton, "
               "a CPU stand-in in place of TensorRT-LLM's LLM-API model")
+@click.option("--capture-dir", type=click.Path(file_okay=False), default=None,
+              help="a capturing release (capture.enabled): its capture store, made 0700 (in a container: mounted "
+              "read-write at /capture)  [default: ~/.local/state/specbuild/capture/<release name>]")
 @click.option("--json", "json_mode", is_flag=True, help="JSON Lines on stdout: one object when the server is ready "
               "(URLs, PIDs), one when it stops (or the error); with --dry-run, one document")
 @reports_errors
 def serve(repository: str, host: str | None, http_port: int | None, grpc_port: int | None,
           metrics_port: int | None, openai_port: int | None, no_openai: bool, timeout: float, log_file: str | None,
           assignments: tuple[str, ...], dry_run: bool, no_verify: bool, no_doctor: bool, rehearse: bool,
-          json_mode: bool) -> None:
+          capture_dir: str | None, json_mode: bool) -> None:
     """Serve the release in REPOSITORY (default: triton_repo) with Triton, and specbuild's OpenAI-compatible API
     next to it, until Ctrl-C or SIGTERM.
 
@@ -138,20 +141,30 @@ def serve(repository: str, host: str | None, http_port: int | None, grpc_port: i
     docker/mpirun commands), or, rehearsed, a tensorrt-llm-llmapi release on the bundled server. The API runs
     for releases with specbuild's orchestrator (torch, tensorrt-llm), on this host beside a container; a
     repository without a release manifest gets Triton only.
+
+    A release packaged with capture.enabled writes each finished request's token ids to its capture store
+    (--capture-dir); serve says what and where at start, and how to purge it.
     """
+    from specbuild.capture.store import open_store
     from specbuild.runtimes.launch_plans import LaunchPlan
-    from specbuild.serve.release_serving import served_release, serving_plan
+    from specbuild.serve.release_serving import capture_notice, served_release, serving_plan
 
     release, model = served_release(repository)
     overrides = launch_overrides(assignments, host=host, http_port=http_port, grpc_port=grpc_port,
                                  metrics_port=metrics_port, openai_port=openai_port)
     plan = serving_plan(repository, release is not None, overrides, rehearse=rehearse, verify_files=not no_verify)
+    capture = capture_notice(release.repository if isinstance(plan, LaunchPlan) else plan.repository, model,
+                             capture_dir)
+    if capture is not None and not dry_run:
+        open_store(capture.store)
+        for line in capture.lines():
+            console.print(line, highlight=False, soft_wrap=True)
     if isinstance(plan, LaunchPlan):
-        _serve_in_container(plan, release.repository, model, with_openai=not no_openai, dry_run=dry_run,
-                            json_mode=json_mode, doctor=not no_doctor)
+        _serve_in_container(plan.with_capture(capture.store) if capture else plan, release.repository, model,
+                            with_openai=not no_openai, dry_run=dry_run, json_mode=json_mode, doctor=not no_doctor)
     else:
         _serve_bundled(plan, model, with_openai=not no_openai, timeout=timeout, log_file=log_file, dry_run=dry_run,
-                       json_mode=json_mode)
+                       json_mode=json_mode, capture_dir=capture.store if capture else None)
 
 
 def _serve_in_container(plan: Any, repository: Path, model: str, *, with_openai: bool, dry_run: bool,
@@ -190,14 +203,14 @@ def _serve_in_container(plan: Any, repository: Path, model: str, *, with_openai:
 
 
 def _serve_bundled(plan: Any, model: str, *, with_openai: bool, timeout: float, log_file: str | None,
-                   dry_run: bool, json_mode: bool) -> None:
+                   dry_run: bool, json_mode: bool, capture_dir: Path | None) -> None:
     """Serve ``plan`` (a :class:`~specbuild.runtimes.launch_plans.BundledPlan`) on the Triton server bundled with
     specbuild until a stop signal, the OpenAI-compatible API beside it where the release has one (the release was
     verified when its plan was made)."""
     from specbuild.serve.release_serving import (bundled_server, cost_model, openai_beside, openai_served_beside,
                                                  serve_bundled)
 
-    server = bundled_server(plan, timeout=timeout, log_file=log_file)
+    server = bundled_server(plan, timeout=timeout, log_file=log_file, capture_dir=capture_dir)
     with_openai = openai_served_beside(plan, with_openai)
     if dry_run:
         openai = openai_beside(plan, model) if with_openai else None

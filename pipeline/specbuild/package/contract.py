@@ -155,6 +155,7 @@ ORCHESTRATOR_MODEL = "orchestrator"
 POSTPROCESSING_MODEL = "postprocessing"
 TARGET_MODEL = "target"
 DRAFT_MODEL = "draft"
+MANIFEST_NAME = "manifest.json"  # the release's manifest, beside the models (package/manifest.py writes it)
 MODEL_NAMES = (ENSEMBLE_MODEL, PREPROCESSING_MODEL, ORCHESTRATOR_MODEL, POSTPROCESSING_MODEL, TARGET_MODEL, DRAFT_MODEL)
 
 NUMPY_DTYPES = {
@@ -214,8 +215,17 @@ class OrchestratorParameters(ModelParameters):
     engine_guides: bool = False
     target_model: str = TARGET_MODEL
     draft_model: str = DRAFT_MODEL
+    # the spec's capture section (optional: a release packaged before it captures nothing); records carry the
+    # release tokenizer's hash (checkpoint.tokenizer_files.tokenizer_hash)
+    tokenizer_hash: str = field(default="", metadata=OPTIONAL)
+    capture: bool = field(default=False, metadata=OPTIONAL)  # finished rows are appended to the capture store
+    capture_max_file_mib: float = field(default=64.0, metadata=OPTIONAL)
+    capture_max_file_hours: float = field(default=24.0, metadata=OPTIONAL)
+    capture_retention_days: float = field(default=30.0, metadata=OPTIONAL)
 
     def __post_init__(self) -> None:
+        if self.capture and not self.tokenizer_hash:
+            raise ValueError("capture is on but tokenizer_hash is empty: records would not name their tokenizer")
         if not 0 <= self.num_draft_tokens <= self.max_draft_len:
             raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must be within 0..max_draft_len "
                              f"({self.max_draft_len})")

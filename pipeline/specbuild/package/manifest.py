@@ -35,6 +35,7 @@ from rich.table import Table
 
 from specbuild.errors import UsageError, VerificationError
 from specbuild.package.build_record import RECOMPILE, BuildRecord
+from specbuild.package.contract import MANIFEST_NAME
 from specbuild.stages.atomic import atomic_write_text, clean_stale
 from specbuild.stages.hashing import digest_json, hash_tree
 from specbuild.stages.runner import StageResult
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 MANIFEST_FORMAT = "specbuild.manifest/v2"
 MANIFEST_FORMAT_V1 = "specbuild.manifest/v1"
-MANIFEST_NAME = "manifest.json"
 
 _TOOLCHAIN_PACKAGES = ("specbuild", "torch", "transformers", "tokenizers", "safetensors", "numpy", "tritonclient",
                        "nvidia-pytriton", "tensorrt_llm", "tensorrt")

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from google.protobuf import text_format
 from specbuild.package import model_config as mc
 
-from specbuild.checkpoint.tokenizer_files import copy_tokenizer
+from specbuild.checkpoint.tokenizer_files import copy_tokenizer, read_tokenizer
 from specbuild.errors import StageError
 from specbuild.package import contract
 from specbuild.package.backend_guides import guided_decoding_configured
@@ -127,14 +127,15 @@ def ensemble_config(spec: BuildSpec) -> mc.ModelConfig:
 
 def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load_schedule: DraftLenSchedule,
                             cost: CostModel, guided_decoding: bool = False, engine_guides: bool = False, *,
-                            fast_logits: bool = False) -> OrchestratorParameters:
+                            fast_logits: bool = False, tokenizer_hash: str) -> OrchestratorParameters:
     """Requests' defaults from the spec; limits from the engines' build records (what they can do: a request, the
     target's; a draft call, the draft's window);
     ``load_schedule`` the load policy (the spec's, or the runtime's default); ``cost`` the release's
     cost model (V(K) for every K a request may ask for); ``guided_decoding`` whether the engine models take guide
     masks, ``engine_guides`` whether the target engine applies NVIDIA's guide inputs itself, ``fast_logits``
-    whether the draft's engine model passes its logits GPU to GPU (a handle in place of the values)."""
-    s, record = spec.speculation, target.record
+    whether the draft's engine model passes its logits GPU to GPU (a handle in place of the values);
+    ``tokenizer_hash`` the release tokenizer's, which capture records carry."""
+    s, record, capture = spec.speculation, target.record, spec.capture
     return OrchestratorParameters(
         break_even=s.break_even, draft_cost=round(cost.draft_cost, 4),
         verify_costs=tuple(round(cost.verify(k), 4) for k in range(1, record.limits.max_draft_len + 1)),
@@ -157,16 +158,22 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load
         max_request_seconds=spec.triton.max_request_seconds,
         guided_decoding=guided_decoding,
         engine_guides=engine_guides,
+        tokenizer_hash=tokenizer_hash,
+        capture=capture.enabled,
+        capture_max_file_mib=capture.max_file_mib,
+        capture_max_file_hours=capture.max_file_hours,
+        capture_retention_days=capture.retention_days,
     )
 
 
 def orchestrator_config(spec: BuildSpec, target: Engine, draft: Engine, load_schedule: DraftLenSchedule,
                         cost: CostModel, guided_decoding: bool = False, engine_guides: bool = False, *,
-                        fast_logits: bool = False) -> mc.ModelConfig:
+                        fast_logits: bool = False, tokenizer_hash: str) -> mc.ModelConfig:
     return python_model_config(contract.ORCHESTRATOR_MODEL, spec, contract.ORCHESTRATOR_INPUTS,
                                contract.ORCHESTRATOR_OUTPUTS,
                                orchestrator_parameters(spec, target, draft, load_schedule, cost, guided_decoding,
-                                                       engine_guides, fast_logits=fast_logits),
+                                                       engine_guides, fast_logits=fast_logits,
+                                                       tokenizer_hash=tokenizer_hash),
                                decoupled=True, instances=spec.triton.orchestrator_instances)
 
 
@@ -249,7 +256,8 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
             spec, target, engines[contract.DRAFT_MODEL], load_schedule, cost, all(model.guide_masks for model in engine_models.values()),
             guided_decoding_configured(target_parameters.guided_decoding_backend,
                                        target_parameters.xgrammar_tokenizer_info_path),
-            fast_logits=engine_models[contract.DRAFT_MODEL].parameters.speculative_decoding_fast_logits),
+            fast_logits=engine_models[contract.DRAFT_MODEL].parameters.speculative_decoding_fast_logits,
+            tokenizer_hash=read_tokenizer(tokenizer_dir, {}).hash),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
         **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks,

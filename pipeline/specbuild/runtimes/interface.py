@@ -43,12 +43,14 @@ STEPS: tuple[Step, ...] = ("check", "convert", "build", "package")
 ReadsOf = Literal["check", "convert", "build", "package", "plan"]
 
 # The spec fields the default repository renderer reads (:meth:`Runtime.render_repository`: the load policy, and
-# package/repository.py's ensemble, orchestrator and preprocessing configs), besides the engine models'.
+# package/repository.py's ensemble, orchestrator and preprocessing configs), besides the engine models'. Of the
+# capture section, the orchestrator reads all but claim_size (deploy's alone: no compile step reads it).
 RENDER_READS: tuple[str, ...] = (
     "speculation.acceptance", "speculation.adaptive", "speculation.busy_in_flight",
     "speculation.draft_len_schedule", "speculation.num_draft_tokens", "speculation.prompt_lookup",
     "triton.max_request_seconds", "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost",
-    "speculation.verify_cost", "speculation.measured_acceptance", "speculation.verification")
+    "speculation.verify_cost", "speculation.measured_acceptance", "speculation.verification",
+    "capture.enabled", "capture.max_file_mib", "capture.max_file_hours", "capture.retention_days")
 
 
 @dataclass(frozen=True)

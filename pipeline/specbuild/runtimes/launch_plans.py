@@ -5,10 +5,11 @@ ports every launch publishes. ``specbuild serve`` runs the plan; ``deploy`` puts
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from specbuild.capture.store import CAPTURE_DIR_ENV, CAPTURE_MOUNT
 from specbuild.errors import SpecError
 from specbuild.spec import TRITON_DEFAULTS, BuildSpec, TritonSpec
 
@@ -34,6 +35,9 @@ class Mount:
     source: str  # absolute host path
     target: str  # path inside the container
     read_only: bool = True
+
+    def docker_args(self) -> list[str]:
+        return ["--mount", f"type=bind,source={self.source},target={self.target}" + (",readonly" * self.read_only)]
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,15 @@ class LaunchPlan:
         data["server_command"] = self.server_command
         data["docker_command"] = self.docker_command
         return json_lists(data)
+
+    def with_capture(self, store: Path) -> LaunchPlan:
+        """This plan with the capture store ``store`` (a host folder) mounted read-write at
+        :data:`~specbuild.capture.store.CAPTURE_MOUNT` and named to the server there (a capturing release)."""
+        mount = Mount(str(store), CAPTURE_MOUNT, read_only=False)
+        at = len(self.docker_argv) - len(self.server_argv) - 1  # the image: docker's options go before it
+        options = (*mount.docker_args(), "-e", f"{CAPTURE_DIR_ENV}={CAPTURE_MOUNT}")
+        return replace(self, mounts=(*self.mounts, mount), env={**self.env, CAPTURE_DIR_ENV: CAPTURE_MOUNT},
+                       docker_argv=(*self.docker_argv[:at], *options, *self.docker_argv[at:]))
 
     def render(self) -> str:
         """A commented, copy-pasteable shell rendering (``shlex.join``) of the plan."""

@@ -136,8 +136,7 @@ def docker_argv(spec: BuildSpec, gpu_count: int, shm_gib: int, ports: dict[str, 
     for kind in PORT_KINDS:
         argv += ["-p", publish(spec.triton.host, ports[kind])]
     for mount in mounts:
-        argv += ["--mount", f"type=bind,source={mount.source},target={mount.target}"
-                 + (",readonly" if mount.read_only else "")]
+        argv += mount.docker_args()
     for key, value in env.items():
         argv += ["-e", f"{key}={value}"]
     return tuple(argv + [spec.triton.image, *server_argv])

@@ -1,18 +1,22 @@
 """Serving a compiled release (``specbuild serve`` and ``specbuild openai``): the plan that serves it, its server run
-in the foreground with the OpenAI-compatible API beside it where the release has one, and the release's cost model
-as a dry run or ``verify`` shows it."""
+in the foreground with the OpenAI-compatible API beside it where the release has one, a capturing release's store,
+and the release's cost model as a dry run or ``verify`` shows it."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild.capture.store import default_store, refuse_inside_release
 from specbuild.errors import ServerError, UsageError
+from specbuild.package.contract import OrchestratorParameters
 from specbuild.package.manifest import MANIFEST_NAME, Release, read_release
 from specbuild.runtimes.launch_plans import BundledPlan, LaunchPlan
 from specbuild.serve.frontend import OpenAIFrontend, serves_openai
@@ -63,6 +67,43 @@ def cost_model(repository: Path) -> tuple[str, dict[str, Any]] | None:
                   "draft_len_schedule": {str(count): k for count, k in schedule.steps}}
 
 
+# --- capture ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CaptureNotice:
+    """Where a capturing release's server writes, and what it says about it at start."""
+
+    store: Path
+    settings: OrchestratorParameters
+
+    def lines(self) -> list[str]:
+        """What is captured, where, how it is kept and how to delete it (never any captured data)."""
+        s = self.settings
+        return [f"capture: this release writes each finished request's prompt and generated token ids (the text: the "
+                f"tokenizer decodes them), sampling settings and acceptance to {self.store}",
+                f"  files readable by their owner only (0600, folder 0700); a new file every {s.capture_max_file_mib:g} "
+                f"MiB or {s.capture_max_file_hours:g} h; deleted after {s.capture_retention_days:g} days",
+                "  a request sent with store=false is not captured (generate --no-store; OpenAI's store: false)",
+                f"  delete it all: specbuild capture purge {shlex.quote(str(self.store))}"]
+
+
+def capture_notice(repository: Path, release: str, capture_dir: str | None) -> CaptureNotice | None:
+    """The capture store of the release in ``repository`` (``release``: its name): ``capture_dir``, else
+    :func:`~specbuild.capture.store.default_store`; None for a release that captures nothing (``capture_dir``
+    given for one is a :class:`UsageError`)."""
+    from specbuild.package.repository import orchestrator_settings
+
+    settings = orchestrator_settings(repository)
+    if settings is None or not settings.capture:
+        if capture_dir is not None:
+            raise UsageError(f"--capture-dir {capture_dir}: the release in {repository} captures nothing (its spec's "
+                             "capture.enabled is false)", "leave --capture-dir out, or package the release with "
+                             "capture.enabled: true")
+        return None
+    store = Path(capture_dir).expanduser().absolute() if capture_dir else default_store(release)
+    refuse_inside_release(store, repository)
+    return CaptureNotice(store, settings)
+
+
 # --- a container's Triton (LaunchPlan) ----------------------------------------------------------------------------
 def serve_in_container(plan: LaunchPlan, repository: Path, model: str, *, with_openai: bool,
                        announce: Announce) -> int:
@@ -78,10 +119,12 @@ def serve_in_container(plan: LaunchPlan, repository: Path, model: str, *, with_o
 
 
 # --- the bundled Triton (BundledPlan) -----------------------------------------------------------------------------
-def bundled_server(plan: BundledPlan, *, timeout: float, log_file: str | None) -> TritonServer:
-    """The bundled server of ``plan`` (the release was verified when its plan was made)."""
+def bundled_server(plan: BundledPlan, *, timeout: float, log_file: str | None,
+                   capture_dir: Path | None = None) -> TritonServer:
+    """The bundled server of ``plan`` (the release was verified when its plan was made); ``capture_dir``: a
+    capturing release's store."""
     return TritonServer(plan.repository, host=plan.host, startup_timeout=timeout, log_file=log_file, verify=False,
-                        **{f"{kind}_port": port for kind, port in plan.ports.items()})
+                        capture_dir=capture_dir, **{f"{kind}_port": port for kind, port in plan.ports.items()})
 
 
 def openai_served_beside(plan: BundledPlan, with_openai: bool) -> bool:

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Literal, Mapping, Sequence
 
+from specbuild.capture.store import CAPTURE_DIR_ENV, open_store
 from specbuild.errors import ServerError, Terminated, UsageError
 from specbuild.serve.processes import (STOP_SIGNALS, free_ports, kill_group, reachable_host, stop_signals,
                                        wait_until)
@@ -125,7 +126,11 @@ class TritonServer:
         log_file: str | Path | None = None,
         extra_args: Sequence[str] = (),
         verify: bool = True,
+        capture_dir: str | Path | None = None,
     ) -> None:
+        """``capture_dir``: the capture store of a capturing release (made 0700 at start, named to its models by
+        ``SPECBUILD_CAPTURE_DIR``); None: the server's environment decides (a capturing release without one
+        does not load)."""
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise UsageError(f"model repository {repository} is not a folder",
@@ -140,6 +145,7 @@ class TritonServer:
         self.stop_timeout = stop_timeout
         self.extra_args = tuple(extra_args)
         self.verify = verify
+        self.capture_dir = Path(capture_dir).expanduser().absolute() if capture_dir else None
         self.shm_prefix = f"{SHM_PREFIX}specbuild_{uuid.uuid4().hex[:12]}_"
         self._log_file = Path(log_file).resolve() if log_file else None
         self._workdir: Path | None = None
@@ -196,13 +202,15 @@ class TritonServer:
             args.append("--model-control-mode=explicit")
         return args + list(self.extra_args)
 
-    @staticmethod
-    def environment(install: TritonInstall) -> dict[str, str]:
-        """The server's environment: wheel libraries, this Python's libpython, this environment first."""
+    def environment(self, install: TritonInstall) -> dict[str, str]:
+        """The server's environment: wheel libraries, this Python's libpython, this environment first; the capture
+        store, if given."""
         env = dict(os.environ)
         libs = [str(install.libs), str(sysconfig.get_config_var("LIBDIR") or "")]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [*libs, env.get("LD_LIBRARY_PATH", "")] if p)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if self.capture_dir is not None:
+            env[CAPTURE_DIR_ENV] = str(self.capture_dir)
         return env
 
     def describe(self) -> str:
@@ -222,7 +230,8 @@ class TritonServer:
             'BACKENDS="$(mktemp -d)" && mkdir "$BACKENDS/python"',
             f'cp {" ".join(shlex.quote(str(path)) for path in sources)} "$BACKENDS/python/"',
             f"LD_LIBRARY_PATH={shlex.quote(os.pathsep.join(libs))} "
-            f'PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH" \\',
+            + (f"{CAPTURE_DIR_ENV}={shlex.quote(env[CAPTURE_DIR_ENV])} " if self.capture_dir else "")
+            + f'PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH" \\',
             "  " + " ".join(argv),
         ])
 
@@ -245,6 +254,8 @@ class TritonServer:
 
             refuse_modified_release(self.repository)
         install = find_triton()
+        if self.capture_dir is not None:
+            open_store(self.capture_dir)
         self._workdir = Path(tempfile.mkdtemp(prefix="specbuild-triton-"))
         self._bytecode_dirs = self._model_bytecode_dirs()
         _RUNNING.add(self)
@@ -400,7 +411,8 @@ class TritonServer:
         """The running server's addresses and processes (what ``serve --json`` announces when ready)."""
         return {"repository": str(self.repository), "grpc_url": self.grpc_url, "http_url": self.http_url,
                 "metrics_url": self.metrics_url, "pid": self.pid, "processes": self.processes(),
-                "shm_prefix": self.shm_prefix, "log": str(self.log_path)}
+                "shm_prefix": self.shm_prefix, "log": str(self.log_path),
+                "capture_dir": str(self.capture_dir) if self.capture_dir else None}
 
     def serve_forever(self, announce: Callable[[str], None] = print, on_ready: Callable[[], Any] | None = None,
                       endpoints: Mapping[str, str] | None = None) -> int:

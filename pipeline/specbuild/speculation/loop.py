@@ -37,6 +37,8 @@ class Round:
     tokens: list[int]
     finished: bool
     finish_reason: str | None = None
+    drafted: int = 0  # draft tokens the target verified this round
+    accepted: int = 0  # of those, the ones accepted
 
 
 async def speculate(request: TokenRequest, target: EngineCall, drafts: Drafts | None, *,
@@ -68,14 +70,15 @@ async def speculate(request: TokenRequest, target: EngineCall, drafts: Drafts | 
         verdict = await timing.verify(target, engine_request, draft, round_index)
         # record
         accepted = _accepted_prefix(draft.tokens, verdict.tokens, request.end_id) if draft else 0
-        stats.record_round(len(draft.tokens) if draft else 0, accepted, source=draft.source.name if draft else None)
+        drafted = len(draft.tokens) if draft else 0
+        stats.record_round(drafted, accepted, source=draft.source.name if draft else None)
         if sources is not None:
             sources.record(draft, accepted, verdict, min_tokens_round=bool(unfinished))
         # stop
         new_tokens, ended, stopped = _append(generated, verdict.tokens[:remaining], request)
         reason = finish_reason(request, new_tokens, len(generated), ended=ended, stopped=stopped,
                                grammar_complete=guide.accept(new_tokens))
-        yield Round(new_tokens, reason is not None, reason)
+        yield Round(new_tokens, reason is not None, reason, drafted, accepted)
         if reason is not None:
             return
 

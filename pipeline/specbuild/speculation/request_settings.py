@@ -77,6 +77,10 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
                    "does not pay (the release's per-request break-even)",
                    Fixed("TensorRT-LLM decides when to draft here, for its whole batch (max_concurrency), not per "
                          "request")),
+    RequestSetting("store", bool, "false: this request is not captured (a release whose capture section is enabled "
+                   "writes each finished request's token ids to its capture store; OpenAI's store field)",
+                   Fixed("this release captures nothing (TensorRT-LLM's LLM API serves the tokens here)"), flag=True,
+                   default=True),
 )
 
 Sent = Mapping[str, "SettingValue | None"]  # a request's settings by name, None where it left one out

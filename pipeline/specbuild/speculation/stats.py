@@ -196,7 +196,21 @@ LATENCY_METRICS = (
            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)),
 )
 TTFT, TPOT, E2E, QUEUE = LATENCY_METRICS
-METRICS = REQUEST_METRICS + SPECULATION_METRICS + (IN_FLIGHT,) + LATENCY_METRICS
+# Capture (a release whose spec enables it: capture/store.py): counted as each finished row's record is written or
+# dropped, before the row's last response goes; the time is the whole capture path's for that row (the record
+# made, its one write), what capture adds to the request.
+CAPTURE_METRICS = (
+    Metric("captured", "specbuild_capture_records_total", "Finished request rows written to the capture store"),
+    Metric("capture_bytes", "specbuild_capture_bytes_total", "Bytes written to the capture store"),
+    Metric("capture_drops", "specbuild_capture_dropped_records_total",
+           "Records a failed write dropped (disk full, permissions); their requests were served"),
+    Metric("capture_seconds", "specbuild_capture_seconds",
+           "Time the capture path took for a finished request row (its record made and written)", kind="histogram",
+           buckets=(0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                    0.1)),
+)
+CAPTURE_SECONDS = CAPTURE_METRICS[-1]
+METRICS = REQUEST_METRICS + SPECULATION_METRICS + (IN_FLIGHT,) + LATENCY_METRICS + CAPTURE_METRICS
 
 
 def request_samples(stats: SpeculationStats, output_tokens: int) -> list[tuple[Metric, dict[str, str], float]]:

@@ -72,6 +72,10 @@ class Metrics:
                                               output_tokens=output_tokens, end_ns=time.time_ns()).items():
             self._metrics[key].observe(seconds)
 
+    def observe(self, key: str, value: float) -> None:
+        """One observation of the histogram ``key`` (a row's capture time)."""
+        self._metrics[key].observe(value)
+
     def record(self, stats: SpeculationStats, output_tokens: int) -> None:
         for metric, labels, value in request_samples(stats, output_tokens):
             if not labels:

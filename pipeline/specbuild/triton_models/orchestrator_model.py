@@ -15,7 +15,8 @@ draft model leaves requests to the target alone (exact) for a while. How a reque
 :class:`specbuild.triton_models.request_runner.RequestRunner`'s (its rows, deadlines, cancellation and responses),
 its rows parsed by :mod:`specbuild.triton_models.orchestrator_requests` and its engine calls encoded by
 :mod:`specbuild.triton_models.engine_io` (pure, unit-tested); this file joins them to Triton: requests, responses
-and BLS calls. Parameters: :class:`specbuild.package.contract.OrchestratorParameters`.
+and BLS calls; finished rows are captured where the release captures (:mod:`.request_capture`). Parameters:
+:class:`specbuild.package.contract.OrchestratorParameters`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from specbuild.triton_models.model_io import (  # noqa: E402
 )
 from specbuild.triton_models.engine_io import decode_output, encode_request  # noqa: E402
 from specbuild.triton_models.metrics import Metrics  # noqa: E402
+from specbuild.triton_models.request_capture import capture_for  # noqa: E402
 from specbuild.triton_models.request_runner import RequestRunner  # noqa: E402
 
 
@@ -82,8 +84,14 @@ class TritonPythonModel:
         self.settings = OrchestratorParameters.from_parameters(model_parameters(args))
         guided = self.settings.guided_decoding or self.settings.engine_guides
         guides = ReleaseGuides(model_dir(args) / "tokenizer", self.settings.vocab_size)  # the release's tokenizer
-        self.runner = RequestRunner(self.settings, self._target, self._draft, Metrics(args["model_name"]),
-                                    pb_utils.Logger, guides=guides if guided else None)
+        metrics = Metrics(args["model_name"])
+        capture = capture_for(self.settings, Path(args["model_repository"]).resolve().parent,
+                              args["model_instance_name"], metrics, pb_utils.Logger.log_warn)
+        if capture is not None:  # where, never what: captured data stays out of the log
+            pb_utils.Logger.log_info(f"orchestrator: capturing finished requests (token ids) to "
+                                     f"{capture.writer.store}, except those sent with store=false")
+        self.runner = RequestRunner(self.settings, self._target, self._draft, metrics, pb_utils.Logger,
+                                    guides=guides if guided else None, capture=capture)
 
     # -- engine calls through BLS -----------------------------------------------------------------
     async def _call(self, model: str, request: EngineRequest) -> EngineOutput:

@@ -9,7 +9,7 @@ once; the request's last response carries the final flag.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -37,6 +37,15 @@ class RowRequest:
     echo_ids: list[int]  # what the whole answer repeats before its tokens unless the input is excluded
     max_seconds: float | None  # stop after the round that passes this many seconds from arrival (None: never)
     guide: GuideSpec | None = None  # checked; the orchestrator compiles it into generation.guide before it runs
+    store: bool = True  # the row may be captured (the store setting); a release that captures nothing ignores it
+
+    def sampling_settings(self) -> dict[str, float | int]:
+        """How the row samples and how long it may run, by the ensemble inputs' names: what a capture record
+        keeps to replay it (``random_seed`` only when one was sent)."""
+        generation = self.generation
+        seed = {} if generation.seed is None else {"random_seed": generation.seed}
+        return {**asdict(generation.sampling), **seed, "max_tokens": generation.max_tokens,
+                "min_tokens": generation.min_tokens}
 
 
 def _end_id(value: int | None, vocab_size: int) -> int | None:
@@ -98,6 +107,7 @@ def parse_orchestrator_rows(arrays: Arrays, settings: OrchestratorParameters) ->
             echo_ids=echo_ids,
             max_seconds=public.max_seconds,
             guide=public.guide,
+            store=chosen["store"],
         ))
     return rows
 
@@ -110,6 +120,7 @@ class OrchestratorRowProgress(public_rows.RowProgress):
     stats: SpeculationStats = field(default_factory=SpeculationStats)
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # the loop's (length, end_id, stop_words, ...), or "time" at the deadline
+    rounds: list[tuple[int, int]] | None = None  # each round's [drafted, accepted], kept only for a captured row
 
     def __post_init__(self) -> None:
         self.prompt_tokens = len(self.row.generation.prompt_ids)
@@ -118,8 +129,12 @@ class OrchestratorRowProgress(public_rows.RowProgress):
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def add(self, tokens: list[int], now_ns: int, finish_reason: str | None) -> None:
-        """A round's tokens, accepted at ``now_ns``, and why the row ends there (None: it goes on)."""
+    def add(self, tokens: list[int], now_ns: int, finish_reason: str | None, drafted: int = 0,
+            accepted: int = 0) -> None:
+        """A round's tokens, accepted at ``now_ns``, and why the row ends there (None: it goes on); its
+        ``drafted`` and ``accepted`` draft tokens are kept where :attr:`rounds` is."""
+        if self.rounds is not None:
+            self.rounds.append((drafted, accepted))
         if tokens:
             self.produced(now_ns)
         self.token_ids.extend(tokens)

@@ -1,7 +1,8 @@
 """How the orchestrator serves one client request, without Triton: the request's rows run at once, each through
 :func:`specbuild.speculation.loop.speculate`; one failing or cancelled row stops its siblings' work; a row stops
 after the round that passes its deadline; each response goes out when a row has news, the request's last one
-flagged final and sent only after the metrics count the request (so a client that reads the metrics next finds it).
+flagged final and sent only after the metrics count the request (so a client that reads the metrics next finds it)
+and, where the release captures, after its record is written.
 
 The Triton model (``triton_models/orchestrator_model.py``) hands each request in as an :class:`Exchange` (its tensors in,
 its responses out, its cancellation) and the engine models as two async calls; tests hand in their own, so the
@@ -27,6 +28,7 @@ from specbuild.speculation.loop import speculate
 from specbuild.speculation.round_costs import RoundCosts
 from specbuild.speculation.stats import SpeculationStats
 from specbuild.triton_models.orchestrator_requests import OrchestratorRowProgress, parse_orchestrator_rows
+from specbuild.triton_models.request_capture import RequestCapture
 
 TIME_LIMIT = "time"  # a row's finish reason when its time limit ends it
 
@@ -81,10 +83,13 @@ class RequestRunner:
 
     def __init__(self, settings: OrchestratorParameters, target: EngineCall, draft: EngineCall, metrics: Recorder,
                  log: Log, health: DraftHealth | None = None, clock: Callable[[], float] = time.monotonic,
-                 guides: Callable[[GuideSpec, int | None], Guide] | None = None) -> None:
-        """``guides`` makes a guided row's matcher (GuideCompiler.guide: blocking, so run in a worker thread)."""
+                 guides: Callable[[GuideSpec, int | None], Guide] | None = None,
+                 capture: RequestCapture | None = None) -> None:
+        """``guides`` makes a guided row's matcher (GuideCompiler.guide: blocking, so run in a worker thread);
+        ``capture`` writes finished rows to the capture store (None: the release captures nothing)."""
         self.settings = settings
         self.guides = guides
+        self.capture = capture
         self.target = target
         self.draft = draft
         self.metrics = metrics
@@ -163,6 +168,8 @@ class RequestRunner:
         generation, limit = row.row.generation, row.row.max_seconds
         schedule = settings.load_schedule
         row.scheduled_ns = time.time_ns()
+        if self.capture is not None:
+            self.capture.start(row)
         drafts = draft_sources(generation, self.draft, max_draft_len=settings.max_draft_len, stats=row.stats,
                                health=self.health,
                                lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed,
@@ -175,9 +182,12 @@ class RequestRunner:
                 if exchange.cancelled():
                     raise RequestCancelled
                 late = limit is not None and self.clock() - started >= limit
-                row.add(step.tokens, time.time_ns(), step.finish_reason or (TIME_LIMIT if late else None))
-                if row.finished:  # counted before its last response goes
+                row.add(step.tokens, time.time_ns(), step.finish_reason or (TIME_LIMIT if late else None),
+                        step.drafted, step.accepted)
+                if row.finished:  # counted, and captured, before its last response goes
                     self.metrics.record(row.stats, row.tokens)
+                    if self.capture is not None and row.rounds is not None:
+                        self.capture.write(row)
                 report(row)
                 if row.finished:
                     return
