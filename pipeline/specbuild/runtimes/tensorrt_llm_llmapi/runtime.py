@@ -52,6 +52,18 @@ PYTORCH_ARCHITECTURES = frozenset({
 })
 
 
+# Why a release of this runtime captures nothing (capture.enabled): a record holds the ids the target generated
+# (specbuild.capture.records), which the adapter never sees. TensorRT-LLM's LLM API has them (RequestOutput's
+# prompt_token_ids, each CompletionOutput's token_ids), but its Triton model answers with the text alone, and with
+# return_perf_metrics one request's acceptance totals, no rounds (triton_backend/all_models/llmapi/tensorrt_llm/1/
+# model.py, _create_response, on release/1.2.1 as contract.LLMAPI_OUTPUTS records it and on main at commit
+# 044a90d209e380c95e23e8ae42f3583fa05ada78). The text re-tokenized is not those ids where a text has several
+# tokenizations, so records made from it would teach a draft tokens its target never produced.
+CAPTURE_REFUSAL = ("capture.enabled: a capture record holds the prompt's and the answer's token ids, but TensorRT-LLM's "
+                   "LLM-API Triton model returns the text only (with one acceptance total per request, no rounds), "
+                   "and the text re-tokenized is not the ids the target generated")
+
+
 class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     """TensorRT-LLM's LLM-API Triton model (PyTorch backend) on the NGC image: no engines, a CUDA GPU."""
 
@@ -60,7 +72,7 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     acceptances = ("token-match",)  # the target verifies the draft's tokens inside TensorRT-LLM
     settings = TENSORRT_LLM_LLMAPI_SETTINGS
     serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
-    reads = {"check": ("launch", "speculation.adaptive", "speculation.num_draft_tokens",
+    reads = {"check": ("launch", "capture.enabled", "speculation.adaptive", "speculation.num_draft_tokens",
                        "speculation.prompt_lookup.enabled", "speculation.busy_in_flight",
                        "speculation.draft_len_schedule", "limits.max_batch_size", "triton.tensorrt_llm"),
              "plan": ("target.dtype", "draft.dtype", "speculation.num_draft_tokens"),
@@ -155,6 +167,9 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
             findings.append(SpecFinding("draft-dtype", f"draft.dtype is {draft.dtype} and target.dtype "
                                         f"{target.dtype}, but the LLM API runs both models in one dtype",
                                         "set draft.dtype to target.dtype"))
+        if spec.capture.enabled:
+            findings.append(SpecFinding("capture", CAPTURE_REFUSAL, "set capture.enabled: false, or use --runtime "
+                                        "torch (or tensorrt-llm), whose orchestrator sees every token and round"))
         launch = spec.launch
         if launch.mode == "orchestrator" or launch.fast_logits or launch.placement == "separate":
             findings.append(SpecFinding("launch", "launch.mode orchestrator, fast_logits and placement separate "
