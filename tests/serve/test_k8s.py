@@ -388,9 +388,13 @@ def test_a_capturing_release_is_a_stateful_set_whose_pods_each_write_their_own_c
     assert workload["podManagementPolicy"] == "Parallel" and workload["replicas"] == options.replicas
     pod, mounts = _pod_and_mounts(objects[0])
     serving = pod["containers"][0]
-    # the store: read-write at /capture, named to the orchestrator by its environment
+    # the claim read-write at /capture; the store a folder of it (its root is the fsGroup's, group-writable), named
+    # to the orchestrator in its environment, or to `specbuild serve` (which sets that) by --capture-dir
     assert mounts["/capture"] == {"name": "capture", "mountPath": "/capture"}
-    assert {"name": "SPECBUILD_CAPTURE_DIR", "value": "/capture"} in serving["env"]
+    if spec.get("runtime") == "torch":
+        assert serving["args"][-1] == "--capture-dir=/capture/store" and serving["env"] == []
+    else:
+        assert {"name": "SPECBUILD_CAPTURE_DIR", "value": "/capture/store"} in serving["env"]
     # the claim is the template's (the controller adds the pod's volume), the release's own stays read-only
     assert "capture" not in {volume["name"] for volume in pod["volumes"]}
     assert all(mount["readOnly"] for mount in serving["volumeMounts"] if mount["name"] == "release")
@@ -438,10 +442,13 @@ def test_a_release_that_does_not_capture_renders_as_before():
     plain = manifests(gpu_spec(), FOOTPRINT, DeployOptions(pvc="release"))
     assert manifests(gpu_spec(capture={"enabled": False, "claim_size": "1Ti"}), FOOTPRINT,
                      DeployOptions(pvc="release")) == plain
-    pod, mounts = _pod_and_mounts(plain[0])
-    assert plain[0]["kind"] == "Deployment" and "/capture" not in mounts
-    assert "fsGroupChangePolicy" not in pod["securityContext"]
-    assert "SPECBUILD_CAPTURE_DIR" not in {item["name"] for item in pod["containers"][0]["env"]}
+    for spec in (gpu_spec(), gpu_spec(runtime="torch")):
+        pod, mounts = _pod_and_mounts(manifests(spec, FOOTPRINT, DeployOptions(pvc="release"))[0])
+        assert "/capture" not in mounts and "fsGroupChangePolicy" not in pod["securityContext"]
+        serving = pod["containers"][0]
+        assert "SPECBUILD_CAPTURE_DIR" not in {item["name"] for item in serving["env"]}
+        assert not [arg for arg in serving["args"] if arg.startswith("--capture-dir")]
+    assert plain[0]["kind"] == "Deployment"
 
 
 def test_a_capturing_release_is_refused_where_pods_cannot_each_have_a_claim():

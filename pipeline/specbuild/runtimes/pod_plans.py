@@ -25,6 +25,15 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a clai
 # release's Triton (push it to your registry and pass its name)
 CPU_IMAGE = "specbuild:cpu"
 REPLICA_CEILING = 4  # the autoscaler's ceiling unless given, in replicas per requested replica
+# A capturing release's pods (specbuild.serve.k8s: a StatefulSet): pod <name>-<n> mounts the claim capture-<name>-<n>,
+# read-write, at CAPTURE_MOUNT. Its store is a folder of the claim, not the claim's root: the kubelet gives a volume's
+# root to the pod's fsGroup, group-writable (kubernetes pkg/volume/volume_linux.go, SetVolumeOwnership: rwMask 0660,
+# directories setgid), and a store must be writable by its owner alone (specbuild.capture.store.check_store_folder),
+# so the server creates the folder itself, 0700.
+CAPTURE_VOLUME = "capture"
+CAPTURE_MOUNT = "/capture"  # where a container holds its capture (issue 41's served path mounts its store there)
+CAPTURE_DIR_ENV = "SPECBUILD_CAPTURE_DIR"  # the store's folder, as the orchestrator reads it from its environment
+POD_CAPTURE_STORE = f"{CAPTURE_MOUNT}/store"
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,12 @@ class PodPlan:
     # a container of its own for the OpenAI-compatible API, on this port (a GPU release's image has no specbuild;
     # `specbuild serve` in the CPU image serves the API itself, its port among ``ports``); None: none
     openai_sidecar_port: int | None = None
+
+
+def capture_mount() -> dict[str, Any]:
+    """The serving container's mount of its pod's capture claim (read-write; the OpenAI API's container never
+    gets it: it sends requests and reads nothing captured)."""
+    return {"name": CAPTURE_VOLUME, "mountPath": CAPTURE_MOUNT}
 
 
 def check_options(options: DeployOptions) -> None:

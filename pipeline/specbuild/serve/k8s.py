@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +58,7 @@ from specbuild.errors import UsageError
 from specbuild.monitoring.dashboard import DASHBOARD_FILE
 from specbuild.monitoring.promql import Scope
 from specbuild.monitoring.alert_rules import release_thresholds, rule_groups
-from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint, check_options
+from specbuild.runtimes.pod_plans import CAPTURE_VOLUME, DeployOptions, PodPlan, ReleaseFootprint, check_options
 from specbuild.runtimes.registry import runtime_for
 from specbuild.serve.release_launch import release_launch_spec
 from specbuild.spec import BuildSpec
@@ -222,19 +221,6 @@ def deployment(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[st
 
 
 # --- a capturing release: a StatefulSet, a writable claim per pod (see the module notes) ---------------------
-CAPTURE_VOLUME = "capture"  # the claim template: pod <name>-<n> writes to the claim capture-<name>-<n>
-CAPTURE_DIR_ENV = "SPECBUILD_CAPTURE_DIR"  # where the orchestrator writes its store (issue 41's served path)
-CONTAINER_CAPTURE_DIR = "/capture"  # the store's folder in a container
-
-
-def capturing_pod(pod: PodPlan) -> PodPlan:
-    """``pod`` writing its capture store to its own claim: mounted read-write at the container's store folder,
-    which the orchestrator finds in its environment. Only the serving container gets it (the OpenAI API's container
-    sends requests and never reads what was captured)."""
-    return replace(pod, env={**pod.env, CAPTURE_DIR_ENV: CONTAINER_CAPTURE_DIR},
-                   volume_mounts=(*pod.volume_mounts, {"name": CAPTURE_VOLUME, "mountPath": CONTAINER_CAPTURE_DIR}))
-
-
 def capture_claim(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
     """The claim template: one node's read-write volume of ``capture.claim_size`` per pod, of the cluster's default
     storage class unless one is named."""
@@ -246,13 +232,14 @@ def capture_claim(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
 
 
 def stateful_set(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[str, Any]:
-    """The pods of a capturing release, each with its claim (:func:`capture_claim`), kept when pods or the set go.
+    """The pods of a capturing release (their pod plan mounts the claim and names the store to the server), each
+    with its claim (:func:`capture_claim`), kept when pods or the set go.
 
-    The kubelet gives a volume to the pod's ``fsGroup`` and, on every mount, makes its files group read-write
-    (kubernetes ``pkg/volume/volume_linux.go``: ``rwMask = 0660``); ``fsGroupChangePolicy: OnRootMismatch`` does
-    that only while the volume's root is not yet the group's (a new claim), so the store's files keep the owner-only
-    mode their writer gives them."""
-    pod_spec = _pod_spec(spec, options, capturing_pod(pod))
+    The kubelet gives a volume to the pod's ``fsGroup``, by default on every mount and down to each file, group
+    read-write (kubernetes ``pkg/volume/volume_linux.go``: ``rwMask = 0660``); ``fsGroupChangePolicy:
+    OnRootMismatch`` does it only while the volume's root is not yet the group's (a new claim), so the store (0700)
+    and its files (0600) keep the owner-only modes their writer gives them, which it checks on every start."""
+    pod_spec = _pod_spec(spec, options, pod)
     pod_spec["securityContext"]["fsGroupChangePolicy"] = "OnRootMismatch"
     return {
         "apiVersion": "apps/v1",
