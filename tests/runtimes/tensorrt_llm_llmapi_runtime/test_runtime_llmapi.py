@@ -91,7 +91,7 @@ def test_capture_is_refused_because_the_llm_api_model_returns_no_token_ids(tmp_p
     assert "text_output" in outputs and not [name for name in outputs if "ids" in name or "token_id" in name]
     spec = release_spec(checkpoints, tmp_path, RUNTIME, {"capture.enabled": True})
     [reason] = [r for r in check(spec.target.checkpoint, spec.draft.checkpoint, spec).reasons if r.code == "capture"]
-    assert "returns the text only" in reason.message and "not the ids the target generated" in reason.message
+    assert "returns the text only, not the token ids" in reason.message and "no per-round" in reason.message
     assert "capture.enabled: false" in reason.fix and "--runtime torch (or tensorrt-llm)" in reason.fix
 
 

@@ -35,6 +35,7 @@ from specbuild.runtimes.tensorrt_llm_llmapi.launch import check_compiled_config,
 from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, load_keys
 from specbuild.runtimes.tensorrt_llm_llmapi.settings import TENSORRT_LLM_LLMAPI_SETTINGS
 from specbuild.runtimes.trtllm_image import ImageRuntime, installed_package_dir, resolve_dtype
+from specbuild.speculation.request_settings import TEXT_ONLY
 from specbuild.spec import BuildSpec, Role
 
 if TYPE_CHECKING:
@@ -52,16 +53,12 @@ PYTORCH_ARCHITECTURES = frozenset({
 })
 
 
-# Why a release of this runtime captures nothing (capture.enabled): a record holds the ids the target generated
-# (specbuild.capture.records), which the adapter never sees. TensorRT-LLM's LLM API has them (RequestOutput's
-# prompt_token_ids, each CompletionOutput's token_ids), but its Triton model answers with the text alone, and with
-# return_perf_metrics one request's acceptance totals, no rounds (triton_backend/all_models/llmapi/tensorrt_llm/1/
-# model.py, _create_response, on release/1.2.1 as contract.LLMAPI_OUTPUTS records it and on main at commit
-# 044a90d209e380c95e23e8ae42f3583fa05ada78). The text re-tokenized is not those ids where a text has several
-# tokenizations, so records made from it would teach a draft tokens its target never produced.
-CAPTURE_REFUSAL = ("capture.enabled: a capture record holds the prompt's and the answer's token ids, but TensorRT-LLM's "
-                   "LLM-API Triton model returns the text only (with one acceptance total per request, no rounds), "
-                   "and the text re-tokenized is not the ids the target generated")
+# What a capture record holds, the ids the target generated (specbuild.capture.records), the adapter never sees.
+# TensorRT-LLM's LLM API has them (RequestOutput's prompt_token_ids, each CompletionOutput's token_ids), but its
+# Triton model answers with the text alone, and with return_perf_metrics one request's acceptance totals, no rounds
+# (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py, _create_response, on release/1.2.1 as
+# contract.LLMAPI_OUTPUTS records it and on main at commit 044a90d209e380c95e23e8ae42f3583fa05ada78).
+CAPTURE_REFUSAL = f"capture.enabled: {TEXT_ONLY}, and no per-round acceptance (one total per request)"
 
 
 class TensorRTLLMLLMAPIRuntime(ImageRuntime):
