@@ -57,7 +57,7 @@ PYTORCH_ARCHITECTURES = frozenset({
 # TensorRT-LLM's LLM API has them (RequestOutput's prompt_token_ids, each CompletionOutput's token_ids), but its
 # Triton model answers with the text alone, and with return_perf_metrics one request's acceptance totals, no rounds
 # (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py, _create_response, on release/1.2.1 as
-# contract.LLMAPI_OUTPUTS records it and on main at commit 044a90d209e380c95e23e8ae42f3583fa05ada78).
+# contract.LLMAPI_OUTPUTS records it, and at commit 044a90d209e380c95e23e8ae42f3583fa05ada78).
 CAPTURE_REFUSAL = f"capture.enabled: {TEXT_ONLY}, and no per-round acceptance (one total per request)"
 
 
