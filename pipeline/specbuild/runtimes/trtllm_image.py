@@ -19,15 +19,8 @@ from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
 from specbuild.runtimes.interface import Runtime
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, PORT_KINDS, LaunchPlan, Mount, bracket
 from specbuild.runtimes.names import TENSORRT_LLM
-from specbuild.runtimes.pod_plans import (
-    CAPTURE_DIR_ENV,
-    POD_CAPTURE_STORE,
-    DeployOptions,
-    PodPlan,
-    ReleaseFootprint,
-    capture_mount,
-    memory_gib,
-)
+from specbuild.runtimes.pod_plans import CAPTURE_DIR_ENV, POD_CAPTURE_STORE, DeployOptions, PodPlan, ReleaseFootprint
+from specbuild.runtimes.pod_plans import capture_mount, memory_gib
 from specbuild.spec import ROLES, BuildSpec, Role
 
 EngineDtype = Literal["float16", "bfloat16"]

@@ -6,15 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbuild.runtimes.launch_plans import api_port, published_ports
-from specbuild.runtimes.pod_plans import (
-    CPU_IMAGE,
-    POD_CAPTURE_STORE,
-    DeployOptions,
-    PodPlan,
-    ReleaseFootprint,
-    capture_mount,
-    memory_gib,
-)
+from specbuild.runtimes.pod_plans import CPU_IMAGE, POD_CAPTURE_STORE, DeployOptions, PodPlan, ReleaseFootprint
+from specbuild.runtimes.pod_plans import capture_mount, memory_gib
 from specbuild.spec import BuildSpec
 
 CPU_RELEASE_ROOT = "/release"  # where the CPU pod mounts the release folder (the repository, its engines beside)
