@@ -75,7 +75,8 @@ def alert_options(command: Callable[..., Any]) -> Callable[..., Any]:
               "JSON document (a v1 List, which kubectl applies too)")
 @reports_errors
 def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
-           release_image: str | None, capture_storage_class: str | None, image: str | None, cpu: float | None, memory_gib: float | None,
+           release_image: str | None, capture_storage_class: str | None, image: str | None, cpu: float | None,
+           memory_gib: float | None,
            monitor_labels: dict[str, str], dashboard_labels: dict[str, str], min_acceptance: float | None,
            ttft_p95_seconds: float | None, openai_image: str, kserve: bool, assignments: tuple[str, ...],
            json_mode: bool) -> None:
@@ -91,7 +92,8 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
     from specbuild.serve.k8s import release_manifests, to_yaml, write_manifests
 
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
-                            release_image=release_image, capture_storage_class=capture_storage_class, image=image, cpu=cpu, memory_gib=memory_gib,
+                            release_image=release_image, capture_storage_class=capture_storage_class, image=image,
+                            cpu=cpu, memory_gib=memory_gib,
                             monitor_labels=monitor_labels, min_acceptance=min_acceptance,
                             ttft_p95_seconds=ttft_p95_seconds, openai_image=openai_image,
                             **({"dashboard_labels": dashboard_labels} if dashboard_labels else {}))

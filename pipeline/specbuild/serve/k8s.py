@@ -13,17 +13,16 @@ specbuild's OpenAI-compatible API comes with ``specbuild serve`` in the CPU imag
 release's container as a second container (``specbuild openai`` in the CPU image, on the pod's gRPC port); a
 ``tensorrt-llm-llmapi`` release has no orchestrator for it to call. Its port is on the Service.
 
-Everything around the container is common to both: Deployment (StatefulSet for a capturing release, below) +
-Service, or KServe ``ServingRuntime`` +
-``InferenceService`` (RawDeployment mode: several ports, no Knative, autoscaling handed to the HPA here); a
-PodDisruptionBudget; a Prometheus Operator ``PodMonitor`` and ``PrometheusRule`` (the release's recording and
-alerting rules); the Grafana dashboard in a ConfigMap for Grafana's sidecar; and a HorizontalPodAutoscaler on
-``specbuild_requests_in_flight``, the gauge of requests being served that the model answering them exports (the
-orchestrator; the LLM-API adapter for ``tensorrt-llm-llmapi``; the target engine's "active" count would
-undercount: the orchestrator sends it one request per round), which the HPA reads through prometheus-adapter
-with the rule :func:`adapter_rules` writes. Requests and limits count what a replica holds in host memory: the
-in-memory ``/dev/shm`` (the python backend's tensors), the weights as they load (and, for the torch runtime, as
-they run), and the server's own processes.
+Everything around the container is common to both: Deployment (a capturing release's: StatefulSet, below) + Service,
+or KServe ``ServingRuntime`` + ``InferenceService`` (RawDeployment mode: several ports, no Knative, autoscaling
+handed to the HPA here); a PodDisruptionBudget; a Prometheus Operator ``PodMonitor`` and ``PrometheusRule`` (the
+release's recording and alerting rules); the Grafana dashboard in a ConfigMap for Grafana's sidecar; and a
+HorizontalPodAutoscaler on ``specbuild_requests_in_flight``, the gauge of requests being served that the model
+answering them exports (the orchestrator; the LLM-API adapter for ``tensorrt-llm-llmapi``; the target engine's
+"active" count would undercount: the orchestrator sends it one request per round), which the HPA reads through
+prometheus-adapter with the rule :func:`adapter_rules` writes. Requests and limits count what a replica holds in
+host memory: the in-memory ``/dev/shm`` (the python backend's tensors), the weights as they load (and, for the torch
+runtime, as they run), and the server's own processes.
 
 The release (the folders the launch plan mounts: engines + repository as ``specbuild compile`` wrote them, or,
 for ``tensorrt-llm-llmapi``, the repository and the two checkpoint folders) reaches the pod either as a read-only
