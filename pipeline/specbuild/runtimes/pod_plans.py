@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from specbuild.capture.store import CAPTURE_MOUNT
 from specbuild.errors import UsageError
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB
 
@@ -26,13 +27,11 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a clai
 CPU_IMAGE = "specbuild:cpu"
 REPLICA_CEILING = 4  # the autoscaler's ceiling unless given, in replicas per requested replica
 # A capturing release's pods (specbuild.serve.k8s: a StatefulSet): pod <name>-<n> mounts the claim capture-<name>-<n>,
-# read-write, at CAPTURE_MOUNT. Its store is a folder of the claim, not the claim's root: the kubelet gives a volume's
-# root to the pod's fsGroup, group-writable (kubernetes pkg/volume/volume_linux.go, SetVolumeOwnership: rwMask 0660,
-# directories setgid), and a store must be writable by its owner alone (specbuild.capture.store.check_store_folder),
-# so the server creates the folder itself, 0700.
+# read-write, at CAPTURE_MOUNT. Its store is a folder of the claim, not the claim's root (as a host folder is for
+# `serve`): the kubelet gives a volume's root to the pod's fsGroup, group-writable (kubernetes
+# pkg/volume/volume_linux.go, SetVolumeOwnership: rwMask 0660, directories setgid), and a store must be writable by
+# its owner alone (specbuild.capture.store.check_store_folder), so the server creates the folder itself, 0700.
 CAPTURE_VOLUME = "capture"
-CAPTURE_MOUNT = "/capture"  # where a container holds its capture (issue 41's served path mounts its store there)
-CAPTURE_DIR_ENV = "SPECBUILD_CAPTURE_DIR"  # the store's folder, as the orchestrator reads it from its environment
 POD_CAPTURE_STORE = f"{CAPTURE_MOUNT}/store"
 
 

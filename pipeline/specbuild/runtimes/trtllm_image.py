@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from specbuild.capture.store import CAPTURE_DIR_ENV
 from specbuild.errors import CheckpointError, SpecError, UsageError
 from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
 from specbuild.runtimes.interface import Runtime
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, PORT_KINDS, LaunchPlan, Mount, bracket
 from specbuild.runtimes.names import TENSORRT_LLM
-from specbuild.runtimes.pod_plans import CAPTURE_DIR_ENV, POD_CAPTURE_STORE, DeployOptions, PodPlan, ReleaseFootprint
-from specbuild.runtimes.pod_plans import capture_mount, memory_gib
+from specbuild.runtimes.pod_plans import POD_CAPTURE_STORE, DeployOptions, PodPlan, ReleaseFootprint, capture_mount
+from specbuild.runtimes.pod_plans import memory_gib
 from specbuild.spec import ROLES, BuildSpec, Role
 
 EngineDtype = Literal["float16", "bfloat16"]

@@ -83,7 +83,7 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
                          "request")),
     RequestSetting("store", bool, "false: this request is not captured (a release whose capture section is enabled "
                    "writes each finished request's token ids to its capture store; OpenAI's store field)",
-                   Fixed("this release captures nothing (TensorRT-LLM's LLM API serves the tokens here)"), flag=True,
+                   Fixed(f"this release captures nothing: {TEXT_ONLY}"), flag=True,
                    default=True),
 )
 
