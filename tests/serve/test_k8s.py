@@ -4,6 +4,8 @@ Prometheus Operator CRDs (custom resources), consistent with the launch plan, si
 from __future__ import annotations
 
 import json
+import stat
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -16,7 +18,7 @@ from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_MODEL
 from specbuild.errors import UsageError
 from specbuild.serve.k8s import ADAPTER_RULES_FILE, adapter_rules, k8s_name, manifests, to_yaml, write_manifests
-from specbuild.runtimes.pod_plans import DeployOptions, ReleaseFootprint
+from specbuild.runtimes.pod_plans import POD_CAPTURE_STORE, DeployOptions, ReleaseFootprint
 from specbuild.runtimes.tensorrt_llm.launch import launch_plan
 from specbuild.runtimes.trtllm_image import gpu_label_value
 from specbuild.spec import CaptureSpec
@@ -410,6 +412,27 @@ def test_a_capturing_release_is_a_stateful_set_whose_pods_each_write_their_own_c
     security = pod["securityContext"]
     assert security["runAsNonRoot"] and security["runAsUser"] == security["fsGroup"] == 1000
     assert security["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+def test_the_pod_s_store_is_a_folder_of_its_claim_which_the_kubelet_leaves_group_writable(tmp_path):
+    """The store's own checks (the real ones) refuse the claim's root as the kubelet leaves it for the fsGroup (setgid,
+    group read-write), and take the folder the server makes in it, its owner's alone."""
+    from specbuild.capture.store import CAPTURE_MOUNT, CaptureStoreError, open_store
+
+    claim = tmp_path / "claim"
+    claim.mkdir()
+    claim.chmod(0o2775)
+    with pytest.raises(CaptureStoreError, match="writable by others"):
+        open_store(claim)
+    store = open_store(claim / Path(POD_CAPTURE_STORE).relative_to(CAPTURE_MOUNT))
+    assert store.parent == claim and stat.S_IMODE(store.stat().st_mode) & 0o077 == 0
+
+
+def test_a_capturing_torch_pod_names_its_store_to_serve_as_serve_reads_it():
+    [container] = manifests(gpu_spec(runtime="torch", **CAPTURING), FOOTPRINT, DeployOptions(pvc="release"))[0][
+        "spec"]["template"]["spec"]["containers"]
+    context = main.get_command(None, "serve").make_context("serve", list(container["args"][1:]))
+    assert context.params["capture_dir"] == POD_CAPTURE_STORE
 
 
 def test_the_stateful_set_validator_rejects_a_misspelled_claim_field():
