@@ -451,6 +451,8 @@ def test_the_service_autoscaler_budget_and_monitor_point_at_the_stateful_set():
     pod_labels = workload["spec"]["template"]["metadata"]["labels"]
     assert workload["spec"]["selector"]["matchLabels"] == pod_labels  # the claims get these labels too
     assert workload["spec"]["serviceName"] == svc["metadata"]["name"]
+    # which clusters before 1.32 require (their schema, strict, as kubernetes-validate ships it)
+    kubernetes_validate.validate(workload, "1.29", strict=True)
     assert svc["spec"]["selector"] == pod_labels
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
                                              "name": workload["metadata"]["name"]}
