@@ -14,7 +14,7 @@ from specbuild.runtimes.pod_plans import ReleaseFootprint
 from specbuild.spec import BuildSpec
 
 K8S_VERSION = "1.33"  # pinned: the schemas shipped with kubernetes-validate
-CORE_KINDS = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap"}
+CORE_KINDS = {"Deployment", "StatefulSet", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap"}
 H100 = "NVIDIA H100 80GB HBM3"
 FOOTPRINT = ReleaseFootprint(weight_bytes=7 * 2**30 + 1, gpu=H100)  # a 7 GiB engine pair, built on an H100
 

@@ -4,6 +4,8 @@ Prometheus Operator CRDs (custom resources), consistent with the launch plan, si
 from __future__ import annotations
 
 import json
+import stat
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -16,9 +18,10 @@ from specbuild.cli import main
 from specbuild.package.contract import ENSEMBLE_MODEL
 from specbuild.errors import UsageError
 from specbuild.serve.k8s import ADAPTER_RULES_FILE, adapter_rules, k8s_name, manifests, to_yaml, write_manifests
-from specbuild.runtimes.pod_plans import DeployOptions, ReleaseFootprint
+from specbuild.runtimes.pod_plans import POD_CAPTURE_STORE, DeployOptions, ReleaseFootprint
 from specbuild.runtimes.tensorrt_llm.launch import launch_plan
 from specbuild.runtimes.trtllm_image import gpu_label_value
+from specbuild.spec import CaptureSpec
 
 MONITORING_KINDS = ["PodMonitor", "PrometheusRule", "ConfigMap"]
 OPTION_SETS = [
@@ -354,3 +357,151 @@ def test_write_manifests_refuses_a_file(tmp_path):
     target.write_text("x")
     with pytest.raises(UsageError, match="not a folder"):
         write_manifests(target, manifests(gpu_spec(), FOOTPRINT, DeployOptions(pvc="r")))
+
+
+# --- a capturing release: a StatefulSet, a writable claim per pod -------------------------------------------
+CAPTURING = {"capture": {"enabled": True, "claim_size": "50Gi"}}
+
+
+def _pod_and_mounts(workload: dict) -> tuple[dict, dict]:
+    pod = workload["spec"]["template"]["spec"]
+    return pod, {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+
+
+@pytest.mark.parametrize(("spec", "options"), [
+    (CAPTURING, DeployOptions(pvc="release", replicas=2)),
+    (CAPTURING, DeployOptions(release_image="reg/rel:1", capture_storage_class="fast-ssd")),
+    ({"runtime": "torch", **CAPTURING}, DeployOptions(pvc="release")),
+])
+def test_a_capturing_release_is_a_stateful_set_whose_pods_each_write_their_own_claim(spec, options):
+    objects = manifests(gpu_spec(**spec), FOOTPRINT, options)
+    assert [obj["kind"] for obj in objects] == ["StatefulSet", "Service", "HorizontalPodAutoscaler",
+                                                "PodDisruptionBudget", *MONITORING_KINDS]
+    for obj in objects:
+        validate(obj)
+    workload = objects[0]["spec"]
+    [template] = workload["volumeClaimTemplates"]
+    claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "50Gi"}}}
+    if options.capture_storage_class is not None:
+        claim["storageClassName"] = options.capture_storage_class
+    assert template == {"metadata": {"name": "capture"}, "spec": claim}
+    # the claims outlive pods, scale-downs and the set: what was captured is read later
+    assert workload["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert workload["podManagementPolicy"] == "Parallel" and workload["replicas"] == options.replicas
+    pod, mounts = _pod_and_mounts(objects[0])
+    serving = pod["containers"][0]
+    # the claim read-write at /capture; the store a folder of it (its root is the fsGroup's, group-writable), named
+    # to the orchestrator in its environment, or to `specbuild serve` (which sets that) by --capture-dir
+    assert mounts["/capture"] == {"name": "capture", "mountPath": "/capture"}
+    if spec.get("runtime") == "torch":
+        assert serving["args"][-1] == "--capture-dir=/capture/store" and serving["env"] == []
+    else:
+        assert {"name": "SPECBUILD_CAPTURE_DIR", "value": "/capture/store"} in serving["env"]
+    # the claim is the template's (the controller adds the pod's volume), the release's own stays read-only
+    assert "capture" not in {volume["name"] for volume in pod["volumes"]}
+    assert all(mount["readOnly"] for mount in serving["volumeMounts"] if mount["name"] == "release")
+    if options.pvc is not None:
+        assert {v["name"]: v for v in pod["volumes"]}["release"]["persistentVolumeClaim"]["readOnly"] is True
+    else:
+        assert pod["initContainers"][0]["volumeMounts"] == [{"name": "release", "mountPath": "/mnt/release"}]
+    # only the serving container sees the capture (the OpenAI API's beside a GPU release's Triton does not)
+    for container in pod["containers"][1:]:
+        assert "capture" not in {mount["name"] for mount in container["volumeMounts"]}
+        assert "env" not in container
+    # non-root writes it; the kubelet re-permissions the files (group read-write) only on a new claim
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] and security["runAsUser"] == security["fsGroup"] == 1000
+    assert security["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+def test_the_pod_s_store_is_a_folder_of_its_claim_which_the_kubelet_leaves_group_writable(tmp_path):
+    """The store's own checks (the real ones) refuse the claim's root as the kubelet leaves it for the fsGroup (setgid,
+    group read-write), and take the folder the server makes in it, its owner's alone."""
+    from specbuild.capture.store import CAPTURE_MOUNT, CaptureStoreError, open_store
+
+    claim = tmp_path / "claim"
+    claim.mkdir()
+    claim.chmod(0o2775)
+    with pytest.raises(CaptureStoreError, match="writable by others"):
+        open_store(claim)
+    store = open_store(claim / Path(POD_CAPTURE_STORE).relative_to(CAPTURE_MOUNT))
+    assert store.parent == claim and stat.S_IMODE(store.stat().st_mode) & 0o077 == 0
+
+
+def test_a_capturing_torch_pod_names_its_store_to_serve_as_serve_reads_it():
+    [container] = manifests(gpu_spec(runtime="torch", **CAPTURING), FOOTPRINT, DeployOptions(pvc="release"))[0][
+        "spec"]["template"]["spec"]["containers"]
+    context = main.get_command(None, "serve").make_context("serve", list(container["args"][1:]))
+    assert context.params["capture_dir"] == POD_CAPTURE_STORE
+
+
+def test_the_stateful_set_validator_rejects_a_misspelled_claim_field():
+    """Control: the strict schema reaches into the claim template and the retention policy."""
+    for broken in (lambda spec: spec["volumeClaimTemplates"][0]["spec"].update(accessMode=["ReadWriteOnce"]),
+                   lambda spec: spec["persistentVolumeClaimRetentionPolicy"].update(whenScaledDown="Retain")):
+        workload = manifests(gpu_spec(**CAPTURING), FOOTPRINT, DeployOptions(pvc="release"))[0]
+        broken(workload["spec"])
+        with pytest.raises(kubernetes_validate.ValidationError):
+            validate(workload)
+
+
+def test_the_service_autoscaler_budget_and_monitor_point_at_the_stateful_set():
+    objects = by_kind(manifests(gpu_spec(**CAPTURING), FOOTPRINT, DeployOptions(pvc="release", replicas=2)))
+    workload, svc, hpa = objects["StatefulSet"], objects["Service"], objects["HorizontalPodAutoscaler"]
+    pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert workload["spec"]["selector"]["matchLabels"] == pod_labels  # the claims get these labels too
+    assert workload["spec"]["serviceName"] == svc["metadata"]["name"]
+    # which clusters before 1.32 require (their schema, strict, as kubernetes-validate ships it)
+    kubernetes_validate.validate(workload, "1.29", strict=True)
+    assert svc["spec"]["selector"] == pod_labels
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": workload["metadata"]["name"]}
+    assert objects["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == pod_labels
+    assert objects["PodMonitor"]["spec"]["selector"]["matchLabels"] == pod_labels
+    # the rules read the PodMonitor's job, which is the release's name whichever workload runs the pods
+    assert objects["PodMonitor"]["metadata"]["name"] == workload["metadata"]["name"]
+
+
+def test_a_release_that_does_not_capture_renders_as_before():
+    """The capture section's other settings change nothing while capture is off: a Deployment, as always."""
+    plain = manifests(gpu_spec(), FOOTPRINT, DeployOptions(pvc="release"))
+    assert manifests(gpu_spec(capture={"enabled": False, "claim_size": "1Ti"}), FOOTPRINT,
+                     DeployOptions(pvc="release")) == plain
+    for spec in (gpu_spec(), gpu_spec(runtime="torch")):
+        pod, mounts = _pod_and_mounts(manifests(spec, FOOTPRINT, DeployOptions(pvc="release"))[0])
+        assert "/capture" not in mounts and "fsGroupChangePolicy" not in pod["securityContext"]
+        serving = pod["containers"][0]
+        assert "SPECBUILD_CAPTURE_DIR" not in {item["name"] for item in serving["env"]}
+        assert not [arg for arg in serving["args"] if arg.startswith("--capture-dir")]
+    assert plain[0]["kind"] == "Deployment"
+
+
+def test_a_capturing_release_is_refused_where_pods_cannot_each_have_a_claim():
+    with pytest.raises(UsageError, match="RawDeployment runs the predictor as a Deployment") as refused:
+        manifests(gpu_spec(**CAPTURING), FOOTPRINT, DeployOptions(pvc="release"), kserve=True)
+    assert "drop --kserve" in refused.value.fix
+    with pytest.raises(UsageError, match="does not capture traffic") as unused:
+        manifests(gpu_spec(), FOOTPRINT, DeployOptions(pvc="release", capture_storage_class="fast"))
+    assert "capture.enabled: true" in unused.value.fix
+    with pytest.raises(UsageError, match="storage class name 'Fast_SSD' is not a valid Kubernetes name"):
+        manifests(gpu_spec(**CAPTURING), FOOTPRINT, DeployOptions(pvc="release", capture_storage_class="Fast_SSD"))
+
+
+def test_deploy_writes_a_capturing_release_s_stateful_set(checkpoints, tmp_path):
+    from checkpoint_factory import package_gpu_release
+
+    release = package_gpu_release(checkpoints, tmp_path / "release", {"capture.enabled": True}, gpu=H100)
+    out = tmp_path / "k8s"
+    result = CliRunner().invoke(main, ["deploy", str(release.repository), "--k8s", str(out), "--pvc", "release",
+                                       "--capture-storage-class", "fast-ssd"])
+    assert result.exit_code == 0, result.output
+    assert "statefulset.yaml" in {p.name for p in out.iterdir()} and not (out / "deployment.yaml").exists()
+    workload = yaml.safe_load((out / "statefulset.yaml").read_text())
+    [claim] = workload["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "fast-ssd"
+    assert claim["spec"]["resources"]["requests"]["storage"] == CaptureSpec().claim_size  # the default
+    for path in out.glob("*.yaml"):
+        if path.name != ADAPTER_RULES_FILE:
+            validate(yaml.safe_load(path.read_text()))
+    refused = CliRunner().invoke(main, ["deploy", str(release.repository), "-o", "-", "--pvc", "release", "--kserve"])
+    assert refused.exit_code == 2 and "--kserve" in refused.output and "Traceback" not in refused.output

@@ -49,6 +49,9 @@ def alert_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--pvc", default=None, help="PersistentVolumeClaim holding the release's engines and repository folders")
 @click.option("--release-image", default=None, help="image with /release/<engines> and /release/<repository> "
               "(docker/Dockerfile.release), copied by an init container")
+@click.option("--capture-storage-class", default=None, metavar="NAME",
+              help="a release packaged with capture.enabled: the storage class of each pod's capture claim "
+              "(capture.claim_size, read-write, kept when pods go)  [default: the cluster's default class]")
 @click.option("--image", default=None, help="the serving image  [default: the release's triton.image; for a torch "
               f"release {CPU_IMAGE}, built from docker/Dockerfile.cpu]")
 @click.option("--cpu", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -72,7 +75,8 @@ def alert_options(command: Callable[..., Any]) -> Callable[..., Any]:
               "JSON document (a v1 List, which kubectl applies too)")
 @reports_errors
 def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | None, namespace: str, pvc: str | None,
-           release_image: str | None, image: str | None, cpu: float | None, memory_gib: float | None,
+           release_image: str | None, capture_storage_class: str | None, image: str | None, cpu: float | None,
+           memory_gib: float | None,
            monitor_labels: dict[str, str], dashboard_labels: dict[str, str], min_acceptance: float | None,
            ttft_p95_seconds: float | None, openai_image: str, kserve: bool, assignments: tuple[str, ...],
            json_mode: bool) -> None:
@@ -81,13 +85,15 @@ def deploy(repository: str, out_dir: str, replicas: int, max_replicas: int | Non
 
     Each replica gets CPU and memory requests and limits, a PodDisruptionBudget, a Prometheus Operator PodMonitor
     and a HorizontalPodAutoscaler on the requests in flight (prometheus-adapter rule written beside them); the
-    release gets a PrometheusRule (recording rules and alerts) and the Grafana dashboard in a ConfigMap.
+    release gets a PrometheusRule (recording rules and alerts) and the Grafana dashboard in a ConfigMap. A release
+    that captures traffic (capture.enabled) is a StatefulSet: each pod writes its capture to a claim of its own.
     """
     from specbuild.package.manifest import read_release
     from specbuild.serve.k8s import release_manifests, to_yaml, write_manifests
 
     options = DeployOptions(namespace=namespace, replicas=replicas, max_replicas=max_replicas, pvc=pvc,
-                            release_image=release_image, image=image, cpu=cpu, memory_gib=memory_gib,
+                            release_image=release_image, capture_storage_class=capture_storage_class, image=image,
+                            cpu=cpu, memory_gib=memory_gib,
                             monitor_labels=monitor_labels, min_acceptance=min_acceptance,
                             ttft_p95_seconds=ttft_p95_seconds, openai_image=openai_image,
                             **({"dashboard_labels": dashboard_labels} if dashboard_labels else {}))

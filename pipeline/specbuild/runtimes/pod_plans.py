@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from specbuild.capture.store import CAPTURE_MOUNT
 from specbuild.errors import UsageError
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB
 
@@ -20,10 +21,18 @@ if TYPE_CHECKING:
 SERVER_HOST_GIB = 2
 PER_GPU_HOST_GIB = 1
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a claim's or a storage class's name
 # what docker/Dockerfile.cpu builds: the torch runtime's serving image, and the OpenAI-compatible API's beside a GPU
 # release's Triton (push it to your registry and pass its name)
 CPU_IMAGE = "specbuild:cpu"
 REPLICA_CEILING = 4  # the autoscaler's ceiling unless given, in replicas per requested replica
+# A capturing release's pods (specbuild.serve.k8s: a StatefulSet): pod <name>-<n> mounts the claim capture-<name>-<n>,
+# read-write, at CAPTURE_MOUNT. Its store is a folder of the claim, not the claim's root (as a host folder is for
+# `serve`): the kubelet gives a volume's root to the pod's fsGroup, group-writable (kubernetes
+# pkg/volume/volume_linux.go, SetVolumeOwnership: rwMask 0660, directories setgid), and a store must be writable by
+# its owner alone (specbuild.capture.store.check_store_folder), so the server creates the folder itself, 0700.
+CAPTURE_VOLUME = "capture"
+POD_CAPTURE_STORE = f"{CAPTURE_MOUNT}/store"
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class DeployOptions:
     replicas: int = 1
     max_replicas: int | None = None  # None: REPLICA_CEILING x replicas
     pvc: str | None = None  # claim holding <engines>/ and <repository>/ side by side
+    capture_storage_class: str | None = None  # a capturing release's claims; None: the cluster's default class
     release_image: str | None = None  # image with /release/<engines> and /release/<repository>
     image: str | None = None  # the serving image; None: the release's triton.image, or CPU_IMAGE for torch
     cpu: float | None = None  # cores per replica; None: from the release
@@ -91,6 +101,12 @@ class PodPlan:
     openai_sidecar_port: int | None = None
 
 
+def capture_mount() -> dict[str, Any]:
+    """The serving container's mount of its pod's capture claim (read-write; the OpenAI API's container never
+    gets it: it sends requests and reads nothing captured)."""
+    return {"name": CAPTURE_VOLUME, "mountPath": CAPTURE_MOUNT}
+
+
 def check_options(options: DeployOptions) -> None:
     if not _DNS_LABEL.match(options.namespace):
         raise UsageError(f"namespace {options.namespace!r} is not a valid Kubernetes name",
@@ -103,8 +119,9 @@ def check_options(options: DeployOptions) -> None:
     if (options.pvc is None) == (options.release_image is None):
         raise UsageError("the pod needs the release from exactly one source: a PVC or a release image",
                          "pass --pvc CLAIM (holding the engines and repository folders) or --release-image IMAGE")
-    if options.pvc is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", options.pvc):
-        raise UsageError(f"PVC name {options.pvc!r} is not a valid Kubernetes name", "use the claim's exact name")
+    for what, name in (("PVC", options.pvc), ("storage class", options.capture_storage_class)):
+        if name is not None and not _DNS_SUBDOMAIN.match(name):
+            raise UsageError(f"{what} name {name!r} is not a valid Kubernetes name", f"use the {what}'s exact name")
     for what, value in (("HPA target", options.hpa_target), ("--cpu", options.cpu), ("--memory-gib", options.memory_gib)):
         if value is not None and value <= 0:
             raise UsageError(f"{what} must be positive, got {value}", "pass a value above 0")

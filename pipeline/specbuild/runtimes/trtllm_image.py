@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from specbuild.capture.store import CAPTURE_DIR_ENV
 from specbuild.errors import CheckpointError, SpecError, UsageError
 from specbuild.package.contract import DRAFT_MODEL, TARGET_MODEL
 from specbuild.runtimes.interface import Runtime
 from specbuild.runtimes.launch_plans import DEFAULT_SHM_GIB, PORT_KINDS, LaunchPlan, Mount, bracket
 from specbuild.runtimes.names import TENSORRT_LLM
-from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint, memory_gib
+from specbuild.runtimes.pod_plans import POD_CAPTURE_STORE, DeployOptions, PodPlan, ReleaseFootprint, capture_mount
+from specbuild.runtimes.pod_plans import memory_gib
 from specbuild.spec import ROLES, BuildSpec, Role
 
 EngineDtype = Literal["float16", "bfloat16"]
@@ -88,7 +90,7 @@ class ImageRuntime(Runtime):
         checkpoints = {role: Path(getattr(spec, role).checkpoint) for role in ROLES}
         plan = self.launch_plan(spec, Path(spec.outputs.repository_dir), Path(spec.outputs.engines_dir), checkpoints,
                                 shm_gib=options.shm_gib)
-        return gpu_pod_plan(plan, options, footprint)
+        return gpu_pod_plan(plan, options, footprint, capture=spec.capture.enabled)
 
 
 # --- a release started in the image -------------------------------------------------------------------
@@ -158,14 +160,17 @@ def volume_mounts(plan: LaunchPlan) -> tuple[dict[str, Any], ...]:
                  for mount, name in zip(plan.mounts, names))
 
 
-def gpu_pod_plan(plan: LaunchPlan, options: DeployOptions, footprint: ReleaseFootprint) -> PodPlan:
-    """``plan`` in the release's container image, on the GPU its engines were built on."""
+def gpu_pod_plan(plan: LaunchPlan, options: DeployOptions, footprint: ReleaseFootprint, *,
+                 capture: bool = False) -> PodPlan:
+    """``plan`` in the release's container image, on the GPU its engines were built on; ``capture``: the pod's
+    capture claim mounted, its store named to the orchestrator (whose stubs inherit the server's environment)."""
     # one host core per engine process, two for the server and the python models; bursts up to twice that
     cores = 2 + plan.gpu_count
     cpu = (options.cpu, options.cpu) if options.cpu is not None else (cores, 2 * cores)
-    return PodPlan(image=options.image or plan.image, args=plan.server_argv, env=plan.env, ports=plan.ports,
+    env = {**plan.env, CAPTURE_DIR_ENV: POD_CAPTURE_STORE} if capture else plan.env
+    return PodPlan(image=options.image or plan.image, args=plan.server_argv, env=env, ports=plan.ports,
                    gpus=plan.gpu_count, cpu=cpu,
                    memory_gib=memory_gib(options, footprint.weight_bytes / 2**30, plan.gpu_count),
-                   volume_mounts=volume_mounts(plan),
+                   volume_mounts=(*volume_mounts(plan), *([capture_mount()] if capture else [])),
                    node_selector={GPU_PRODUCT_LABEL: gpu_label_value(footprint.gpu)} if footprint.gpu else {},
                    openai_sidecar_port=plan.openai_port)

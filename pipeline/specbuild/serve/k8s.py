@@ -13,21 +13,35 @@ specbuild's OpenAI-compatible API comes with ``specbuild serve`` in the CPU imag
 release's container as a second container (``specbuild openai`` in the CPU image, on the pod's gRPC port); a
 ``tensorrt-llm-llmapi`` release has no orchestrator for it to call. Its port is on the Service.
 
-Everything around the container is common to both: Deployment + Service, or KServe ``ServingRuntime`` +
-``InferenceService`` (RawDeployment mode: several ports, no Knative, autoscaling handed to the HPA here); a
-PodDisruptionBudget; a Prometheus Operator ``PodMonitor`` and ``PrometheusRule`` (the release's recording and
-alerting rules); the Grafana dashboard in a ConfigMap for Grafana's sidecar; and a HorizontalPodAutoscaler on
-``specbuild_requests_in_flight``, the gauge of requests being served that the model answering them exports (the
-orchestrator; the LLM-API adapter for ``tensorrt-llm-llmapi``; the target engine's "active" count would
-undercount: the orchestrator sends it one request per round), which the HPA reads through prometheus-adapter
-with the rule :func:`adapter_rules` writes. Requests and limits count what a replica holds in host memory: the
-in-memory ``/dev/shm`` (the python backend's tensors), the weights as they load (and, for the torch runtime, as
-they run), and the server's own processes.
+Everything around the container is common to both: Deployment (a capturing release's: StatefulSet, below) + Service,
+or KServe ``ServingRuntime`` + ``InferenceService`` (RawDeployment mode: several ports, no Knative, autoscaling
+handed to the HPA here); a PodDisruptionBudget; a Prometheus Operator ``PodMonitor`` and ``PrometheusRule`` (the
+release's recording and alerting rules); the Grafana dashboard in a ConfigMap for Grafana's sidecar; and a
+HorizontalPodAutoscaler on ``specbuild_requests_in_flight``, the gauge of requests being served that the model
+answering them exports (the orchestrator; the LLM-API adapter for ``tensorrt-llm-llmapi``; the target engine's
+"active" count would undercount: the orchestrator sends it one request per round), which the HPA reads through
+prometheus-adapter with the rule :func:`adapter_rules` writes. Requests and limits count what a replica holds in
+host memory: the in-memory ``/dev/shm`` (the python backend's tensors), the weights as they load (and, for the torch
+runtime, as they run), and the server's own processes.
 
 The release (the folders the launch plan mounts: engines + repository as ``specbuild compile`` wrote them, or,
 for ``tensorrt-llm-llmapi``, the repository and the two checkpoint folders) reaches the pod either as a read-only
 PersistentVolumeClaim holding those folders side by side, or through an init container that copies them out of
 a release image (see ``docker/Dockerfile.release``) into an ``emptyDir``.
+
+A release packaged with ``capture.enabled`` writes each finished request to a store of its own per pod (one writer
+per file), which must outlive the pod: the traffic is read later, by ``specbuild draft --from-capture``. A
+Deployment cannot give each pod a claim of its own (its pods share one template's volumes), and a generic ephemeral
+volume is deleted with its pod ("The volume's lifecycle is tied to the pod that defines it", core/v1
+``Volume.ephemeral``), so a scale-down or a rollout would drop what was captured. Such a release is a StatefulSet:
+its ``volumeClaimTemplates`` give pod ``<name>-<n>`` the claim ``capture-<name>-<n>``, labelled with the pods'
+selector (kubernetes ``pkg/controller/statefulset/stateful_set_utils.go``, ``getPersistentVolumeClaimName`` and
+``getPersistentVolumeClaims``), kept through rollouts, restarts and, with ``persistentVolumeClaimRetentionPolicy``
+``Retain``, scale-downs and the set's deletion (apps/v1 ``StatefulSetPersistentVolumeClaimRetentionPolicy``: "The
+default policy of Retain causes PVCs to not be affected by a scaledown"), and found again by the pod that comes
+back with the same ordinal. KServe's RawDeployment makes a Deployment of the predictor (kserve
+``pkg/controller/v1beta1/inferenceservice/reconcilers/deployment/deployment_reconciler.go``,
+``createRawDefaultDeployment``), so a capturing release is refused there.
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ from specbuild.errors import UsageError
 from specbuild.monitoring.dashboard import DASHBOARD_FILE
 from specbuild.monitoring.promql import Scope
 from specbuild.monitoring.alert_rules import release_thresholds, rule_groups
-from specbuild.runtimes.pod_plans import DeployOptions, PodPlan, ReleaseFootprint, check_options
+from specbuild.runtimes.pod_plans import CAPTURE_VOLUME, DeployOptions, PodPlan, ReleaseFootprint, check_options
 from specbuild.runtimes.registry import runtime_for
 from specbuild.serve.release_launch import release_launch_spec
 from specbuild.spec import BuildSpec
@@ -167,7 +181,9 @@ def _pod_security() -> dict[str, Any]:
             "fsGroup": IMAGE_USER_ID, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def deployment(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[str, Any]:
+def _pod_spec(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[str, Any]:
+    """A replica's pod: the serving container (and the OpenAI API's beside a GPU release's), the release's volumes
+    (and the init container that fills them from a release image), security and placement."""
     pod_spec: dict[str, Any] = {
         "securityContext": _pod_security(),
         "terminationGracePeriodSeconds": options.termination_grace_s,
@@ -185,6 +201,10 @@ def deployment(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[st
             "resources": {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
             "securityContext": _container_security(),
         }]
+    return pod_spec
+
+
+def deployment(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -194,7 +214,49 @@ def deployment(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[st
             "selector": {"matchLabels": _labels(spec)},
             # a new pod must be ready before an old one goes (needs a spare slot, GPUs included, to roll)
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": _labels(spec)}, "spec": _pod_spec(spec, options, pod)},
+        },
+    }
+
+
+# --- a capturing release: a StatefulSet, a writable claim per pod (see the module notes) ---------------------
+def capture_claim(spec: BuildSpec, options: DeployOptions) -> dict[str, Any]:
+    """The claim template: one node's read-write volume of ``capture.claim_size`` per pod, of the cluster's default
+    storage class unless one is named."""
+    claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": spec.capture.claim_size}}}
+    if options.capture_storage_class is not None:
+        claim["storageClassName"] = options.capture_storage_class
+    return {"metadata": {"name": CAPTURE_VOLUME}, "spec": claim}
+
+
+def stateful_set(spec: BuildSpec, options: DeployOptions, pod: PodPlan) -> dict[str, Any]:
+    """The pods of a capturing release (their pod plan mounts the claim and names the store to the server), each
+    with its claim (:func:`capture_claim`), kept when pods or the set go.
+
+    The kubelet gives a volume to the pod's ``fsGroup``, by default on every mount and down to each file, group
+    read-write (kubernetes ``pkg/volume/volume_linux.go``: ``rwMask = 0660``); ``fsGroupChangePolicy:
+    OnRootMismatch`` does it only while the volume's root is not yet the group's (a new claim), so the store (0700)
+    and its files (0600) keep the owner-only modes their writer gives them, which it checks on every start."""
+    pod_spec = _pod_spec(spec, options, pod)
+    pod_spec["securityContext"]["fsGroupChangePolicy"] = "OnRootMismatch"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(spec, options),
+        "spec": {
+            "replicas": options.replicas,
+            "selector": {"matchLabels": _labels(spec)},
+            # required before Kubernetes 1.32; the pods' own DNS names would need a headless Service, which nothing
+            # here uses (clients reach the release through the Service)
+            "serviceName": k8s_name(spec.name),
+            # start (and stop) pods at once, not each after the one before is ready (an engine loads for minutes)
+            "podManagementPolicy": "Parallel",
+            # one pod at a time is replaced, without a surge: its claim goes to its successor
+            "updateStrategy": {"type": "RollingUpdate"},
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
             "template": {"metadata": {"labels": _labels(spec)}, "spec": pod_spec},
+            "volumeClaimTemplates": [capture_claim(spec, options)],
         },
     }
 
@@ -218,14 +280,15 @@ def _hpa_target(spec: BuildSpec, options: DeployOptions) -> str:
     return f"{value:g}"
 
 
-def autoscaler(spec: BuildSpec, options: DeployOptions, deployment_name: str) -> dict[str, Any]:
-    """Scale ``deployment_name`` on the requests each pod is serving (needs :func:`adapter_rules`)."""
+def autoscaler(spec: BuildSpec, options: DeployOptions, kind: str, name: str) -> dict[str, Any]:
+    """Scale the ``kind`` (Deployment or StatefulSet) ``name`` on the requests each pod is serving (needs
+    :func:`adapter_rules`)."""
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": _meta(spec, options),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment_name},
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": kind, "name": name},
             "minReplicas": options.replicas,
             "maxReplicas": options.autoscaler_ceiling,
             "metrics": [{"type": "Pods", "pods": {"metric": {
@@ -343,24 +406,34 @@ def kserve_predictor(spec: BuildSpec) -> str:
 
 def manifests(spec: BuildSpec, footprint: ReleaseFootprint, options: DeployOptions | None = None, *,
               kserve: bool = False) -> list[dict[str, Any]]:
-    """The objects for one release (``spec``: the release's, launch settings applied): Deployment and Service, or
-    KServe ServingRuntime + InferenceService; then HPA, PodDisruptionBudget, PodMonitor, PrometheusRule and the
-    dashboard's ConfigMap."""
+    """The objects for one release (``spec``: the release's, launch settings applied): Deployment (a capturing
+    release: StatefulSet) and Service, or KServe ServingRuntime + InferenceService; then HPA, PodDisruptionBudget,
+    PodMonitor, PrometheusRule and the dashboard's ConfigMap."""
     options = options or DeployOptions()
     check_options(options)
     if kserve and options.pvc is None:
         raise UsageError("the KServe variant mounts the release from a PVC; a release image is not supported there",
                          "pass --pvc CLAIM, or drop --kserve to use a Deployment with an init container")
+    if options.capture_storage_class is not None and not spec.capture.enabled:
+        raise UsageError(f"--capture-storage-class {options.capture_storage_class} names the class of capture claims, "
+                         "but this release does not capture traffic (capture.enabled is false)",
+                         "leave --capture-storage-class out, or package the release with capture.enabled: true")
+    if kserve and spec.capture.enabled:
+        raise UsageError("this release captures traffic (capture.enabled), which needs a writable claim per pod; "
+                         "KServe's RawDeployment runs the predictor as a Deployment, whose pods share their volumes",
+                         "drop --kserve (specbuild deploy then writes a StatefulSet with a claim per pod), or "
+                         "package the release with capture.enabled: false")
     pod = runtime_for(spec.runtime).pod_plan(spec, options, footprint)
     if kserve:
         pod_labels = {KSERVE_ISVC_LABEL: k8s_name(spec.name)}
         serving = [serving_runtime(spec, options, pod), inference_service(spec, options)]
-        scaled = kserve_predictor(spec)
+        scaled = ("Deployment", kserve_predictor(spec))
     else:
         pod_labels = _labels(spec)
-        serving = [deployment(spec, options, pod), service(spec, options, pod)]
-        scaled = k8s_name(spec.name)
-    return [*serving, autoscaler(spec, options, scaled), disruption_budget(spec, options, pod_labels),
+        workload = (stateful_set if spec.capture.enabled else deployment)(spec, options, pod)
+        serving = [workload, service(spec, options, pod)]
+        scaled = (workload["kind"], workload["metadata"]["name"])
+    return [*serving, autoscaler(spec, options, *scaled), disruption_budget(spec, options, pod_labels),
             pod_monitor(spec, options, pod_labels), prometheus_rule(spec, options),
             dashboard_config_map(spec, options)]
 

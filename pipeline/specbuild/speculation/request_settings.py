@@ -21,6 +21,10 @@ from typing import Any, Literal
 SettingValue = bool | int
 # TensorRT-LLM's LLM API fixes the draft length when it loads the models.
 FIXED_K = "fixed when TensorRT-LLM loads the models (its LLM API has no per-request draft length)"
+# Why the engine-free runtime captures nothing (its check refuses capture.enabled; a request's store=true is refused):
+# its adapter gets text from TensorRT-LLM's LLM-API Triton model (docs/deployment.md, section 6, cites the file).
+TEXT_ONLY = ("TensorRT-LLM's LLM-API model returns the text only, not the token ids a capture record holds (the text "
+             "re-tokenized is not the ids the target generated)")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
                          "request")),
     RequestSetting("store", bool, "false: this request is not captured (a release whose capture section is enabled "
                    "writes each finished request's token ids to its capture store; OpenAI's store field)",
-                   Fixed("this release captures nothing (TensorRT-LLM's LLM API serves the tokens here)"), flag=True,
+                   Fixed(f"this release captures nothing: {TEXT_ONLY}"), flag=True,
                    default=True),
 )
 

@@ -71,6 +71,7 @@ def test_architectures_come_from_the_pytorch_backend_table() -> None:
     ({"draft.tp_size": 2}, "draft-layout"),
     ({"draft.dtype": "float16"}, "draft-dtype"),
     ({"launch.mode": "orchestrator"}, "launch"),
+    ({"capture.enabled": True}, "capture"),
     ({"target.dtype": "float32", "draft.dtype": "float32"}, "target-dtype"),
 ])
 def test_what_the_llm_api_fixes_at_load_is_refused_by_check(tmp_path: Path, checkpoints: Checkpoints,
@@ -80,6 +81,18 @@ def test_what_the_llm_api_fixes_at_load_is_refused_by_check(tmp_path: Path, chec
     assert not report.compatible
     assert code in {reason.code for reason in report.reasons}
     assert all(reason.fix for reason in report.reasons)
+
+
+def test_capture_is_refused_because_the_llm_api_model_returns_no_token_ids(tmp_path: Path,
+                                                                          checkpoints: Checkpoints) -> None:
+    """A capture record holds token ids; the LLM-API model's outputs (its contract table) carry text and per-request
+    totals only. Should upstream add token ids, this fails and capture may be built for this runtime."""
+    outputs = {tensor.name for tensor in LLMAPI_OUTPUTS}
+    assert "text_output" in outputs and not [name for name in outputs if "ids" in name or "token_id" in name]
+    spec = release_spec(checkpoints, tmp_path, RUNTIME, {"capture.enabled": True})
+    [reason] = [r for r in check(spec.target.checkpoint, spec.draft.checkpoint, spec).reasons if r.code == "capture"]
+    assert "returns the text only, not the token ids" in reason.message and "no per-round" in reason.message
+    assert "capture.enabled: false" in reason.fix and "--runtime torch (or tensorrt-llm)" in reason.fix
 
 
 def test_k_0_packages_the_target_alone(tmp_path: Path, checkpoints: Checkpoints) -> None:

@@ -35,6 +35,7 @@ from specbuild.runtimes.tensorrt_llm_llmapi.launch import check_compiled_config,
 from specbuild.runtimes.tensorrt_llm_llmapi.lines import LINES, load_keys
 from specbuild.runtimes.tensorrt_llm_llmapi.settings import TENSORRT_LLM_LLMAPI_SETTINGS
 from specbuild.runtimes.trtllm_image import ImageRuntime, installed_package_dir, resolve_dtype
+from specbuild.speculation.request_settings import TEXT_ONLY
 from specbuild.spec import BuildSpec, Role
 
 if TYPE_CHECKING:
@@ -52,6 +53,14 @@ PYTORCH_ARCHITECTURES = frozenset({
 })
 
 
+# What a capture record holds, the ids the target generated (specbuild.capture.records), the adapter never sees.
+# TensorRT-LLM's LLM API has them (RequestOutput's prompt_token_ids, each CompletionOutput's token_ids), but its
+# Triton model answers with the text alone, and with return_perf_metrics one request's acceptance totals, no rounds
+# (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py, _create_response, on release/1.2.1 as
+# contract.LLMAPI_OUTPUTS records it, and at commit 044a90d209e380c95e23e8ae42f3583fa05ada78).
+CAPTURE_REFUSAL = f"capture.enabled: {TEXT_ONLY}, and no per-round acceptance (one total per request)"
+
+
 class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     """TensorRT-LLM's LLM-API Triton model (PyTorch backend) on the NGC image: no engines, a CUDA GPU."""
 
@@ -60,7 +69,7 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     acceptances = ("token-match",)  # the target verifies the draft's tokens inside TensorRT-LLM
     settings = TENSORRT_LLM_LLMAPI_SETTINGS
     serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
-    reads = {"check": ("launch", "speculation.adaptive", "speculation.num_draft_tokens",
+    reads = {"check": ("launch", "capture.enabled", "speculation.adaptive", "speculation.num_draft_tokens",
                        "speculation.prompt_lookup.enabled", "speculation.busy_in_flight",
                        "speculation.draft_len_schedule", "limits.max_batch_size", "triton.tensorrt_llm"),
              "plan": ("target.dtype", "draft.dtype", "speculation.num_draft_tokens"),
@@ -155,6 +164,9 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
             findings.append(SpecFinding("draft-dtype", f"draft.dtype is {draft.dtype} and target.dtype "
                                         f"{target.dtype}, but the LLM API runs both models in one dtype",
                                         "set draft.dtype to target.dtype"))
+        if spec.capture.enabled:
+            findings.append(SpecFinding("capture", CAPTURE_REFUSAL, "set capture.enabled: false, or use --runtime "
+                                        "torch (or tensorrt-llm), whose orchestrator sees every token and round"))
         launch = spec.launch
         if launch.mode == "orchestrator" or launch.fast_logits or launch.placement == "separate":
             findings.append(SpecFinding("launch", "launch.mode orchestrator, fast_logits and placement separate "
