@@ -5,7 +5,6 @@ side by side (the tiny release and a copy compiled with other settings), texts c
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,24 +12,11 @@ import pytest
 
 from specbuild.bench.captured import CAPTURED, captured_prompts
 from specbuild.bench.sweep import BenchPlan, _request
-from specbuild.capture.records import CaptureRecord
 from specbuild.errors import UsageError
 from specbuild.serve.orchestrator_client import IdsRequest
-
-TOKENIZER = "ab" * 32
-
-
-def _record(prompt_ids: tuple[int, ...], output_ids: tuple[int, ...], tokenizer: str = TOKENIZER) -> CaptureRecord:
-    return CaptureRecord(prompt_ids=prompt_ids, output_ids=output_ids, sampling={"top_k": 1}, rounds=((2, 1),),
-                         finish_reason="length", release="cd" * 32, tokenizer=tokenizer, finished_at=time.time(),
-                         instance="orchestrator_0")
-
-
-def _store(folder: Path, *files: list[CaptureRecord]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for number, records in enumerate(files):
-        (folder / f"2026120{number}T000000-orchestrator_0.jsonl").write_bytes(b"".join(r.to_line() for r in records))
-    return folder
+from captures import TOKENIZER, served_records
+from captures import captured_record as _record
+from captures import write_store as _store
 
 
 def test_a_store_s_records_become_prompts_of_one_kind_by_their_ids(tmp_path: Path):
@@ -115,37 +101,6 @@ def test_the_release_of_a_traffic_trained_draft_records_it_and_serves_no_provena
     assert verify(other_release).ok
 
 
-def _served_capture(repository: Path, url: str, store: Path, texts: list[str],
-                    max_tokens: int) -> list[tuple[str, int]]:
-    """A capture store of the release's real greedy answers to ``texts`` (as its orchestrator would record them:
-    prompt ids, output ids), and each answer's text as the ensemble served it and its length in tokens."""
-    from specbuild.bench.captured import release_tokenizer_hash
-    from specbuild.serve.client import SpecbuildClient
-    from specbuild.serve.orchestrator_client import IdsClient, orchestrator_arrays, response_text
-
-    ids_client = IdsClient.for_release(url, repository, timeout=300)
-    tokenizer = ids_client.preprocessor.tokenizer
-    records, answers = [], []
-    for text in texts:
-        prompt_ids = tuple(ids_client.preprocessor.prompt_ids(text))  # as the ensemble's preprocessing encodes it
-        output_ids: list[int] = []
-
-        def keep(result: Any, final: bool) -> str:
-            if result is None:
-                return ""
-            length = int(result.as_numpy("output_length").reshape(-1)[0])
-            output_ids[:] = result.as_numpy("output_ids").reshape(-1)[:length].tolist()  # every id so far
-            return response_text(tokenizer, result)[0]
-
-        arrays = orchestrator_arrays(ids_client.preprocessor, ids_client.settings, prompt_ids, max_tokens,
-                                     stream=True, num_draft_tokens=0)
-        list(ids_client.stream_arrays(arrays, keep))
-        records.append(_record(prompt_ids, tuple(output_ids), tokenizer=release_tokenizer_hash(repository)))
-        answers.append((SpecbuildClient(url, timeout=300).generate(text, len(output_ids)).text, len(output_ids)))
-    _store(store, records)
-    return answers
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_captured_prompts_replayed_through_two_releases_side_by_side(tiny_release, tiny_server, other_release,
@@ -159,7 +114,9 @@ def test_captured_prompts_replayed_through_two_releases_side_by_side(tiny_releas
 
     store = tmp_path / "capture"
     texts = ["The quick brown fox", "def add(a, b):", "Once upon a time"]
-    answers = _served_capture(tiny_release.repository, tiny_server.grpc_url, store, texts, 12)
+    served = served_records(tiny_release.repository, tiny_server.grpc_url, texts, 12)
+    _store(store, [record for record, _ in served])
+    answers = [(answer, len(record.output_ids)) for record, answer in served]
     # replayed by ids, the orchestrator answers each captured prompt with the text the ensemble served for it
     ids_client = IdsClient.for_release(tiny_server.grpc_url, tiny_release.repository, timeout=300)
     for prompt, (answer, length) in zip(captured_prompts([store], release_tokenizer_hash(tiny_release.repository)),
