@@ -94,8 +94,7 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--category", "categories", multiple=True, help="only prompts of this category (repeatable)"),
         click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="use the first N prompts "
                      "(taken round-robin across categories)"),
-        click.option("--max-tokens", type=click.IntRange(1, 4096), default=64, show_default=True,
-                     help="tokens per answer (bench --captured: each record's answer length unless given)"),
+        click.option("--max-tokens", type=click.IntRange(1, 4096), default=64, show_default=True),
         click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
                      help="requests per (K, concurrency) cell"),
         click.option("--max-seconds", type=click.FloatRange(min=1), default=300.0, show_default=True,
@@ -135,7 +134,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
                    "faster_than_incumbent=X)")
 @click.option("--captured", "captured", multiple=True, type=click.Path(exists=True),
               help="with --repository: replay the prompts of this capture file or store (repeatable) by their token "
-                   "ids, each asking for its captured answer's length; one kind, captured")
+                   "ids, each asking for its captured answer's length (--max-tokens when given); one kind, "
+                   "captured")
 @click.option("--in-process", "in_process", is_flag=True,
               help="with --repository (torch runtime): the concurrency-1 cells run again with the release's own "
                    "engines and orchestrator code in this process, interleaved: what serving keeps of their speed")
