@@ -57,11 +57,14 @@ class HeldOut(_Section):
 
 
 class TrafficProvenance(_Section):
+    """The file (format :data:`PROVENANCE_FORMAT`, checked before its shape)."""
+
     format: int
     capture: CaptureWindow
     base_draft: BaseDraft
     held_out: HeldOut
-    bundled: dict[str, Any] = Field(default_factory=dict)
+    bundled: dict[str, Any] = Field(description="the bundled prompts' acceptance before and after (kinds the "
+                                    "traffic lacks, not forgotten), as the distillation wrote it")
 
     def manifest_record(self) -> dict[str, Any]:
         """What the manifest says of the draft: the capture window and size (how many stores, not where they
