@@ -250,7 +250,6 @@ def sent_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
 def _request(prompt: SentPrompt, index: int, plan: BenchPlan, key: CellKey, max_tokens: int | None = None) -> Any:
     """Prompt ``index``'s request in the cell ``key`` (a sampled cell's seed is the prompt's, in every cell alike)."""
     from specbuild.serve.client import GenerationRequest
-
     from specbuild.serve.orchestrator_client import IdsRequest
 
     k, adaptive, lookup, _, sampling = key
@@ -319,8 +318,10 @@ def run_in_process(release: Any, prompts: Sequence[SentPrompt], plan: BenchPlan,
 
 @dataclass(frozen=True)
 class Served:
-    """A served release the sweep sends requests to: its client and its metrics endpoint (None: not read)."""
+    """A served release the sweep sends requests to: its address, its client and its metrics endpoint (None: not
+    read)."""
 
+    url: str
     client: Any
     metrics_url: str | None = None
 
@@ -375,15 +376,14 @@ def environment() -> dict[str, Any]:
 
 def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: BenchPlan, *,
               metrics_url: str | None = None, tokenizer_dir: str | Path | None = None, console: Any = None,
-              in_process: Any = None, client: Any = None, incumbent: tuple[str, Any, str | None] | None = None
-              ) -> BenchReport:
+              in_process: Any = None, client: Any = None, incumbent: Served | None = None) -> BenchReport:
     """Sweep ``plan`` against the ensemble at ``url`` (gRPC; another machine only when the user named it) and
     compute every cell's figures. ``prompts``: as written (wrapped in ``tokenizer_dir``'s chat template) or as sent
     (:class:`SentPrompt`, e.g. captured ids); ``client``: what sends them (default: a
     :class:`~specbuild.serve.client.SpecbuildClient` of ``url``). With ``in_process`` (an
     :class:`~specbuild.bench.in_process.InProcessRelease` of the served release) the concurrency-1 cells also run
-    there, interleaved, for the served path's efficiency; with ``incumbent`` (its url, client and metrics url) every
-    cell also runs on that release, interleaved, for the ratio of their speeds and texts."""
+    there, interleaved, for the served path's efficiency; with ``incumbent`` (the release in service) every cell also
+    runs on that release, interleaved, for the ratio of their speeds and texts."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specbuild.serve.client import SpecbuildClient
@@ -394,9 +394,8 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
     if console is not None and not is_loopback(url):
         console.print(f"[yellow]note:[/] {url} is not this machine: the benchmark loads a server elsewhere with "
                       f"{len(plan.cells()) * plan.requests} requests", highlight=False)
-    servers = [Served(client or SpecbuildClient(url, timeout=plan.timeout), metrics_url)]
-    if incumbent is not None:
-        servers.append(Served(incumbent[1], incumbent[2]))
+    servers = [Served(url, client or SpecbuildClient(url, timeout=plan.timeout), metrics_url),
+               *([incumbent] if incumbent is not None else [])]
     sent = list(prompts) if isinstance(prompts[0], SentPrompt) else sent_prompts(tokenizer_dir, prompts)
     for server in servers:
         warm_up(server.client, sent[0], plan)
@@ -434,7 +433,7 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
                          warnings=drift_warnings(cells[0]), in_process=local)
     if incumbent is not None:
         match_incumbent(report.cells, cells[1], outputs[0], outputs[1])
-        report.incumbent = IncumbentRun(incumbent[0], cells[1], drift_warnings(cells[1]))
+        report.incumbent = IncumbentRun(incumbent.url, cells[1], drift_warnings(cells[1]))
     return report
 
 
