@@ -46,8 +46,9 @@ def test_each_cell_is_compared_with_the_incumbent_s_same_cell():
     assert [cell.matches_incumbent for cell in new] == [1.0, 0.5, None]
 
 
-def _report(ratio: float, matches: float | None, *, incumbent: bool = True, errors: int = 0) -> dict[str, Any]:
-    cells = [{"label": "K=0", "k": 0, "concurrency": 1, "sampling": "greedy", "incumbent_ratio": 1.0,
+def _report(ratio: float, matches: float | None, *, incumbent: bool = True, errors: int = 0,
+            target_alone: float = 1.0) -> dict[str, Any]:
+    cells = [{"label": "K=0", "k": 0, "concurrency": 1, "sampling": "greedy", "incumbent_ratio": target_alone,
               "matches_incumbent": 1.0, "requests": 4, "errors": 0},
              {"label": "K=2", "k": 2, "concurrency": 1, "sampling": "greedy", "incumbent_ratio": ratio,
               "matches_incumbent": matches, "requests": 4, "errors": 0}]
@@ -56,9 +57,11 @@ def _report(ratio: float, matches: float | None, *, incumbent: bool = True, erro
 
 
 def test_the_gate_passes_a_release_faster_by_the_margin_with_the_incumbent_s_text():
-    result = evaluate(_report(1.2, 1.0), GateThresholds(faster_than_incumbent=1.05))
+    result = evaluate(_report(1.2, 1.0, target_alone=0.97), GateThresholds(faster_than_incumbent=1.05))
     assert result.passed, result.summary()
+    assert evaluate(_report(0.5, 1.0, target_alone=2.0), GateThresholds(faster_than_incumbent=0.4)).passed  # < 1
     assert [(check.threshold, check.cell) for check in result.checks] == [
+        ("faster_than_incumbent", "K=0 concurrency 1"),  # the target alone: the same speed within the margin
         ("faster_than_incumbent", "K=2 concurrency 1"),  # speed: the speculative cells
         ("faster_than_incumbent", "K=0 concurrency 1"), ("faster_than_incumbent", "K=2 concurrency 1"),  # text
         ("max_error_rate", None)]
@@ -70,6 +73,9 @@ def test_the_gate_passes_a_release_faster_by_the_margin_with_the_incumbent_s_tex
     (_report(1.5, None), "no prompt was answered both by this cell and by the incumbent"),
     (_report(1.5, 1.0, incumbent=False), "the run measured no incumbent"),
     (_report(1.5, 1.0, errors=1), "1 of 12 requests failed"),  # the incumbent's requests count too
+    # the same target measured 0.82x: the load moved more than the margin, so 1.5x may be noise (measured here)
+    (_report(1.5, 1.0, target_alone=0.82), "the target alone measured 0.82x the incumbent's, outside 0.95-1.05"),
+    (_report(1.5, 1.0, target_alone=1.06), "outside 0.95-1.05"),
 ])
 def test_the_gate_refuses_a_release_too_slow_or_with_other_text(report: dict[str, Any], why: str):
     result = evaluate(report, GateThresholds(faster_than_incumbent=1.05))

@@ -36,8 +36,9 @@ class GateThresholds(BaseModel):
                                   "whole run (0: any failed request fails it)")
     faster_than_incumbent: float | None = Field(None, gt=0, description="each speculative cell's tokens/s at "
                                                 "least this many times the incumbent release's same cell (bench "
-                                                "--incumbent), and every greedy cell's text the incumbent's on every "
-                                                "prompt")
+                                                "--incumbent), every K=0 cell's within this factor of it (the target "
+                                                "alone: else the load's noise exceeds the margin), and every greedy "
+                                                "cell's text the incumbent's on every prompt")
 
 
 def parse_thresholds(assignments: Iterable[str]) -> GateThresholds:
@@ -158,19 +159,34 @@ def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResul
 
 def _against_incumbent(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]],
                        gated: Sequence[Mapping[str, Any]], margin: float) -> list[GateCheck]:
-    """Each gated cell at least ``margin`` times as fast as the incumbent's same cell, and each greedy cell with the
-    incumbent's text on every prompt (``incumbent_ratio``, ``matches_incumbent``)."""
+    """Each gated cell at least ``margin`` times as fast as the incumbent's same cell (and each K=0 cell as fast
+    within the margin, see :func:`_steady`), and each greedy cell with the incumbent's text on every prompt
+    (``incumbent_ratio``, ``matches_incumbent``)."""
     if not report.get("incumbent"):
         return [GateCheck("faster_than_incumbent", margin, None, False, None, "the run measured no incumbent: "
                           "pass --incumbent with the release in service")]
-    checks = [_at_least("faster_than_incumbent", margin, cell.get("incumbent_ratio"), cell,
-                        "the incumbent has no such cell") for cell in gated]
+    checks = [_steady(cell, margin) for cell in cells if not cell.get("k")]
+    checks += [_at_least("faster_than_incumbent", margin, cell.get("incumbent_ratio"), cell,
+                         "the incumbent has no such cell") for cell in gated]
     greedy = [cell for cell in cells if cell.get("sampling", GREEDY) == GREEDY]
     checks += [_identity(cell, "faster_than_incumbent", "matches_incumbent", "the incumbent") for cell in greedy]
     if not greedy:
         checks.append(GateCheck("faster_than_incumbent", True, None, False, None, "the run has no greedy cell to "
                                 "compare texts on: add --sampling greedy"))
     return checks
+
+
+def _steady(cell: Mapping[str, Any], margin: float) -> GateCheck:
+    """A K=0 cell (the target alone, which a new draft does not change) must measure the incumbent's speed within
+    the margin: if the machine's load moves it further, the run cannot tell a gain of that margin from noise."""
+    ratio = cell.get("incumbent_ratio")
+    low, high = sorted((margin, 1 / margin))
+    steady = ratio is not None and low <= ratio <= high
+    detail = "" if steady else ("the incumbent has no such cell" if ratio is None else
+                                f"the target alone measured {ratio:.2f}x the incumbent's, outside {low:.2f}-"
+                                f"{high:.2f}: the load moved more than the margin, so a gain of it is noise here; "
+                                "rerun on a quiet machine or with more --requests")
+    return GateCheck("faster_than_incumbent", margin, ratio, steady, _where(cell), detail)
 
 
 def _error_rate(cells: Sequence[Mapping[str, Any]], limit: float) -> GateCheck:

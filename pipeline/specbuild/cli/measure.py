@@ -155,8 +155,8 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 @click.option("--plots/--no-plots", default=True, show_default=True)
 @click.option("--gate", "gate", multiple=True, metavar="NAME=VALUE",
               help="a release gate threshold (repeatable): min_speedup=X, min_acceptance=X, greedy_identical, "
-                   "max_p95_ms=X, max_error_rate=X, faster_than_incumbent=X (with --incumbent: X times its tokens/s "
-                   "and its greedy text); exit 3 when one fails. Without max_error_rate, any failed request fails "
+                   "max_p95_ms=X, max_error_rate=X, faster_than_incumbent=X (with --incumbent: X times its tokens/s, "
+                   "K=0 within X of its, and its greedy text); exit 3 when one fails. Without max_error_rate, any failed request fails "
                    "the run")
 @json_option
 @reports_errors
@@ -181,7 +181,7 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
 
     from specbuild.bench.gate import evaluate, parse_thresholds
     from specbuild.bench.prompts import load_prompts
-    from specbuild.bench.sweep import BenchPlan, bench_server, repository_tokenizer, run_bench
+    from specbuild.bench.sweep import BenchPlan, Served, bench_server, repository_tokenizer, run_bench
     from specbuild.serve.client import SpecbuildClient
     from specbuild.serve.orchestrator_client import IdsClient
 
@@ -221,8 +221,8 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
         versus = None
         if incumbent:
             incumbent_url, incumbent_metrics = servers.enter_context(bench_server(None, incumbent))
-            versus = (incumbent_url, IdsClient.for_release(incumbent_url, incumbent, timeout=plan.timeout)
-                      if captured else SpecbuildClient(incumbent_url, timeout=plan.timeout), incumbent_metrics)
+            versus = Served(incumbent_url, IdsClient.for_release(incumbent_url, incumbent, timeout=plan.timeout)
+                            if captured else SpecbuildClient(incumbent_url, timeout=plan.timeout), incumbent_metrics)
         report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url or server_metrics_url,
                            tokenizer_dir=tokenizer, console=console, in_process=local, incumbent=versus,
                            client=IdsClient.for_release(grpc_url, repository, timeout=plan.timeout)
