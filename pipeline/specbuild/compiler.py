@@ -19,6 +19,7 @@ from rich.console import Console
 
 from specbuild.errors import IncompatibleError, SpecbuildError, StageError, UsageError
 from specbuild.package.build_record import RECORD_FORMAT
+from specbuild.package.traffic_draft import TrafficProvenance, read_traffic_provenance
 from specbuild.package.vendor import source_digest
 from specbuild.check.pair_report import SPEC_READS as CHECK_READS
 from specbuild.doctor.facts import ship_doctor
@@ -210,6 +211,7 @@ def run(spec: BuildSpec, upto: Step = "package", *, force: bool = False, json_mo
     """
     spec = resolved(spec)
     check_outputs(spec)
+    traffic = read_traffic_provenance(spec.draft.checkpoint)  # refused before any stage runs if malformed
     build_dir, engines, repository = _dirs(spec)
     runner = StageRunner(build_dir / STATE_FILE, scope=spec.runtime, force=force, console=console,
                          json_mode=json_mode)
@@ -222,13 +224,14 @@ def run(spec: BuildSpec, upto: Step = "package", *, force: bool = False, json_mo
     result = CompileResult(spec=spec, steps=results, repository=repository, engines=engines,
                            engines_built=contents.servable, checkpoints=contents.checkpoints, check=check_data)
     if write_manifest:
-        result.manifest = _write_manifest(spec, results, check_data, contents)
+        result.manifest = _write_manifest(spec, results, check_data, contents, traffic)
     return result
 
 
 def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dict[str, Any],
-                    contents: ReleaseContents) -> Path:
-    """The manifest of the release: its repository, and the engines or checkpoints it serves."""
+                    contents: ReleaseContents, traffic: TrafficProvenance | None = None) -> Path:
+    """The manifest of the release: its repository, and the engines or checkpoints it serves; with ``traffic``, what
+    the traffic-trained draft learnt from (``extra.traffic_trained_draft``)."""
     from specbuild.package import manifest
 
     _, _, repository = _dirs(spec)
@@ -237,7 +240,8 @@ def _write_manifest(spec: BuildSpec, results: list[StageResult], check_data: dic
             repository, contents.engines, spec=spec, inputs=check_data.get("inputs", {}), steps=results,
             compatibility=check_data.get("compatibility"),
             extra={"build_info": None if contents.build_info is None
-                   else {role: record.model_dump(mode="json") for role, record in contents.build_info.items()}},
+                   else {role: record.model_dump(mode="json") for role, record in contents.build_info.items()},
+                   **({"traffic_trained_draft": traffic.manifest_record()} if traffic is not None else {})},
             checkpoints=contents.checkpoints or None,
         )
     except SpecbuildError as exc:

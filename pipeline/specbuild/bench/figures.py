@@ -301,6 +301,10 @@ class Cell:
     expected_speedup: float | None = None
     expected_speedup_textbook: float | None = None
     efficiency: float | None = None
+    # set by match_incumbent() (bench --incumbent): tokens/s over the incumbent release's same cell, and the share
+    # of prompts answered with its text (greedy)
+    incumbent_ratio: float | None = None
+    matches_incumbent: float | None = None
 
     @property
     def label(self) -> str:
@@ -415,6 +419,27 @@ def drift_warnings(cells: Sequence[Cell]) -> list[str]:
             for cell in cells if cell.k and cell.verify_cost is not None and cell.verify_cost < 1.0]
 
 
+def _same_text(mine: Mapping[int, str], theirs: Mapping[int, str]) -> float | None:
+    """The share of the prompts answered in both whose texts are equal (None: none answered in both)."""
+    shared = [i for i in mine if i in theirs]
+    return sum(mine[i] == theirs[i] for i in shared) / len(shared) if shared else None
+
+
+def match_incumbent(cells: Sequence[Cell], incumbent: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]],
+                    incumbent_texts: Mapping[CellKey, Mapping[int, str]]) -> None:
+    """Set each cell's ``incumbent_ratio`` (its tokens/s over the incumbent release's same cell) and, greedy,
+    ``matches_incumbent`` (the share of its prompts whose text equals the incumbent's): the same target answers
+    greedy prompts alike whatever the draft, so a new draft that changes a text is a broken release."""
+    theirs = {cell.key: cell for cell in incumbent}
+    for cell in cells:
+        other = theirs.get(cell.key)
+        if other is None:
+            continue
+        cell.incumbent_ratio = _ratio(cell.tokens_per_second, other.tokens_per_second)
+        if cell.sampling == GREEDY:
+            cell.matches_incumbent = _same_text(texts.get(cell.key, {}), incumbent_texts.get(cell.key, {}))
+
+
 def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, str]],
                    baseline: Mapping[int, str] | None = None) -> None:
     """Set each greedy cell's ``matches_baseline``: the share of its prompts whose output equals K=0's (or
@@ -427,6 +452,4 @@ def match_baseline(cells: Sequence[Cell], texts: Mapping[CellKey, Mapping[int, s
         if cell.sampling != GREEDY:
             continue
         base = baseline if baseline is not None else texts.get((0, False, False, cell.concurrency, GREEDY), {})
-        mine = texts.get(cell.key, {})
-        shared = [i for i in mine if i in base]
-        cell.matches_baseline = sum(mine[i] == base[i] for i in shared) / len(shared) if shared else None
+        cell.matches_baseline = _same_text(texts.get(cell.key, {}), base)

@@ -3,7 +3,7 @@
 
 Which cells a threshold applies to: the speculative ones (K > 0), which are what a release serves; K=0 is the
 baseline they are measured against (with no K > 0 in the run, every cell). The error rate counts every request
-of the run, K=0's included. The error-rate check always runs: with no tolerated rate given, one failed request
+of the run, K=0's and the incumbent release's included. The error-rate check always runs: with no tolerated rate given, one failed request
 fails the run (a pipeline must not pass a release that dropped requests).
 """
 
@@ -34,6 +34,11 @@ class GateThresholds(BaseModel):
                                      "this many milliseconds")
     max_error_rate: float = Field(0.0, ge=0, le=1, description="the share of failed requests tolerated over the "
                                   "whole run (0: any failed request fails it)")
+    faster_than_incumbent: float | None = Field(None, gt=0, description="each speculative cell's tokens/s at "
+                                                "least this many times the incumbent release's same cell (bench "
+                                                "--incumbent), every K=0 cell's within this factor of it (the target "
+                                                "alone: else the load's noise exceeds the margin), and every greedy "
+                                                "cell's text the incumbent's on every prompt")
 
 
 def parse_thresholds(assignments: Iterable[str]) -> GateThresholds:
@@ -108,16 +113,18 @@ def _at_least(threshold: str, limit: float, measured: float | None, cell: Mappin
                  missing if measured is None else "")
 
 
-def _identity(cell: Mapping[str, Any]) -> GateCheck:
-    """The share of prompts whose text equals K=0's must be 1 (``matches_baseline``, set for greedy cells)."""
-    share = cell.get("matches_baseline")
+def _identity(cell: Mapping[str, Any], threshold: str = "greedy_identical", share_of: str = "matches_baseline",
+              other: str = "K=0") -> GateCheck:
+    """The share of prompts whose text equals ``other``'s must be 1 (``share_of``: the cell's field holding it, set
+    for greedy cells)."""
+    share = cell.get(share_of)
     if share is None:
-        detail = "no prompt was answered both by this cell and by K=0"
+        detail = f"no prompt was answered both by this cell and by {other}"
     elif share < 1.0:
-        detail = f"{1 - share:.0%} of the prompts were answered differently from K=0"
+        detail = f"{1 - share:.0%} of the prompts were answered differently from {other}"
     else:
         detail = ""
-    return GateCheck("greedy_identical", True, share, share == 1.0, _where(cell), detail)
+    return GateCheck(threshold, True, share, share == 1.0, _where(cell), detail)
 
 
 def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResult:
@@ -143,8 +150,43 @@ def evaluate(report: Mapping[str, Any], thresholds: GateThresholds) -> GateResul
             checks.append(GateCheck("max_p95_ms", thresholds.max_p95_ms, measured,
                                 measured is not None and measured <= thresholds.max_p95_ms, _where(cell),
                                 "no request finished" if measured is None else ""))
-    checks.append(_error_rate(cells, thresholds.max_error_rate))
+    if thresholds.faster_than_incumbent is not None:
+        checks += _against_incumbent(report, cells, gated, thresholds.faster_than_incumbent)
+    checks.append(_error_rate(cells + list((report.get("incumbent") or {}).get("cells", [])),
+                              thresholds.max_error_rate))
     return GateResult(thresholds, tuple(checks))
+
+
+def _against_incumbent(report: Mapping[str, Any], cells: Sequence[Mapping[str, Any]],
+                       gated: Sequence[Mapping[str, Any]], margin: float) -> list[GateCheck]:
+    """Each gated cell at least ``margin`` times as fast as the incumbent's same cell (and each K=0 cell as fast
+    within the margin, see :func:`_steady`), and each greedy cell with the incumbent's text on every prompt
+    (``incumbent_ratio``, ``matches_incumbent``)."""
+    if not report.get("incumbent"):
+        return [GateCheck("faster_than_incumbent", margin, None, False, None, "the run measured no incumbent: "
+                          "pass --incumbent with the release in service")]
+    checks = [_steady(cell, margin) for cell in cells if not cell.get("k")]
+    checks += [_at_least("faster_than_incumbent", margin, cell.get("incumbent_ratio"), cell,
+                         "the incumbent has no such cell") for cell in gated]
+    greedy = [cell for cell in cells if cell.get("sampling", GREEDY) == GREEDY]
+    checks += [_identity(cell, "faster_than_incumbent", "matches_incumbent", "the incumbent") for cell in greedy]
+    if not greedy:
+        checks.append(GateCheck("faster_than_incumbent", True, None, False, None, "the run has no greedy cell to "
+                                "compare texts on: add --sampling greedy"))
+    return checks
+
+
+def _steady(cell: Mapping[str, Any], margin: float) -> GateCheck:
+    """A K=0 cell (the target alone, which a new draft does not change) must measure the incumbent's speed within
+    the margin: if the machine's load moves it further, the run cannot tell a gain of that margin from noise."""
+    ratio = cell.get("incumbent_ratio")
+    low, high = sorted((margin, 1 / margin))
+    steady = ratio is not None and low <= ratio <= high
+    detail = "" if steady else ("the incumbent has no such cell" if ratio is None else
+                                f"the target alone measured {ratio:.2f}x the incumbent's, outside {low:.2f}-"
+                                f"{high:.2f}: the load moved more than the margin, so a gain of it is noise here; "
+                                "rerun on a quiet machine or with more --requests")
+    return GateCheck("faster_than_incumbent", margin, ratio, steady, _where(cell), detail)
 
 
 def _error_rate(cells: Sequence[Mapping[str, Any]], limit: float) -> GateCheck:

@@ -123,15 +123,41 @@ def served_path_rows(report: Any) -> list[tuple[str, ...]]:
 
 def served_path_table(report: Any) -> list[Table]:
     """The served path's table, when the report has in-process cells."""
-    rows = served_path_rows(report)
+    return _table("the served path against the same release in process (concurrency 1)", SERVED_PATH_COLUMNS,
+                  served_path_rows(report))
+
+
+INCUMBENT_COLUMNS = ("K", "conc.", "tok/s", "incumbent tok/s", "x incumbent", "accept", "incumbent accept",
+                     "= incumbent text")
+
+
+def incumbent_rows(report: Any) -> list[tuple[str, ...]]:
+    """``bench --incumbent``: per cell, this release's figures beside the incumbent release's same cell."""
+    if report.incumbent is None:
+        return []
+    theirs = {cell.key: cell for cell in report.incumbent.cells}
+    return [(cell.label.removeprefix("K="), str(cell.concurrency), _num(cell.tokens_per_second, 1),
+             _num(other.tokens_per_second, 1), _num(cell.incumbent_ratio, 2, "x"), _num(cell.acceptance_rate, 2),
+             _num(other.acceptance_rate, 2),
+             "-" if cell.matches_incumbent is None else f"{cell.matches_incumbent:.0%}")
+            for cell in report.cells if (other := theirs.get(cell.key)) is not None]
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[tuple[str, ...]]) -> list[Table]:
+    """A right-aligned table of ``rows`` (none when there are no rows)."""
     if not rows:
         return []
-    table = Table(title="the served path against the same release in process (concurrency 1)", title_justify="left")
-    for name in SERVED_PATH_COLUMNS:
+    table = Table(title=title, title_justify="left")
+    for name in columns:
         table.add_column(name, justify="right")
     for row in rows:
         table.add_row(*row)
     return [table]
+
+
+def incumbent_table(report: Any) -> list[Table]:
+    return _table("against the incumbent release (interleaved, same prompts)", INCUMBENT_COLUMNS,
+                  incumbent_rows(report))
 
 
 def tables(cells: Sequence[Cell]) -> list[Table]:
@@ -185,6 +211,14 @@ def markdown(report: Any) -> str:
                   "served / in process is what serving keeps of the engines' speed (Triton, BLS calls, the "
                   "postprocessing model, the stream, processes sharing the cores). a = per-token acceptance, "
                   "c and V(K) as above.", ""]
+    if rows := incumbent_rows(report):
+        lines += ["## Against the incumbent release", "", f"The incumbent served at `{report.incumbent.url}`, every "
+                  "cell's blocks run on both releases back to back (which first alternating); x incumbent = tokens/s "
+                  "over the incumbent's same cell; = incumbent text: the share of greedy prompts answered with its "
+                  "text.", "", "| " + " | ".join(INCUMBENT_COLUMNS) + " |", "|" + "---|" * len(INCUMBENT_COLUMNS)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines += [f"**Warning (incumbent):** {warning}" for warning in report.incumbent.warnings]
+        lines.append("")
     if rows := kind_rows(report.cells):
         lines += ["## By kind of prompt", "", "| " + " | ".join(KIND_COLUMNS) + " |", "|" + "---|" * len(KIND_COLUMNS)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

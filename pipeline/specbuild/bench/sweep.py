@@ -9,6 +9,10 @@ runs each block in turn (C requests in flight, one per prompt), the order of the
 to block so that none always goes first. A cell's wall time is the sum of its blocks' and its counters (and
 latency histograms) the sum of the serving model's Prometheus deltas over its blocks, so drift falls on every cell
 alike.
+
+Two releases (``bench --incumbent``: a new release against the one in service) run in one sweep, each on its own
+server: every cell's block runs on both back to back, which one goes first alternating from block to block, so the
+ratio of their speeds is as free of drift as the ratio of two cells.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
@@ -32,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specbuild.bench.histograms import Latencies
 from specbuild.bench.figures import (Cell, CellKey, Counters, RequestTrace, cell_label, chunk_tokens, compare,
-                                     drift_warnings, match_baseline, served_efficiency, summarize)
+                                     drift_warnings, match_baseline, match_incumbent, served_efficiency,
+                                     summarize)
 from specbuild.package.contract import PREPROCESSING_MODEL
 from specbuild.errors import RequestError, ServerError, UsageError
 from specbuild.bench.prompts import Prompt
@@ -104,6 +109,22 @@ class BenchPlan(BaseModel):
         return [(key, block) for number, block in enumerate(self.blocks(concurrency))
                 for key in rotated(level, number)]
 
+    def runs(self, concurrency: int, releases: int = 1) -> list[tuple[int, CellKey, list[int]]]:
+        """(release, cell, block) in run order at ``concurrency`` with ``releases`` servers: each (cell, block) of
+        :meth:`schedule` on every release back to back, the releases' order rotating from block to block."""
+        width = len([key for key in self.cells() if key[3] == concurrency])
+        return [(release, key, block) for position, (key, block) in enumerate(self.schedule(concurrency))
+                for release in rotated(range(releases), position // width)]
+
+
+@dataclass
+class IncumbentRun:
+    """The incumbent release's side of a sweep against it."""
+
+    url: str
+    cells: list[Cell]
+    warnings: list[str] = field(default_factory=list)
+
 
 @dataclass
 class BenchReport:
@@ -116,12 +137,17 @@ class BenchReport:
     warnings: list[str] = field(default_factory=list)  # cells whose figures cannot be trusted, and why
     # --in-process: the concurrency-1 cells again with the release's engines in the bench's process (bench.in_process)
     in_process: list[Cell] = field(default_factory=list)
+    # --incumbent: the release in service, measured in the same sweep (its cells against its own K=0)
+    incumbent: IncumbentRun | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "specbuild.bench/v1", "url": self.url, "prompts": self.prompts, "metrics": self.metrics,
                 "order": "interleaved", "plan": self.plan.model_dump(mode="json"), "environment": self.environment,
                 "warnings": self.warnings, "cells": [cell.to_dict() for cell in self.cells],
                 "in_process": [cell.to_dict() for cell in self.in_process],
+                "incumbent": None if self.incumbent is None else {
+                    "url": self.incumbent.url, "warnings": self.incumbent.warnings,
+                    "cells": [cell.to_dict() for cell in self.incumbent.cells]},
                 "served_efficiency": {cell.label: efficiency for cell, efficiency in served_efficiency(self.cells,
                                                                                                   self.in_process)}}
 
@@ -205,11 +231,15 @@ def chat_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
 
 @dataclass(frozen=True)
 class SentPrompt:
-    """A prompt as the bench sends it: its text (in the chat template where there is one), kind and guide."""
+    """A prompt as the bench sends it: its text (in the chat template where there is one), kind and guide; or its
+    token ids, sent as they are to the orchestrator (a captured prompt, :mod:`specbuild.bench.captured`), with the
+    tokens its answer had (None: the plan's ``max_tokens``)."""
 
     text: str
     category: str
     guide: dict[str, str] = field(default_factory=dict)
+    ids: tuple[int, ...] = ()
+    max_tokens: int | None = None
 
 
 def sent_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) -> list[SentPrompt]:
@@ -220,11 +250,15 @@ def sent_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
 def _request(prompt: SentPrompt, index: int, plan: BenchPlan, key: CellKey, max_tokens: int | None = None) -> Any:
     """Prompt ``index``'s request in the cell ``key`` (a sampled cell's seed is the prompt's, in every cell alike)."""
     from specbuild.serve.client import GenerationRequest
+    from specbuild.serve.orchestrator_client import IdsRequest
 
     k, adaptive, lookup, _, sampling = key
-    return GenerationRequest(prompt.text, max_tokens or plan.max_tokens, stream=True, num_draft_tokens=k,
-                             adaptive_draft=adaptive if k else None, prompt_lookup=lookup if k else None,
-                             **sampling_profile(sampling).request_fields(index), **prompt.guide)
+    settings = {"num_draft_tokens": k, "adaptive_draft": adaptive if k else None,
+                "prompt_lookup": lookup if k else None, **sampling_profile(sampling).request_fields(index)}
+    tokens = max_tokens or prompt.max_tokens or plan.max_tokens
+    if prompt.ids:
+        return IdsRequest(prompt.ids, tokens, stream=True, settings=settings)
+    return GenerationRequest(prompt.text, tokens, stream=True, **settings, **prompt.guide)
 
 
 def trace_request(client: Any, index: int, category: str, request: Any) -> RequestTrace:
@@ -282,23 +316,34 @@ def run_in_process(release: Any, prompts: Sequence[SentPrompt], plan: BenchPlan,
     run.counters = (run.counters or Counters()) + (release.counts.counters() - before)
 
 
-def run_level(client: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, concurrency: int, metrics_url: str | None,
+@dataclass(frozen=True)
+class Served:
+    """A served release the sweep sends requests to: its address, its client and its metrics endpoint (None: not
+    read)."""
+
+    url: str
+    client: Any
+    metrics_url: str | None = None
+
+
+def run_level(servers: Sequence[Served], prompts: Sequence[SentPrompt], plan: BenchPlan, concurrency: int,
               on_done: Callable[[], None] = lambda: None,
-              in_process: tuple[Any, dict[CellKey, _CellRun]] | None = None) -> dict[CellKey, _CellRun]:
-    """Every cell of one concurrency level, interleaved block by block (see the module docstring). After a
-    round of blocks (every cell once), no further round starts if a cell has run ``plan.max_seconds``, so
-    every cell has sent the same prompts. ``in_process`` (a release in this process and its cells' runs): at
-    concurrency 1, each block runs there too, right after the server ran it."""
-    runs = {key: _CellRun(counters=Counters(), latencies=Latencies({})) if metrics_url else _CellRun()
-            for key in plan.cells() if key[3] == concurrency}
-    schedule = plan.schedule(concurrency)
-    for position, (key, block) in enumerate(schedule):
-        if position % len(runs) == 0 and any(run.wall > plan.max_seconds for run in runs.values()):
+              in_process: tuple[Any, dict[CellKey, _CellRun]] | None = None) -> list[dict[CellKey, _CellRun]]:
+    """Every cell of one concurrency level on each of ``servers``, interleaved block by block (see the module
+    docstring); the runs by cell, one mapping per server. After a round of blocks (every cell once on every
+    server), no further round starts if a cell has run ``plan.max_seconds``, so every cell has sent the same
+    prompts. ``in_process`` (a release in this process and its cells' runs): at concurrency 1, each block runs
+    there too, right after the (one) server ran it."""
+    runs = [{key: _CellRun(counters=Counters(), latencies=Latencies({})) if server.metrics_url else _CellRun()
+             for key in plan.cells() if key[3] == concurrency} for server in servers]
+    width = len(runs[0]) * len(servers)
+    for position, (number, key, block) in enumerate(plan.runs(concurrency, len(servers))):
+        if position % width == 0 and any(run.wall > plan.max_seconds for side in runs for run in side.values()):
             break
-        before = read_metrics(metrics_url) if metrics_url else None
-        traces, wall = run_block(client, prompts, plan, key, block, on_done)
-        after = read_metrics(metrics_url) if metrics_url else None
-        run = runs[key]
+        server, run = servers[number], runs[number][key]
+        before = read_metrics(server.metrics_url) if server.metrics_url else None
+        traces, wall = run_block(server.client, prompts, plan, key, block, on_done)
+        after = read_metrics(server.metrics_url) if server.metrics_url else None
         run.traces += traces
         run.wall += wall
         if run.counters is not None and run.latencies is not None and before is not None and after is not None:
@@ -329,13 +374,16 @@ def environment() -> dict[str, Any]:
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
-def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_url: str | None = None,
-              tokenizer_dir: str | Path | None = None, console: Any = None,
-              in_process: Any = None) -> BenchReport:
+def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: BenchPlan, *,
+              metrics_url: str | None = None, tokenizer_dir: str | Path | None = None, console: Any = None,
+              in_process: Any = None, client: Any = None, incumbent: Served | None = None) -> BenchReport:
     """Sweep ``plan`` against the ensemble at ``url`` (gRPC; another machine only when the user named it) and
-    compute every cell's figures; with ``in_process`` (an
+    compute every cell's figures. ``prompts``: as written (wrapped in ``tokenizer_dir``'s chat template) or as sent
+    (:class:`SentPrompt`, e.g. captured ids); ``client``: what sends them (default: a
+    :class:`~specbuild.serve.client.SpecbuildClient` of ``url``). With ``in_process`` (an
     :class:`~specbuild.bench.in_process.InProcessRelease` of the served release) the concurrency-1 cells also run
-    there, interleaved, for the served path's efficiency."""
+    there, interleaved, for the served path's efficiency; with ``incumbent`` (the release in service) every cell also
+    runs on that release, interleaved, for the ratio of their speeds and texts."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specbuild.serve.client import SpecbuildClient
@@ -346,41 +394,59 @@ def run_bench(url: str, prompts: Sequence[Prompt], plan: BenchPlan, *, metrics_u
     if console is not None and not is_loopback(url):
         console.print(f"[yellow]note:[/] {url} is not this machine: the benchmark loads a server elsewhere with "
                       f"{len(plan.cells()) * plan.requests} requests", highlight=False)
-    client = SpecbuildClient(url, timeout=plan.timeout)
-    sent = sent_prompts(tokenizer_dir, prompts)
-    if plan.warmup:  # load both engines and their first-call paths before anything is timed
-        for k in {0, max(plan.ks)}:
-            trace = trace_request(client, 0, "warmup", _request(sent[0], 0, plan, (k, False, False, 1, GREEDY),
-                                                                max_tokens=WARMUP_TOKENS))
-            if trace.error:
-                raise ServerError(f"the warm-up request failed: {trace.error}",
-                                  "check that the server at the given address serves a specbuild ensemble")
-    metrics = read_counters(metrics_url) is not None
-    cells, outputs = [], {}
+    servers = [Served(url, client or SpecbuildClient(url, timeout=plan.timeout), metrics_url),
+               *([incumbent] if incumbent is not None else [])]
+    sent = list(prompts) if isinstance(prompts[0], SentPrompt) else sent_prompts(tokenizer_dir, prompts)
+    for server in servers:
+        warm_up(server.client, sent[0], plan)
+    servers = [replace(server, metrics_url=server.metrics_url if server.metrics_url
+                       and read_counters(server.metrics_url) is not None else None) for server in servers]
+    cells: list[list[Cell]] = [[] for _ in servers]
+    outputs: list[dict[CellKey, dict[int, str]]] = [{} for _ in servers]
     in_runs: dict[CellKey, _CellRun] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        task = progress.add_task("bench (interleaved)", total=len(plan.cells()) * plan.requests)
+        task = progress.add_task("bench (interleaved)", total=len(plan.cells()) * plan.requests * len(servers))
         for concurrency in plan.concurrencies:
             progress.update(task, description=f"bench (interleaved), concurrency {concurrency}")
-            runs = run_level(client, sent, plan, concurrency, metrics_url if metrics else None,
-                             on_done=lambda: progress.advance(task),
+            runs = run_level(servers, sent, plan, concurrency, on_done=lambda: progress.advance(task),
                              in_process=(in_process, in_runs) if in_process is not None else None)
-            for key, run in runs.items():
-                if run.traces and all(t.error for t in run.traces):
-                    raise ServerError(f"every request failed at {cell_label(*key[:3], key[4])} concurrency "
-                                      f"{concurrency}: {run.traces[0].error}",
-                                      "check the server log; lower K below the engine's max_draft_len")
-                cells.append(_summarized(key, run, server_latency=run.latencies and run.latencies.percentiles()))
-                outputs[key] = run_texts(run)
-    cells = compare(cells)
+            for side, side_runs in enumerate(runs):
+                for key, run in side_runs.items():
+                    if run.traces and all(t.error for t in run.traces):
+                        raise ServerError(f"every request failed at {cell_label(*key[:3], key[4])} concurrency "
+                                          f"{concurrency}{' on the incumbent' if side else ''}: "
+                                          f"{run.traces[0].error}",
+                                          "check the server log; lower K below the engine's max_draft_len")
+                    cells[side].append(_summarized(key, run, server_latency=run.latencies
+                                                   and run.latencies.percentiles()))
+                    outputs[side][key] = run_texts(run)
+    cells = [compare(side) for side in cells]
+    for side, side_cells in enumerate(cells):
+        match_baseline(side_cells, outputs[side])
     local = compare([_summarized(key, run) for key, run in in_runs.items()])
-    match_baseline(cells, outputs)
     # in process, the same greedy texts as the served target alone: the served path changes no token
     match_baseline(local, {key: run_texts(run) for key, run in in_runs.items()},
-                   baseline=outputs.get((0, False, False, 1, GREEDY), {}))
-    return BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells, metrics=metrics,
-                       environment=environment(), warnings=drift_warnings(cells), in_process=local)
+                   baseline=outputs[0].get((0, False, False, 1, GREEDY), {}))
+    report = BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells[0],
+                         metrics=servers[0].metrics_url is not None, environment=environment(),
+                         warnings=drift_warnings(cells[0]), in_process=local)
+    if incumbent is not None:
+        match_incumbent(report.cells, cells[1], outputs[0], outputs[1])
+        report.incumbent = IncumbentRun(incumbent.url, cells[1], drift_warnings(cells[1]))
+    return report
+
+
+def warm_up(client: Any, prompt: SentPrompt, plan: BenchPlan) -> None:
+    """Load both engines and their first-call paths before anything is timed (``plan.warmup``)."""
+    if not plan.warmup:
+        return
+    for k in {0, max(plan.ks)}:
+        trace = trace_request(client, 0, "warmup", _request(prompt, 0, plan, (k, False, False, 1, GREEDY),
+                                                            max_tokens=WARMUP_TOKENS))
+        if trace.error:
+            raise ServerError(f"the warm-up request failed: {trace.error}",
+                              "check that the server at the given address serves a specbuild ensemble")
 
 
 def _summarized(key: CellKey, run: _CellRun, **figures: Any) -> Cell:

@@ -108,10 +108,10 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) -> None:
     """The report's tables on the terminal (not under ``--json``: the caller prints the document), its files in
     ``out_dir``."""
-    from specbuild.bench.report import served_path_table, tables, write_outputs
+    from specbuild.bench.report import incumbent_table, served_path_table, tables, write_outputs
 
     if not json_mode:
-        for table in tables(report.cells) + served_path_table(report):
+        for table in tables(report.cells) + served_path_table(report) + incumbent_table(report):
             console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
@@ -128,6 +128,14 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
               help="start a server on this repository for the run (loopback, free ports)")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
               help="wrap prompts in this tokenizer's chat template  [default: the repository's, if given]")
+@click.option("--incumbent", type=click.Path(file_okay=False, exists=True), default=None,
+              help="with --repository: the release in service, started too (loopback, free ports); every cell runs "
+                   "on both, interleaved, for the ratio of their speeds and their texts (--gate "
+                   "faster_than_incumbent=X)")
+@click.option("--captured", "captured", multiple=True, type=click.Path(exists=True),
+              help="with --repository: replay the prompts of this capture file or store (repeatable) by their token "
+                   "ids, each asking for its captured answer's length (--max-tokens when given); one kind, "
+                   "captured")
 @click.option("--in-process", "in_process", is_flag=True,
               help="with --repository (torch runtime): the concurrency-1 cells run again with the release's own "
                    "engines and orchestrator code in this process, interleaved: what serving keeps of their speed")
@@ -147,11 +155,13 @@ def _show_bench(report: Any, out_dir: str | None, plots: bool, json_mode: bool) 
 @click.option("--plots/--no-plots", default=True, show_default=True)
 @click.option("--gate", "gate", multiple=True, metavar="NAME=VALUE",
               help="a release gate threshold (repeatable): min_speedup=X, min_acceptance=X, greedy_identical, "
-                   "max_p95_ms=X, max_error_rate=X; exit 3 when one fails. Without max_error_rate, any failed "
-                   "request fails the run")
+                   "max_p95_ms=X, max_error_rate=X, faster_than_incumbent=X (with --incumbent: X times its tokens/s, "
+                   "K=0 within X of its, and its greedy text); exit 3 when one fails. Without max_error_rate, any failed request fails "
+                   "the run")
 @json_option
 @reports_errors
-def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None, in_process: bool,
+def bench(url: str | None, metrics_url: str | None, repository: str | None, tokenizer: str | None,
+          incumbent: str | None, captured: tuple[str, ...], in_process: bool,
           ks: tuple[int, ...], concurrencies: tuple[int, ...], adaptive: str, lookup: str, samplings: tuple[str, ...],
           prompts_file: str | None, workload: str, categories: tuple[str, ...], num_prompts: int | None,
           max_tokens: int, requests: int, max_seconds: float, out_dir: str, plots: bool, gate: tuple[str, ...],
@@ -161,13 +171,19 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
     The cells of each concurrency level run interleaved, prompt block by prompt block, in rotating order.
 
     With --gate, a release gate: every speculative cell must meet each threshold (exit 3 otherwise, the failing
-    figures in the JSON and in gate.json)."""
+    figures in the JSON and in gate.json).
+
+    With --incumbent, a new release against the one in service, both served here and measured in one interleaved
+    sweep; with --captured, on the traffic they serve, replayed by token ids."""
+    import contextlib
+
     from pydantic import ValidationError
 
     from specbuild.bench.gate import evaluate, parse_thresholds
     from specbuild.bench.prompts import load_prompts
-    from specbuild.bench.sweep import BenchPlan, bench_server, repository_tokenizer, run_bench
-    from specbuild.errors import UsageError
+    from specbuild.bench.sweep import BenchPlan, Served, bench_server, repository_tokenizer, run_bench
+    from specbuild.serve.client import SpecbuildClient
+    from specbuild.serve.orchestrator_client import IdsClient
 
     thresholds = parse_thresholds(gate)
     if thresholds.greedy_identical and GREEDY not in samplings:
@@ -180,23 +196,60 @@ def bench(url: str | None, metrics_url: str | None, repository: str | None, toke
                          max_tokens=max_tokens, requests=requests, max_seconds=max_seconds, samplings=samplings)
     except ValidationError as exc:
         raise UsageError(f"invalid bench options: {exc.errors()[0]['msg']}", "see specbuild bench --help") from None
-    prompts = load_prompts(prompts_file, workload=workload, categories=categories or None,  # type: ignore[arg-type]
-                           limit=num_prompts)
+    _check_release_options(repository, incumbent, captured, in_process, prompts_file, categories, thresholds)
+    if captured:
+        from specbuild.bench.captured import captured_prompts, release_tokenizer_hash
+
+        hashes = {release_tokenizer_hash(folder) for folder in (repository, incumbent) if folder}
+        if len(hashes) > 1:
+            raise UsageError("--incumbent has another tokenizer than --repository: captured ids read as other text",
+                             "compare releases of one tokenizer (the same target)")
+        explicit = click.get_current_context().get_parameter_source("max_tokens") != click.core.ParameterSource.DEFAULT
+        prompts: list[Any] = captured_prompts(captured, hashes.pop(), max_tokens=max_tokens if explicit else None,
+                                              limit=num_prompts)
+    else:
+        prompts = load_prompts(prompts_file, workload=workload,  # type: ignore[arg-type]
+                               categories=categories or None, limit=num_prompts)
     tokenizer = tokenizer or (repository_tokenizer(repository) if repository else None)
-    if in_process and repository is None:
-        raise UsageError("--in-process runs the release's engines in this process: it needs --repository",
-                         "pass --repository with the release's folder (a server is started on it)")
     local = None
     if in_process:
         from specbuild.bench.in_process import InProcessRelease
 
         local = InProcessRelease(repository)  # before the server starts: its engines' warm-up runs alone
-    with bench_server(url, repository) as (grpc_url, server_metrics_url):
+    with contextlib.ExitStack() as servers:
+        grpc_url, server_metrics_url = servers.enter_context(bench_server(url, repository))
+        versus = None
+        if incumbent:
+            incumbent_url, incumbent_metrics = servers.enter_context(bench_server(None, incumbent))
+            versus = Served(incumbent_url, IdsClient.for_release(incumbent_url, incumbent, timeout=plan.timeout)
+                            if captured else SpecbuildClient(incumbent_url, timeout=plan.timeout), incumbent_metrics)
         report = run_bench(grpc_url, prompts, plan, metrics_url=metrics_url or server_metrics_url,
-                           tokenizer_dir=tokenizer, console=console, in_process=local)
+                           tokenizer_dir=tokenizer, console=console, in_process=local, incumbent=versus,
+                           client=IdsClient.for_release(grpc_url, repository, timeout=plan.timeout)
+                           if captured else None)
     _show_bench(report, out_dir, plots, json_mode)
     verdict = evaluate(report.to_dict(), thresholds)
     _gate_outcome(verdict, {**report.to_dict(), "gate": verdict.to_dict()}, out_dir, json_mode)
+
+
+def _check_release_options(repository: str | None, incumbent: str | None, captured: tuple[str, ...],
+                           in_process: bool, prompts_file: str | None, categories: tuple[str, ...],
+                           thresholds: Any) -> None:
+    """The options that need a release folder (its tokenizer and models), and those that exclude each other."""
+    needs = [name for name, given in (("--incumbent", incumbent), ("--captured", captured),
+                                      ("--in-process", in_process)) if given]
+    if needs and repository is None:
+        raise UsageError(f"{needs[0]} needs --repository: the release's folder (its tokenizer and models; a server "
+                         "is started on it)", "pass --repository with the release's folder instead of --url")
+    if in_process and (incumbent or captured):
+        raise UsageError("--in-process measures one release's served path on text prompts",
+                         "run it in a bench of its own, without --incumbent and --captured")
+    if captured and (prompts_file or categories):
+        raise UsageError("--captured replays captured prompts: --prompts and --category choose other prompts",
+                         "leave --prompts and --category out (--num-prompts takes the first N records)")
+    if thresholds.faster_than_incumbent is not None and not incumbent:
+        raise UsageError("--gate faster_than_incumbent compares with the release in service, and no --incumbent "
+                         "was given", "pass --incumbent with that release's folder")
 
 
 def _gate_outcome(verdict: Any, document: dict[str, Any], out_dir: str | None, json_mode: bool) -> None:

@@ -186,12 +186,15 @@ class Generation:
 
 
 class _TextDecoder:
-    """UTF-8 across chunks: bytes of one character split between responses are joined, not mangled."""
+    """The ensemble's ``text_output`` of each response (None: the empty final one), UTF-8 across chunks: bytes of
+    one character split between responses are joined, not mangled."""
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def __call__(self, data: bytes, final: bool = False) -> str:
+    def __call__(self, result: Any, final: bool) -> str:
+        text = None if result is None else result.as_numpy("text_output")
+        data = b"".join(np.asarray(text).reshape(-1).tolist()) if text is not None else b""
         return self._decoder.decode(data, final)
 
 
@@ -225,10 +228,17 @@ class SpecbuildClient:
 
     def chunks(self, request: GenerationRequest) -> Iterator[Chunk]:
         """The responses to ``request`` as they arrive; closing the iterator cancels the request."""
+        yield from self.stream_arrays(request.arrays(), _TextDecoder())
+
+    def stream_arrays(self, arrays: Mapping[str, np.ndarray],
+                      text_of: Callable[[Any, bool], str]) -> Iterator[Chunk]:
+        """The responses of this client's model to the request ``arrays`` as they arrive, each response's new text
+        given by ``text_of(result, final)`` (result None: the empty final response); closing the iterator cancels
+        the request."""
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        inputs = grpc_inputs(request.arrays())
+        inputs = grpc_inputs(arrays)
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         finished = False
@@ -245,7 +255,6 @@ class SpecbuildClient:
                 except queue.Empty:
                     error = exc
                 raise self._error(error) from None
-            decode = _TextDecoder()
             while not finished:
                 try:
                     result, error = responses.get(timeout=self.timeout)
@@ -259,11 +268,9 @@ class SpecbuildClient:
                 final = response.parameters.get("triton_final_response")
                 finished = final is None or final.bool_param
                 if response.outputs:
-                    text = result.as_numpy("text_output")
-                    data = b"".join(np.asarray(text).reshape(-1).tolist()) if text is not None else b""
-                    yield Chunk.from_outputs(decode(data, finished), time.perf_counter() - started,
+                    yield Chunk.from_outputs(text_of(result, finished), time.perf_counter() - started,
                                              lambda name: first_value(result.as_numpy(name)))
-                elif finished and (rest := decode(b"", True)):  # a character cut off at the very end
+                elif finished and (rest := text_of(None, True)):  # a character cut off at the very end
                     yield Chunk(rest, time.perf_counter() - started)
         finally:
             client.stop_stream(cancel_requests=not finished)

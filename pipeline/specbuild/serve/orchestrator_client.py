@@ -6,13 +6,17 @@ before they are sent, and text by :func:`~specbuild.triton_models.text.increment
 Calling the orchestrator rather than the ensemble is what makes cancellation work: closing the stream cancels the
 request, and a model called directly sees that (``request.is_cancelled()``) after its current round, while an
 ensemble only checks between its steps (see ``docs/architecture.md``).
+
+:class:`IdsClient` calls it from threads (as :class:`~specbuild.serve.client.SpecbuildClient` calls the ensemble)
+with a prompt's token ids as they are: ``bench --captured`` replays captured prompts exactly as they were served,
+with no decode and re-encode in between that could change them.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ from specbuild.package.contract import (
     PreprocessingParameters,
     by_name,
 )
-from specbuild.serve.client import batch_of_one, grpc_inputs
+from specbuild.serve.client import Chunk, SpecbuildClient, batch_of_one, grpc_inputs
 from specbuild.triton_models.orchestrator_requests import parse_orchestrator_rows
 from specbuild.triton_models.preprocessor import Preprocessor
 from specbuild.triton_models.text import encode_word_list, incremental_text
@@ -76,6 +80,16 @@ def orchestrator_arrays(preprocessor: Preprocessor, settings: OrchestratorParame
     arrays["stop_words_ids"] = encode_word_list(preprocessor.word_ids(stop_words))[None]
     parse_orchestrator_rows(arrays, settings)
     return arrays
+
+
+def response_text(tokenizer: Any, result: Any) -> tuple[str, bool]:
+    """An orchestrator response's new text, decoded as the release's postprocessing decodes it, and whether it is
+    the request's last."""
+    ids, length, skip, final = (result.as_numpy(name) for name in ("output_ids", "output_length", "skip_tokens",
+                                                                   "is_final"))
+    last = bool(final.reshape(-1)[0])
+    tokens = ids.reshape(-1)[: int(length.reshape(-1)[0])].tolist()
+    return incremental_text(tokenizer, tokens, int(skip.reshape(-1)[0]), last), last
 
 
 class OrchestratorClient:
@@ -139,12 +153,8 @@ class OrchestratorClient:
                 if error is not None:
                     raise ServerError(f"the orchestrator failed: {error.message()}",
                                       "read the Triton server's log; the request may be retried")
-                ids, length, skip, final = (result.as_numpy(name) for name in ("output_ids", "output_length",
-                                                                               "skip_tokens", "is_final"))
-                final = bool(final.reshape(-1)[0])
-                tokens = ids.reshape(-1)[: int(length.reshape(-1)[0])].tolist()
-                yield Piece(incremental_text(tokenizer, tokens, int(skip.reshape(-1)[0]), final),
-                            int(result.as_numpy("output_token_count").reshape(-1)[0]), final)
+                text, final = response_text(tokenizer, result)
+                yield Piece(text, int(result.as_numpy("output_token_count").reshape(-1)[0]), final)
         except (InferenceServerException, grpc.RpcError) as exc:
             detail = exc.message() if isinstance(exc, InferenceServerException) else exc.details()
             raise ServerError(f"cannot reach Triton over gRPC at {self.url}: {detail}",
@@ -152,3 +162,39 @@ class OrchestratorClient:
         finally:
             if not final:
                 responses.cancel()
+
+
+@dataclass(frozen=True)
+class IdsRequest:
+    """One request by its prompt's token ids; ``settings``: the orchestrator's request inputs by name (sampling,
+    ``num_draft_tokens``, ...; None leaves one out)."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    stream: bool = True
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+class IdsClient(SpecbuildClient):
+    """A release's orchestrator model sent prompt token ids, over Triton's gRPC stream from any thread; answers
+    are :class:`~specbuild.serve.client.Generation` as the ensemble's, their text decoded as its postprocessing
+    decodes it."""
+
+    def __init__(self, url: str, preprocessor: Preprocessor, settings: OrchestratorParameters, *,
+                 timeout: float = 600.0) -> None:
+        super().__init__(url, ORCHESTRATOR_MODEL, timeout=timeout)
+        self.preprocessor = preprocessor
+        self.settings = settings
+
+    @classmethod
+    def for_release(cls, url: str, repository: str | Path, *, timeout: float = 600.0) -> IdsClient:
+        """For the release in ``repository`` (its tokenizer and its models' parameters, as Triton serves them)."""
+        return cls(url, *release_requests(repository), timeout=timeout)
+
+    def chunks(self, request: IdsRequest) -> Iterator[Chunk]:  # type: ignore[override]
+        """The responses to ``request`` as they arrive (checked as the orchestrator checks it before it is sent)."""
+        arrays = orchestrator_arrays(self.preprocessor, self.settings, request.prompt_ids, request.max_tokens,
+                                     stream=request.stream, **request.settings)
+        tokenizer = self.preprocessor.tokenizer
+        yield from self.stream_arrays(arrays, lambda result, final: "" if result is None
+                                      else response_text(tokenizer, result)[0])
