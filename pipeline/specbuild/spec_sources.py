@@ -89,9 +89,16 @@ def resolve_relative_paths(data: dict[str, Any], root: Path) -> None:
     for role in ("target", "draft"):
         model = data.get(role)
         if isinstance(model, dict) and isinstance(model.get("checkpoint"), str):
-            model["checkpoint"] = str((root / model["checkpoint"]).resolve()) if model["checkpoint"] else ""
+            model["checkpoint"] = _resolved(f"{role}.checkpoint", model["checkpoint"], root)
     outputs = data.get("outputs")
     if isinstance(outputs, dict):
         for key, value in outputs.items():
-            if isinstance(value, str) and value:
-                outputs[key] = str((root / value).resolve())
+            if isinstance(value, str):
+                outputs[key] = _resolved(f"outputs.{key}", value, root)
+
+
+def _resolved(key: str, path: str, root: Path) -> str:
+    """``path`` from ``root``, absolute ("" stays empty: the field's own rule refuses it)."""
+    if "\0" in path:  # the operating system refuses it: no file is named so
+        raise SpecError(f"{key}: a path cannot contain a NUL character ({path!r})", f"set {key} to a folder's path")
+    return str((root / path).resolve()) if path else ""

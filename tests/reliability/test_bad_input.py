@@ -174,6 +174,14 @@ def test_fuzzed_spec_values_are_accepted_or_name_the_field(key, value):
         assert exc.fix
 
 
+@pytest.mark.parametrize("key", ["target.checkpoint", "outputs.build_dir"])
+def test_a_path_with_a_nul_character_names_its_field(key):
+    """Found by the fuzz test above: the operating system refuses such a path, which escaped as a ValueError."""
+    with pytest.raises(SpecError) as error:
+        load_spec(None, {"target.checkpoint": "t", "draft.checkpoint": "d", key: "a\0b"})
+    assert error.value.message.startswith(f"{key}: a path cannot contain a NUL character") and error.value.fix
+
+
 @pytest.mark.parametrize("key, value, allowed", [
     ("runtime", "tensorrt", "'torch', 'tensorrt-llm', 'tensorrt-llm-llmapi' or 'auto'"),
     ("speculation.acceptance", "exact", "'token-match' or 'draft-logits'"),
