@@ -24,7 +24,7 @@ from specbuild.capture.records import CaptureRecord, read_records
 from specbuild.cli import main
 from specbuild.drafts.capture_distill import CAPTURE_FILE, CAPTURE_STATE, tokenizer_checksum
 from specbuild.drafts.capture_sources import HELD_OUT_FOLDER, release_models
-from specbuild.drafts.capture_split import PREFIX_TOKENS, source_groups, split_by_time_and_source
+from specbuild.drafts.capture_split import PREFIX_TOKENS, apart_from, source_groups, split_by_time_and_source
 from specbuild.drafts.distill import SUMMARY_FILE, TRAIN_FILE, state_dir
 from specbuild.drafts.distill_data import DATA_FILE
 from specbuild.errors import UsageError
@@ -245,3 +245,33 @@ def test_an_empty_capture_is_refused_by_name(tiny_pair, tmp_path):
 def test_the_command_line_names_what_does_not_fit(args, words):
     code, output = run_draft(*args)
     assert code == 2 and words in output.replace("\n", " ") and "Traceback" not in output
+
+
+def test_pool_prompts_of_a_held_out_group_are_left_out():
+    lead_in = list(range(100, 100 + PREFIX_TOKENS))
+    held_out = [lead_in + [1, 2, 3], list(range(300, 340))]
+    candidates = [lead_in + [7, 8], list(range(300, 339)) + [999], list(range(600, 640))]
+    assert apart_from(held_out, candidates) == [2]
+
+
+def test_the_head_is_ranked_again_only_where_it_covers_more(first_run):
+    """A base list that holds every held-out answer token stays; one of ids never answered is replaced."""
+    from specbuild.checkpoint.head_vocabulary import HeadVocabulary
+    from specbuild.drafts.capture_distill import reranked_head
+    from specbuild.drafts.distill_data import load_data
+    from specbuild.drafts.distill_options import DraftOptions
+
+    work = state_dir(first_run[1])
+    window = json.loads((work / CAPTURE_STATE).read_text(encoding="utf-8"))
+    data = load_data(work / DATA_FILE, window["held_out"]["records"])
+    answered = sorted({token for answer in data.answers(range(data.count)) for token in answer})
+    unused = [token for token in range(1024) if token not in answered][:len(answered)]
+    assert len(unused) == len(answered)
+    for base, kept in ((HeadVocabulary.of(answered), True), (HeadVocabulary.of(unused), False)):
+        chosen, figures = reranked_head(base, data, 1024, DraftOptions())
+        assert figures["reranked"] is not kept and (chosen.ids == base.ids) is kept
+        assert figures["held_out_coverage_before"] == (1.0 if kept else 0.0)
+        assert 0 < figures["held_out_coverage_after"] <= 1 and chosen.provenance["held_out_coverage"] > 0
+    chosen, figures = reranked_head(None, data, 1024, DraftOptions(head_vocabulary=64))
+    assert chosen.size == 64 and figures["held_out_coverage_before"] is None and figures["reranked"]
+    assert reranked_head(None, data, 1024, DraftOptions()) == (None, {})

@@ -9,8 +9,9 @@ labels, or the joint teacher on a GPU) and the draft trains on from its own weig
   and near-duplicate groups only, measure the draft before and after, and are written back into their store
   (``held-out/<OUT name>.jsonl``) for ``bench`` to replay exactly them.
 - **No forgetting**: a share of the training sequences (``pool_share``) are the target's answers to the original
-  distillation pool (:mod:`specbuild.drafts.distill_prompts`), so kinds the traffic lacks are rehearsed; acceptance
-  on bundled benchmark prompts (never trained on) is measured before and after.
+  distillation pool (:mod:`specbuild.drafts.distill_prompts`), so kinds the traffic lacks are rehearsed (pool prompts
+  of a held-out record's group are left out: the split's rules hold for them too); acceptance on bundled
+  benchmark prompts (never trained on) is measured before and after.
 - **The sub-vocabulary head** is ranked again from the training answers where the draft has one (or
   ``--head-vocabulary`` asks for one); the new list replaces the base's only where it covers more of the held-out
   captured answers (both coverages are reported).
@@ -39,7 +40,7 @@ from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
 from specbuild.checkpoint.tokenizer_files import read_tokenizer
 from specbuild.drafts.capture_sources import (HELD_OUT_FOLDER, PRIVATE_FOLDER, CapturedTraffic, read_capture,
                                               write_held_out)
-from specbuild.drafts.capture_split import split_by_time_and_source
+from specbuild.drafts.capture_split import apart_from, split_by_time_and_source
 from specbuild.drafts.distill import (EVAL_RESERVE_SECONDS, acceptance_on, check_paths, compute_dtype, evaluate,
                                       head_vocabulary, load_target, resolve_device, save_draft, served_draft,
                                       state_dir, train)
@@ -175,11 +176,15 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
     bundled_answers = target_answers(teacher, tokenizer, chat_encode(tokenizer, bundled_texts(capture.bundled_prompts)),
                                      replace(options, held_out=capture.bundled_prompts), deadline, progress)
     pool_count = min(options.prompts, math.ceil(len(split.train) * capture.pool_share / (1 - capture.pool_share)))
-    pool = target_answers(teacher, tokenizer, chat_encode(tokenizer, distillation_prompts(pool_count, options.seed)),
-                          replace(options, held_out=0), deadline, progress) if pool_count else []
+    candidates = chat_encode(tokenizer, distillation_prompts(pool_count, options.seed)) if pool_count else []
+    kept = apart_from([traffic.records[index].prompt_ids for index in split.held_out], candidates)
+    pool_prompts = [candidates[index] for index in kept]
+    pool = target_answers(teacher, tokenizer, pool_prompts, replace(options, held_out=0), deadline,
+                          progress) if pool_prompts else []
     data = label(teacher, captured + pool, options.top_k if options.teacher == "labels" else None, progress)
     data.held_out = len(split.held_out)
     data.figures.update(captured_sequences=len(captured), pool_sequences=len(pool),
+                        pool_prompts_like_held_out=len(candidates) - len(pool_prompts),
                         generate_seconds=round(time.monotonic() - started, 1))
     bundled = label(teacher, bundled_answers, None, None)
     for index in sorted({traffic.stores[i] for i in split.held_out}):

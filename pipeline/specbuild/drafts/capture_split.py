@@ -71,6 +71,14 @@ def split_by_time_and_source(records: Sequence[CaptureRecord], share: float) -> 
                         held_out=tuple(i for i in by_time if groups[i] in held), groups=len(sizes))
 
 
+def apart_from(held_out: Sequence[Sequence[int]], candidates: Sequence[Sequence[int]]) -> list[int]:
+    """The indices of ``candidates`` (prompts to train on from elsewhere) that share no group with a held-out
+    prompt: the same rules keep the original pool's templates off the held-out side too."""
+    groups = source_groups([*held_out, *candidates])
+    held = set(groups[:len(held_out)])
+    return [index for index, group in enumerate(groups[len(held_out):]) if group not in held]
+
+
 def source_groups(prompts: Sequence[Sequence[int]]) -> list[int]:
     """A group number per prompt: equal lead-ins or near-duplicates after the shared wrapping is cut (see above)."""
     cores = _without_shared_wrapping(prompts)
