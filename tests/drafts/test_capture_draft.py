@@ -232,6 +232,7 @@ def test_an_empty_capture_is_refused_by_name(tiny_pair, tmp_path):
     code, output = run_draft(str(tiny_pair.target_dir), str(tmp_path / "out"), "--from-capture", str(store),
                              "--base", str(tiny_pair.draft_dir))
     assert code == 2 and "empty-store holds no records" in output.replace("\n", "")
+    assert not state_dir(tmp_path / "out").exists()  # a capture that cannot train leaves nothing to --resume
 
 
 @pytest.mark.parametrize(("args", "words"), [

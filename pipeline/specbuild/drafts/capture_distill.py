@@ -40,7 +40,7 @@ from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
 from specbuild.checkpoint.tokenizer_files import read_tokenizer
 from specbuild.drafts.capture_sources import (HELD_OUT_FOLDER, PRIVATE_FOLDER, CapturedTraffic, read_capture,
                                               write_held_out)
-from specbuild.drafts.capture_split import apart_from, split_by_time_and_source
+from specbuild.drafts.capture_split import CaptureSplit, apart_from, split_by_time_and_source
 from specbuild.drafts.distill import (EVAL_RESERVE_SECONDS, acceptance_on, check_paths, compute_dtype, evaluate,
                                       head_vocabulary, load_target, resolve_device, save_draft, served_draft,
                                       state_dir, train)
@@ -86,13 +86,17 @@ def continue_draft(target_dir: str | Path, base_dir: str | Path, out_dir: str | 
     if base is None:
         raise CheckpointError(f"the base draft {base_dir} is not a Hugging Face checkpoint folder (no config.json)",
                               "pass the draft to continue (--base), or the release that holds it (--release)")
-    check_paths(target_dir, out, work, resume, options,
-                {**options.architecture(), **capture.settings(), "base_draft": base["digest"]})
-    os.chmod(work, PRIVATE_FOLDER)  # it holds the captured ids
     checksum = tokenizer_checksum(target_dir)
     if tokenizer_checksum(base_dir) != checksum:
         raise CheckpointError(f"the base draft {base_dir} has another tokenizer than the target {target_dir}",
                               "pass the draft that serves with this target")
+    # the capture is read and split before the state folder is made: a store that cannot train leaves nothing behind
+    started_data = resume and (work / CAPTURE_STATE).is_file()
+    traffic = None if started_data else read_capture(capture.stores, checksum)
+    split = None if traffic is None else split_by_time_and_source(traffic.records, capture.held_out_share)
+    check_paths(target_dir, out, work, resume, options,
+                {**options.architecture(), **capture.settings(), "base_draft": base["digest"]})
+    os.chmod(work, PRIVATE_FOLDER)  # it holds the captured ids
     device = resolve_device(options.device)
     with torch_threads(options.threads):
         torch.manual_seed(options.seed)
@@ -100,7 +104,7 @@ def continue_draft(target_dir: str | Path, base_dir: str | Path, out_dir: str | 
         student, _ = load_target(base_dir, device, "draft")
         dtype = compute_dtype(options.precision, device)
         teacher = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)  # fp32 needs no copy
-        data, bundled, window = load_or_make_data(teacher, tokenizer, checksum, work, options, capture,
+        data, bundled, window = load_or_make_data(teacher, tokenizer, traffic, split, work, options, capture,
                                                   data_deadline, progress)
         vocab_size = int(target.config.vocab_size)
         base_vocabulary = read_head_vocabulary(base_dir, vocab_size)
@@ -156,21 +160,23 @@ def shares_target_head(student: LlamaForCausalLM, target: LlamaForCausalLM) -> b
 
 
 # --- data ------------------------------------------------------------------------------------------------
-def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, checksum: str, work: Path,
-                      options: DraftOptions, capture: CaptureOptions, deadline: float,
+def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase,
+                      traffic: CapturedTraffic | None, split: CaptureSplit | None, work: Path, options: DraftOptions,
+                      capture: CaptureOptions, deadline: float,
                       progress: Progress | None) -> tuple[DistillData, DistillData, dict[str, Any]]:
     """The training data (held-out captured records first, then the training ones, then the pool's answers), the
-    target's answers to bundled prompts, and the capture's figures; made once and kept in ``work``, so a resumed
-    run trains on the data it started with even if the stores have grown since."""
-    if (work / CAPTURE_STATE).is_file():
+    target's answers to bundled prompts, and the capture's figures; made once from ``traffic`` and its ``split``
+    and kept in ``work`` (they are None when it holds them), so a resumed run trains on the data it started with
+    even if the stores have grown since."""
+    if traffic is None or split is None:
         window = json.loads((work / CAPTURE_STATE).read_text(encoding="utf-8"))
         data = load_data(work / DATA_FILE, window["held_out"]["records"])
         bundled = load_data(work / BUNDLED_FILE, 0)
-        if data is not None and bundled is not None:
-            return data, bundled, window
+        if data is None or bundled is None:
+            raise CheckpointError(f"{work} lacks the data its {CAPTURE_STATE} describes",
+                                  f"remove {work} and run again without --resume")
+        return data, bundled, window
     started = time.monotonic()
-    traffic = read_capture(capture.stores, checksum)
-    split = split_by_time_and_source(traffic.records, capture.held_out_share)
     captured = [(list(record.prompt_ids + record.output_ids), len(record.prompt_ids))
                 for record in (traffic.records[index] for index in split.held_out + split.train)]
     bundled_answers = target_answers(teacher, tokenizer, chat_encode(tokenizer, bundled_texts(capture.bundled_prompts)),
