@@ -477,6 +477,8 @@ def _show_capture_figures(summary: dict[str, Any]) -> None:
 
     lines = [f"captured: {capture['records']} records ({capture['first_finished_at']} to {capture['last_finished_at']}"
              f", {capture['groups']} prompt groups); {held['records']} newest held out",
+             f"rehearsed: {provenance['pool']['sequences']} answers to the original pool (--pool-share "
+             f"{provenance['pool']['share']}; none once the data budget is spent)",
              f"held-out acceptance before->after: {change(held['acceptance_before'], held['acceptance_after'])}",
              f"bundled prompts (forgetting): {change(bundled['acceptance_before'], bundled['acceptance_after'])}"]
     skipped = sum(capture["other_tokenizers"].values())

@@ -186,7 +186,7 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
     kept = apart_from([traffic.records[index].prompt_ids for index in split.held_out], candidates)
     pool_prompts = [candidates[index] for index in kept]
     pool = target_answers(teacher, tokenizer, pool_prompts, replace(options, held_out=0), deadline,
-                          progress) if pool_prompts else []
+                          progress) if pool_prompts and time.monotonic() < deadline else []  # none past the budget
     data = label(teacher, captured + pool, options.top_k if options.teacher == "labels" else None, progress)
     data.held_out = len(split.held_out)
     data.figures.update(captured_sequences=len(captured), pool_sequences=len(pool),
