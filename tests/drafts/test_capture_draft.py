@@ -150,7 +150,8 @@ def test_the_run_writes_the_draft_its_provenance_and_the_held_out_records(first_
     assert summary["held_out_files"] == [str(path)]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     split = split_by_time_and_source(captured, 0.1)
-    assert list(read_records([path])) == [captured[i] for i in split.held_out] and held["records"] == len(split.held_out)
+    assert list(read_records([path])) == [captured[i] for i in split.held_out]
+    assert held["records"] == len(split.held_out)
     assert list(read_records([store])) == captured  # the held-out folder is not read as capture
     assert stat.S_IMODE(state_dir(out).stat().st_mode) == 0o700
 

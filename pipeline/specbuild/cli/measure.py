@@ -490,8 +490,10 @@ def _show_capture_figures(summary: dict[str, Any]) -> None:
     head = provenance.get("head_vocabulary")
     if head:
         before = "none" if head["held_out_coverage_before"] is None else f"{head['held_out_coverage_before']:.1%}"
-        lines.append(f"head vocabulary: held-out coverage {before} -> {head['held_out_coverage_after']:.1%} "
-                     f"({'ranked again from the capture' if head['reranked'] else 'the base list kept: it covers as much'})")
+        verdict = ("ranked again from the capture" if head["reranked"]
+                   else "the base list kept: it covers as much or more")
+        lines.append(f"head vocabulary: held-out coverage {before} (base) -> {head['held_out_coverage_after']:.1%} "
+                     f"(ranked again); {verdict}")
     lines += [f"held-out records for bench: {path}" for path in summary["held_out_files"]]
     lines.append(f"{summary['state']} holds the captured token ids (they are the text): remove it once the draft is "
                  "released or rejected; the draft's weights embed the traffic too")
