@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+from click.core import ParameterSource
 
 from specbuild.cli.common import console, json_option, main, print_json, reports_errors
-from specbuild.drafts.distill_options import ANSWERS, DEVICES, PRECISIONS, TEACHERS, DraftOptions
+from specbuild.drafts.distill_options import (ANSWERS, CONTINUE_LEARNING_RATE, DEVICES, PRECISIONS, TEACHERS,
+                                              CaptureOptions, DraftOptions)
 from specbuild.errors import SpecbuildError, UsageError
 from specbuild.spec import DEFAULT_SPEC_FILE, LOCAL_GRPC_URL, TRITON_DEFAULTS
 from specbuild.speculation.schedule import TUNED_LOADS
@@ -376,9 +378,14 @@ def demo_models(out: str | None, tiny: bool, tiny_seed: int, json_mode: bool) ->
     console.print(f"target: {pair.target_dir}\ndraft:  {pair.draft_dir}", highlight=False)
 
 
+CAPTURE = CaptureOptions(stores=())  # `specbuild draft --from-capture`'s defaults
+# What a continued draft takes from its base (its architecture) or from the capture (its answers and held-out part).
+NOT_WITH_CAPTURE = ("layers", "hidden", "prompts", "held_out", "answers")
+ONLY_WITH_CAPTURE = ("base", "release", "held_out_share", "pool_share")
+
+
 @main.command("draft")
-@click.argument("target", type=click.Path(file_okay=False))
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("paths", nargs=-1, required=True, metavar="[TARGET] OUT")
 @click.option("--layers", type=click.IntRange(min=1), default=DRAFT.layers, show_default=True,
               help="decoder layers of the draft")
 @click.option("--hidden", type=click.IntRange(min=1), default=DRAFT.hidden,
@@ -411,24 +418,97 @@ def demo_models(out: str | None, tiny: bool, tiny_seed: int, json_mode: bool) ->
 @click.option("--head-vocabulary", type=click.IntRange(min=1), default=DRAFT.head_vocabulary, metavar="N",
               help="give the draft a head over the N ids the target uses most, ranked from the answers it distils "
                    "from (a cheaper draft step; the torch runtime serves it)")
+@click.option("--from-capture", "stores", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="continue a draft on the traffic these capture stores hold (repeatable): the target's answers "
+                   "are in the records; the newest records are held out (written to DIR/held-out/<OUT name>.jsonl "
+                   "for bench) and OUT.state holds captured ids while the run lasts")
+@click.option("--base", type=click.Path(file_okay=False), default=None, metavar="CHECKPOINT",
+              help="with --from-capture: the draft to continue (TARGET is its target)")
+@click.option("--release", type=click.Path(file_okay=False), default=None, metavar="REPO",
+              help="with --from-capture: continue this release's own draft for its own target (no TARGET)")
+@click.option("--held-out-share", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=CAPTURE.held_out_share, show_default=True,
+              help="with --from-capture: the newest share of the records held out (no prompt template or "
+                   "near-duplicate on both sides)")
+@click.option("--pool-share", type=click.FloatRange(0, 1, max_open=True), default=CAPTURE.pool_share,
+              show_default=True, help="with --from-capture: the share of training sequences from the original "
+              "distillation pool, so kinds the traffic lacks are not forgotten")
 @click.option("--resume", is_flag=True, help="continue from OUT.state (data and the last checkpoint)")
 @json_option
 @reports_errors
-def draft_command(target: str, out: str, layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
+def draft_command(paths: tuple[str, ...], layers: int, hidden: int | None, minutes: float, steps: int, prompts: int,
                   held_out: int, max_new_tokens: int, seed: int, precision: str, device: str, generate_batch: int,
-                  batch_tokens: int, answers: str, teacher: str, head_vocabulary: int | None, resume: bool,
-                  json_mode: bool) -> None:
-    """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state)."""
-    from specbuild.drafts.distill import make_draft
+                  batch_tokens: int, answers: str, teacher: str, head_vocabulary: int | None,
+                  stores: tuple[str, ...], base: str | None, release: str | None, held_out_share: float,
+                  pool_share: float, resume: bool, json_mode: bool) -> None:
+    """Distil a small draft for TARGET into OUT (same tokenizer; checkpoints and data in OUT.state).
 
-    options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
-                           held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision,
-                           device=device, generate_batch=generate_batch, batch_tokens=batch_tokens, answers=answers,
-                           teacher=teacher, head_vocabulary=head_vocabulary)
+    With --from-capture, continue a draft (--base, or the --release's own) on the traffic a release captured."""
+    given = _given_options(click.get_current_context())
+    if not stores:
+        if len(paths) != 2 or given & set(ONLY_WITH_CAPTURE):
+            raise UsageError("specbuild draft takes TARGET and OUT (--base, --release and the shares need "
+                             "--from-capture)", "e.g. specbuild draft TARGET OUT, or add --from-capture DIR")
+        from specbuild.drafts.distill import make_draft
+
+        options = DraftOptions(layers=layers, hidden=hidden, minutes=minutes, steps=steps, prompts=prompts,
+                               held_out=held_out, max_new_tokens=max_new_tokens, seed=seed, precision=precision,
+                               device=device, generate_batch=generate_batch, batch_tokens=batch_tokens,
+                               answers=answers, teacher=teacher, head_vocabulary=head_vocabulary)
+        with progress_display(console) as progress:
+            summary = make_draft(paths[0], paths[1], options, resume=resume, progress=progress)
+        if json_mode:
+            print_json(summary)
+        _show_draft(paths[1], summary)
+        return
+    misplaced = sorted(given & set(NOT_WITH_CAPTURE))
+    if misplaced:
+        raise UsageError(f"--from-capture continues a draft with its own architecture on the captured answers, so "
+                         f"{', '.join('--' + name.replace('_', '-') for name in misplaced)} do not apply",
+                         "leave them out (--max-new-tokens and the pool's size follow --pool-share)")
+    target, base_dir, out = _capture_models(paths, base, release)
+    from specbuild.drafts.capture_distill import continue_draft
+
+    options = DraftOptions(minutes=minutes, steps=steps, max_new_tokens=max_new_tokens, seed=seed,
+                           precision=precision, device=device, generate_batch=generate_batch,
+                           batch_tokens=batch_tokens, teacher=teacher, head_vocabulary=head_vocabulary,
+                           learning_rate=CONTINUE_LEARNING_RATE)
+    capture = CaptureOptions(stores=tuple(Path(store) for store in stores), held_out_share=held_out_share,
+                             pool_share=pool_share)
     with progress_display(console) as progress:
-        summary = make_draft(target, out, options, resume=resume, progress=progress)
+        summary = continue_draft(target, base_dir, out, capture, options, resume=resume, progress=progress)
     if json_mode:
         print_json(summary)
+    _show_draft(out, summary)
+    _show_capture_figures(summary)
+
+
+def _given_options(context: click.Context) -> set[str]:
+    """The options the command line set (not left at their defaults)."""
+    return {name for name in context.params
+            if context.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+
+
+def _capture_models(paths: tuple[str, ...], base: str | None, release: str | None) -> tuple[Path, Path, Path]:
+    """(target, base draft, output) for --from-capture: TARGET OUT with --base, or OUT with --release."""
+    if (base is None) == (release is None):
+        raise UsageError("--from-capture continues one draft: pass --base CHECKPOINT (with TARGET) or --release REPO",
+                         "e.g. specbuild draft OUT --from-capture DIR --release triton_repo")
+    if release is not None:
+        if len(paths) != 1:
+            raise UsageError("with --release the target is the release's own: pass OUT alone",
+                             "e.g. specbuild draft OUT --from-capture DIR --release triton_repo")
+        from specbuild.drafts.capture_sources import release_models
+
+        target, draft = release_models(Path(release))
+        return target, draft, Path(paths[0])
+    if len(paths) != 2:
+        raise UsageError("with --base pass TARGET and OUT", "e.g. specbuild draft TARGET OUT --from-capture DIR "
+                         "--base DRAFT")
+    return Path(paths[0]), Path(str(base)), Path(paths[1])
+
+
+def _show_draft(out: str | Path, summary: dict[str, Any]) -> None:
     acceptance = " ".join(f"K={k}: {rate:.2f}" for k, rate in summary["held_out_acceptance"].items())
     head = summary.get("head_vocabulary")
     if head:
@@ -438,6 +518,39 @@ def draft_command(target: str, out: str, layers: int, hidden: int | None, minute
                   f"draft step {summary['draft_step_ms']} ms, target step {summary['target_step_ms']} ms; "
                   f"expected speedup {summary['expected_speedup'][str(summary['best_k'])]:.2f}x at K={summary['best_k']}",
                   highlight=False)
+
+
+def _show_capture_figures(summary: dict[str, Any]) -> None:
+    """Before and after, what was left out, and where the captured data now also lies."""
+    provenance = summary["provenance"]
+    capture, held, bundled = provenance["capture"], provenance["held_out"], provenance["bundled"]
+
+    def change(before: dict[str, float], after: dict[str, float]) -> str:
+        return " ".join(f"K={k}: {before[k]:.2f}->{after[k]:.2f}" for k in after)
+
+    lines = [f"captured: {capture['records']} records ({capture['first_finished_at']} to {capture['last_finished_at']}"
+             f", {capture['groups']} prompt groups); {held['records']} newest held out",
+             f"rehearsed: {provenance['pool']['sequences']} answers to the original pool (--pool-share "
+             f"{provenance['pool']['share']}; none once the data budget is spent)",
+             f"held-out acceptance before->after: {change(held['acceptance_before'], held['acceptance_after'])}",
+             f"bundled prompts (forgetting): {change(bundled['acceptance_before'], bundled['acceptance_after'])}"]
+    skipped = sum(capture["other_tokenizers"].values())
+    if skipped:
+        lines.append(f"left out: {skipped} records of other tokenizers ("
+                     + ", ".join(f"{checksum[:12]}: {n}" for checksum, n in capture["other_tokenizers"].items()) + ")")
+    if capture["without_answer"]:
+        lines.append(f"left out: {capture['without_answer']} records without an answer")
+    head = provenance.get("head_vocabulary")
+    if head:
+        before = "none" if head["held_out_coverage_before"] is None else f"{head['held_out_coverage_before']:.1%}"
+        verdict = ("ranked again from the capture" if head["reranked"]
+                   else "the base list kept: it covers as much or more")
+        lines.append(f"head vocabulary: held-out coverage {before} (base) -> {head['held_out_coverage_after']:.1%} "
+                     f"(ranked again); {verdict}")
+    lines += [f"held-out records for bench: {path}" for path in summary["held_out_files"]]
+    lines.append(f"{summary['state']} holds the captured token ids (they are the text): remove it once the draft is "
+                 "released or rejected; the draft's weights embed the traffic too")
+    console.print("\n".join(lines), highlight=False)
 
 
 @main.command("head-vocabulary")

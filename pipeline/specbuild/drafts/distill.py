@@ -48,7 +48,7 @@ import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
 from specbuild.bench.acceptance import acceptance_by_k, model_logits, sequence_matches
@@ -93,7 +93,7 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
     data_deadline = started + budget * options.data_share
     train_deadline = started + budget - min(EVAL_RESERVE_SECONDS, 0.1 * budget)  # leave time for the summary
     out, work = Path(out_dir), state_dir(out_dir)
-    _check_paths(Path(target_dir), out, work, resume, options)
+    check_paths(Path(target_dir), out, work, resume, options)
     device = resolve_device(options.device)
     with torch_threads(options.threads):
         torch.manual_seed(options.seed)
@@ -106,10 +106,7 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
                           frozen_head=options.hidden in (None, target.config.hidden_size),
                           teacher=teacher if options.teacher == "joint" else None)
         del teacher  # a labels teacher's bfloat16 copy is not needed any more
-        if resume and (work / TRAIN_FILE).is_file():
-            trainer.load(work / TRAIN_FILE)
-        resumed_from = trainer.step
-        trainer.run(train_deadline, work / TRAIN_FILE, progress)
+        resumed_from = train(trainer, work, resume, train_deadline, progress)
         vocabulary = head_vocabulary(data, int(target.config.vocab_size), options)
         figures = evaluate(target, student, data, progress, vocabulary)
     summary = {
@@ -119,16 +116,39 @@ def make_draft(target_dir: str | Path, out_dir: str | Path, options: DraftOption
         "parameters": parameter_count(student), "resumed_from_step": resumed_from, "steps_done": trainer.step,
         "train_seconds": round(trainer.seconds, 1), "data": data.figures, **figures,
     }
+    save_draft(out, student, tokenizer, vocabulary, summary)
+    return summary
+
+
+def train(trainer: Trainer, work: Path, resume: bool, deadline: float, progress: Progress | None) -> int:
+    """Run ``trainer`` until its steps or ``deadline``, from the state folder's last checkpoint with ``resume``;
+    return the step it started from."""
+    if resume and (work / TRAIN_FILE).is_file():
+        trainer.load(work / TRAIN_FILE)
+    resumed_from = trainer.step
+    trainer.run(deadline, work / TRAIN_FILE, progress)
+    return resumed_from
+
+
+def save_draft(out: Path, student: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase,
+               vocabulary: HeadVocabulary | None, summary: dict[str, Any],
+               documents: dict[str, dict[str, Any]] | None = None) -> None:
+    """The draft checkpoint, its head vocabulary, its summary (``bytes`` added) and any other JSON ``documents``
+    by file name, written into ``out`` at once."""
     with atomic_output_dir(out) as scratch:
         save_checkpoint(student.cpu(), tokenizer, scratch)
         if vocabulary is not None:
             vocabulary.write(scratch)
         summary["bytes"] = folder_bytes(scratch)
-        (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return summary
+        for name, document in {SUMMARY_FILE: summary, **(documents or {})}.items():
+            (scratch / name).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
-def _check_paths(target: Path, out: Path, work: Path, resume: bool, options: DraftOptions) -> None:
+def check_paths(target: Path, out: Path, work: Path, resume: bool, options: DraftOptions,
+                settings: dict[str, Any] | None = None) -> None:
+    """Refuse an output that is not ours or an earlier run continued with other ``settings`` (by default the
+    options' :meth:`~DraftOptions.architecture`), and record them in the state folder ``work``."""
+    settings = options.architecture() if settings is None else settings
     if not (target / "config.json").is_file():
         raise CheckpointError(f"{target} is not a Hugging Face checkpoint folder (no config.json)",
                               "pass the target's checkpoint folder")
@@ -145,26 +165,30 @@ def _check_paths(target: Path, out: Path, work: Path, resume: bool, options: Dra
         raise UsageError(f"{work} holds an earlier run", "pass --resume to continue it, or remove the folder")
     if resume and recorded.is_file():  # settings added since that run was made have their defaults there
         previous = {**DraftOptions().architecture(), **json.loads(recorded.read_text(encoding="utf-8"))}
-        if previous != options.architecture():
-            changed = sorted(key for key in previous if previous.get(key) != options.architecture().get(key))
+        if previous != settings:
+            changed = sorted(key for key in previous.keys() | settings.keys()
+                             if previous.get(key) != settings.get(key))
             raise UsageError(f"--resume with different settings than the saved run: {', '.join(changed)}",
                              f"repeat the earlier settings, or remove {work} to start over")
     work.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(recorded, json.dumps(options.architecture(), indent=2).encode("utf-8"))
+    atomic_write_bytes(recorded, json.dumps(settings, indent=2).encode("utf-8"))
 
 
-def load_target(folder: Path, device: torch.device) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+def load_target(folder: Path, device: torch.device,
+                role: str = "target") -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+    """The ``role``'s checkpoint (a Llama: drafts copy the target's layers and are Llamas) in float32, and its
+    tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot load the target {folder}: {exc}",
+        raise CheckpointError(f"cannot load the {role} {folder}: {exc}",
                               "pass a safetensors Hugging Face checkpoint with its tokenizer") from exc
     if model.config.model_type != "llama":
-        raise CheckpointError(f"specbuild draft makes Llama drafts, and copies layers from the target, but the target "
-                              f"is {model.config.model_type!r}", "use a Llama-architecture target")
+        raise CheckpointError(f"specbuild draft makes Llama drafts, and copies layers from the target, but the {role} "
+                              f"is {model.config.model_type!r}", f"use a Llama-architecture {role}")
     return model.float().to(device).eval(), tokenizer
 
 
@@ -210,23 +234,10 @@ def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillD
              vocabulary: HeadVocabulary | None = None) -> dict[str, Any]:
     """Held-out greedy acceptance at K=1..4, step costs, V(K) and the expected speedup per K, all with the
     sub-vocabulary head where there is one (as the torch engine serves it)."""
-    from specbuild.runtimes.torch.engine import SubVocabularyHead
-
-    if vocabulary is not None:
-        student = copy.deepcopy(student)
-        head = SubVocabularyHead(student, vocabulary, int(target.config.vocab_size))
-    forward = model_logits(student)
-
-    def logits(sequence: torch.Tensor) -> torch.Tensor:
-        return forward(sequence) if vocabulary is None else head.scatter(forward(sequence))
-
-    with stage(progress, "draft: held-out acceptance", data.held_out) as advance:
-        rows = ((data.ids[start:end].to(student.device), prompt_len)
-                for start, end, prompt_len in data.rows(range(data.held_out)))
-        matches = sequence_matches(logits, rows, advance)
-    acceptance = acceptance_by_k(matches, MAX_K)
+    served, logits = served_draft(student, vocabulary, int(target.config.vocab_size))
+    acceptance = acceptance_on(logits, data, range(data.held_out), progress, "draft: held-out acceptance")
     with stage(progress, "draft: step costs", COST_REPEATS) as advance:
-        costs = measure_step_costs(target, student, MAX_K, advance=advance)
+        costs = measure_step_costs(target, served, MAX_K, advance=advance)
     expected = {str(k): round(speedup, 3) for k, speedup in predicted_speedups(acceptance, costs).items()}
     best = max(expected, key=lambda k: expected[k])
     head_figures = {} if vocabulary is None else {"head_vocabulary": {**vocabulary.summary(), **{
@@ -235,3 +246,25 @@ def evaluate(target: LlamaForCausalLM, student: LlamaForCausalLM, data: DistillD
             "draft_step_ms": round(costs.draft_step_ms, 2), "cost_ratio": round(costs.cost_ratio, 3),
             "verify_cost": {str(k): round(v, 3) for k, v in costs.verify_cost.items()}, "expected_speedup": expected,
             "best_k": int(best)}
+
+
+def served_draft(student: LlamaForCausalLM, vocabulary: HeadVocabulary | None, vocab_size: int
+                 ) -> tuple[LlamaForCausalLM, Callable[[torch.Tensor], torch.Tensor]]:
+    """The draft as the torch engine serves it (a copy with its sub-vocabulary head, where it has one: the student
+    itself is left as it is) and its vocabulary-wide logits for one sequence."""
+    from specbuild.runtimes.torch.engine import SubVocabularyHead
+
+    if vocabulary is None:
+        return student, model_logits(student)
+    served = copy.deepcopy(student)
+    head = SubVocabularyHead(served, vocabulary, vocab_size)
+    forward = model_logits(served)
+    return served, lambda sequence: head.scatter(forward(sequence))
+
+
+def acceptance_on(logits: Callable[[torch.Tensor], torch.Tensor], data: DistillData, indices: range,
+                  progress: Progress | None, description: str) -> dict[str, float]:
+    """Greedy acceptance at K=1..:data:`MAX_K` on the given sequences of ``data`` (their answers are the target's)."""
+    with stage(progress, description, len(indices)) as advance:
+        rows = ((data.ids[start:end], prompt_len) for start, end, prompt_len in data.rows(indices))
+        return acceptance_by_k(sequence_matches(logits, rows, advance), MAX_K)

@@ -63,13 +63,9 @@ class DistillData:
 def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work: Path,
                        options: DraftOptions, deadline: float, progress: Progress | None) -> DistillData:
     """The target's answers (and, for a ``labels`` teacher, their labels), made once and kept in ``work``."""
-    from safetensors.torch import load, save
-
     path = work / DATA_FILE
-    if path.is_file():
-        tensors = load(path.read_bytes())
-        figures = json.loads((work / "data.json").read_text(encoding="utf-8"))
-        return DistillData(**tensors, held_out=options.held_out, figures=figures)
+    if (stored := load_data(path, options.held_out)) is not None:
+        return stored
     started = time.monotonic()
     prompts = encode_prompts(tokenizer, options)
     sampled = options.answers == "greedy+sampled"
@@ -86,11 +82,28 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
     data.held_out = options.held_out
     data.figures.update(generate_seconds=round(time.monotonic() - started, 1), greedy_answers=greedy_count,
                         sampled_answers=len(sequences) - greedy_count)
+    save_data(data, path)
+    return data
+
+
+def save_data(data: DistillData, path: Path) -> None:
+    """``data``'s tensors into ``path`` (safetensors) and its figures beside it (``.json``)."""
+    from safetensors.torch import save
+
     tensors = {name: getattr(data, name).contiguous() for name in
                ("ids", "offsets", "prompt_lens", "top_ids", "top_logp", "hidden") if getattr(data, name) is not None}
     atomic_write_bytes(path, save(tensors))
-    atomic_write_bytes(work / "data.json", json.dumps(data.figures).encode("utf-8"))
-    return data
+    atomic_write_bytes(path.with_suffix(".json"), json.dumps(data.figures).encode("utf-8"))
+
+
+def load_data(path: Path, held_out: int) -> DistillData | None:
+    """What :func:`save_data` wrote to ``path``, its first ``held_out`` sequences held out; None where nothing was."""
+    from safetensors.torch import load
+
+    if not path.is_file():
+        return None
+    figures = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    return DistillData(**load(path.read_bytes()), held_out=held_out, figures=figures)
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, options: DraftOptions) -> list[list[int]]:
