@@ -2,9 +2,13 @@
 
 The bundled benchmark's weakest kind for the demo draft is chat; this composes many prompts of that kind (a
 situation and an ask, each from its own list, none taken from the bundled prompts or the distillation pool's
-templates in ``drafts/distill_prompts.py``), shuffled by a seed, as a ``bench --prompts`` file:
+templates in ``drafts/distill_prompts.py``), shuffled by a seed, as a ``bench --prompts`` file; and sends such a
+file to a served release as its users would: in the release's chat template, with the release's own settings (no
+per-request K or lookup), at a given concurrency:
 
-    python benchmarks/chat_traffic.py --count 160 --out /tmp/chat_traffic.jsonl
+    python benchmarks/chat_traffic.py write --count 110 --out /tmp/chat_traffic.jsonl
+    python benchmarks/chat_traffic.py send 127.0.0.1:8001 --prompts /tmp/chat_traffic.jsonl \
+        --tokenizer REPO/preprocessing/1/tokenizer --concurrency 4
 """
 
 from __future__ import annotations
@@ -12,9 +16,15 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
+
+from specbuild.bench.prompts import load_prompts
+from specbuild.bench.sweep import chat_prompts as in_chat_template
+from specbuild.serve.client import SpecbuildClient
 
 SITUATIONS = (
     "my flatmate never washes the dishes", "I start a new job on Monday", "my grandmother is moving in with us",
@@ -56,14 +66,36 @@ def chat_prompts(count: int, seed: int) -> list[str]:
             for opener, situation, ask in combos[:count]]
 
 
-@click.command()
+@click.group()
+def main() -> None:
+    """Write chat traffic, or send it to a served release."""
+
+
+@main.command()
 @click.option("--count", default=160, show_default=True, help="prompts to write")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))
-def main(count: int, seed: int, out: Path) -> None:
+def write(count: int, seed: int, out: Path) -> None:
     lines = [json.dumps({"category": "chat", "prompt": text}) for text in chat_prompts(count, seed)]
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     click.echo(f"{len(lines)} chat prompts -> {out}")
+
+
+@main.command()
+@click.argument("url")
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokenizer", required=True, type=click.Path(exists=True, file_okay=False),
+              help="the release's tokenizer (REPO/preprocessing/1/tokenizer): its chat template wraps each prompt")
+@click.option("--concurrency", default=4, show_default=True)
+@click.option("--max-tokens", default=64, show_default=True)
+def send(url: str, prompts_file: str, tokenizer: str, concurrency: int, max_tokens: int) -> None:
+    """Each prompt once, to the release's gRPC URL, ``concurrency`` at a time; a line of totals."""
+    texts = in_chat_template(tokenizer, load_prompts(prompts_file))
+    started = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        done = list(pool.map(lambda text: SpecbuildClient(url).generate(text, max_tokens), texts))
+    click.echo(json.dumps({"requests": len(done), "seconds": round(time.monotonic() - started, 1),
+                           "tokens": sum(item.output_token_count or 0 for item in done)}))
 
 
 if __name__ == "__main__":

@@ -162,3 +162,20 @@ def test_a_killed_orchestrator_leaves_every_answered_request_captured_whole(capt
     assert len(answered) >= 6
     assert [(list(item.prompt_ids), list(item.output_ids)) for item in records[:len(answered)]] == answered
     assert len(answered) <= len(records) <= len(answered) + 1
+
+
+def test_bench_measures_a_capturing_release_through_a_temporary_store_it_deletes(capturing_repository, tmp_path,
+                                                                                 monkeypatch) -> None:
+    """The release in service captures; ``bench --incumbent`` (and tune) start it: the capture path runs, into a
+    store of the bench's own that is gone when the server stops (the nightly job failed to start it before)."""
+    import tempfile
+
+    from specbuild.bench.sweep import bench_server
+    from specbuild.serve.client import SpecbuildClient
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with bench_server(None, capturing_repository) as (grpc_url, _):
+        [store] = tmp_path.glob("specbuild-bench-capture-*")
+        SpecbuildClient(grpc_url).generate(PROMPT, MAX_TOKENS)
+        assert len(list(read_records([store]))) == 1
+    assert not store.exists()

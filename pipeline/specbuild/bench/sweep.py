@@ -23,6 +23,7 @@ import ipaddress
 import os
 import platform
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -463,15 +464,24 @@ def run_texts(run: _CellRun) -> dict[int, str]:
 def bench_server(url: str | None, repository: str | Path | None,
                  startup_timeout: float = 300.0) -> Iterator[tuple[str, str | None]]:
     """The (gRPC url, metrics url) to benchmark: a server started on ``repository`` (stopped afterwards), or
-    the running one at ``url``."""
+    the running one at ``url``.
+
+    A release that captures its traffic (the release in service, measured against a candidate) writes the bench's
+    requests to a temporary store, deleted when the server stops: the capture path's cost is measured, and no
+    measurement lands in a real store."""
     if (url is None) == (repository is None):
         raise UsageError("give either --url (a running server) or --repository (one to start), not both or neither",
                          f"e.g. --repository triton_repo, or --url {LOCAL_GRPC_URL}")
     if url is not None:
         yield url, None
         return
+    from specbuild.package.repository import orchestrator_settings
     from specbuild.serve.server import TritonServer
 
-    with TritonServer(repository, startup_timeout=startup_timeout) as server:  # loopback, free ports
-        yield server.grpc_url, server.metrics_url
+    settings = orchestrator_settings(Path(repository))
+    with contextlib.ExitStack() as scratch:
+        store = (scratch.enter_context(tempfile.TemporaryDirectory(prefix="specbuild-bench-capture-"))
+                 if settings is not None and settings.capture else None)
+        with TritonServer(repository, startup_timeout=startup_timeout, capture_dir=store) as server:  # loopback
+            yield server.grpc_url, server.metrics_url
 
