@@ -41,7 +41,8 @@ kill -INT $server; wait $server || true; trap - EXIT
 
 echo "== 3. the draft continued on the capture ($minutes CPU minutes)"
 "$specbuild" draft "$work/chat-draft" --from-capture "$store" --release "$work/current/triton_repo" \
-    --minutes "$minutes" --held-out-share 0.15 --max-new-tokens 64 --json > "$work/chat-draft.json"
+    --minutes "$minutes" --steps 200 --pool-share 0.4 --held-out-share 0.15 --max-new-tokens 64 --json \
+    > "$work/chat-draft.json"
 
 echo "== 4. the candidate release: the same spec, the new draft"
 "$specbuild" compile --spec "$spec" --set name=chat-candidate --set draft.checkpoint="$work/chat-draft" \
@@ -50,7 +51,7 @@ echo "== 4. the candidate release: the same spec, the new draft"
 
 echo "== 5. candidate against the release in service, interleaved: held-out captured prompts, then bundled ones"
 "$specbuild" bench --repository "$work/candidate/triton_repo" --incumbent "$work/current/triton_repo" \
-    --captured "$store/held-out/chat-draft.jsonl" --k 0,3 --lookup on --requests 48 --no-plots \
+    --captured "$store/held-out/chat-draft.jsonl" --k 0,3 --lookup on --requests 51 --no-plots \
     --out "$work/bench-held-out"
 "$specbuild" bench --repository "$work/candidate/triton_repo" --incumbent "$work/current/triton_repo" \
-    --num-prompts 16 --k 0,3 --lookup on --requests 32 --no-plots --out "$work/bench-bundled"
+    --num-prompts 16 --k 0,3 --lookup on --requests 16 --no-plots --out "$work/bench-bundled"
