@@ -44,8 +44,10 @@ def load(repository: Path, name: str):
     model = module.TritonPythonModel()
     config = text_format.Parse((repository / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     as_json = json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True))  # as Triton passes it
+    # the keys python_backend's stub passes (src/pb_stub.cc, Stub::Initialize)
     model.initialize({"model_config": as_json, "model_repository": str(repository / name),
-                      "model_version": "1", "model_name": name})
+                      "model_version": "1", "model_name": name, "model_instance_name": f"{name}_0_0",
+                      "model_instance_kind": "CPU", "model_instance_device_id": "0"})
     origins = {Path(module.__file__).resolve().relative_to(repository).parts[0]
                for module_name, module in sys.modules.items()
                if module_name.split(".")[0] == "specbuild" and getattr(module, "__file__", None)}
