@@ -22,7 +22,8 @@ from click.testing import CliRunner
 
 from specbuild.capture.records import CaptureRecord, read_records
 from specbuild.cli import main
-from specbuild.drafts.capture_distill import CAPTURE_FILE, CAPTURE_STATE, tokenizer_checksum
+from specbuild.checkpoint.tokenizer_files import folder_tokenizer_hash
+from specbuild.drafts.capture_distill import CAPTURE_FILE, CAPTURE_STATE
 from specbuild.drafts.capture_sources import HELD_OUT_FOLDER, release_models
 from specbuild.drafts.capture_split import PREFIX_TOKENS, apart_from, source_groups, split_by_time_and_source
 from specbuild.drafts.distill import SUMMARY_FILE, TRAIN_FILE, state_dir
@@ -47,7 +48,7 @@ def served(release_dir: Path, prompts: list[str], started: float) -> list[Captur
 
     release = InProcessRelease(release_dir)
     manifest = hashlib.sha256((release_dir / "manifest.json").read_bytes()).hexdigest()
-    tokenizer = tokenizer_checksum(release_models(release_dir)[0])
+    tokenizer = folder_tokenizer_hash(release_models(release_dir)[0])
     records = []
     for number, prompt in enumerate(prompts):
         arrays = release.orchestrator_arrays(GenerationRequest(prompt, 12, num_draft_tokens=3).arrays())
@@ -94,6 +95,21 @@ def first_run(tiny_release, captured, tmp_path_factory):
                              "--steps", "2")
     assert code == 0, output
     return store, out, json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
+
+
+def test_the_release_s_stamp_the_bench_and_the_draft_read_one_tokenizer_hash(tiny_pair, tiny_release):
+    """The hash a capturing release stamps into its records (its orchestrator's parameter, rendered when it was
+    packaged), the one ``bench --captured`` checks records against and the one ``draft --from-capture`` reads them
+    with are one (checkpoint.tokenizer_files.folder_tokenizer_hash)."""
+    from specbuild.bench.captured import release_tokenizer_hash
+    from specbuild.package.repository import orchestrator_settings
+
+    settings = orchestrator_settings(tiny_release.repository)
+    assert settings is not None and len(settings.tokenizer_hash) == 64
+    target, draft = release_models(tiny_release.repository)
+    assert release_tokenizer_hash(tiny_release.repository) == settings.tokenizer_hash
+    assert folder_tokenizer_hash(target) == folder_tokenizer_hash(draft) == settings.tokenizer_hash
+    assert folder_tokenizer_hash(tiny_pair.target_dir) == settings.tokenizer_hash
 
 
 def test_the_split_keeps_groups_on_one_side_and_holds_out_the_newest(captured):

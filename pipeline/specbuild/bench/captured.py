@@ -21,13 +21,13 @@ CAPTURED = "captured"
 
 def release_tokenizer_hash(repository: str | Path) -> str:
     """The checksum a capture record carries of the release's tokenizer (its preprocessing model's)."""
-    from specbuild.checkpoint.tokenizer_files import read_tokenizer
+    from specbuild.checkpoint.tokenizer_files import folder_tokenizer_hash
 
     folder = repository_tokenizer(repository)
     if folder is None:
         raise UsageError(f"{repository} has no tokenizer in its preprocessing model",
                          "pass the folder of a release made by `specbuild compile`")
-    return read_tokenizer(folder, {}).hash
+    return folder_tokenizer_hash(folder)
 
 
 def captured_prompts(paths: Sequence[str | Path], tokenizer: str, *, max_tokens: int | None = None,

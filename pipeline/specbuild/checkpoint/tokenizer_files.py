@@ -142,6 +142,13 @@ def read_tokenizer(folder: Path, config: dict[str, Any]) -> TokenizerInfo:
     )
 
 
+def folder_tokenizer_hash(folder: Path) -> str:
+    """The hash of the tokenizer in ``folder`` (:func:`tokenizer_hash`): the one a release stamps into its capture
+    records, a bench replaying them and a draft continued on them compare. It depends on the tokenizer files alone
+    (config.json only supplies special-token ids, which the hash does not cover)."""
+    return read_tokenizer(folder, {}).hash
+
+
 # What makes a tokenizer, copied with a converted checkpoint and into a release.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")

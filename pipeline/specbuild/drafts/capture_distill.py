@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from specbuild.capture.records import CaptureRecord, read_file
 from specbuild.checkpoint.head_vocabulary import read_head_vocabulary
-from specbuild.checkpoint.json_files import MAX_CONFIG_JSON, read_json
-from specbuild.checkpoint.tokenizer_files import read_tokenizer
+from specbuild.checkpoint.tokenizer_files import folder_tokenizer_hash
 from specbuild.drafts.capture_sources import (HELD_OUT_FOLDER, PRIVATE_FOLDER, CapturedTraffic, read_capture,
                                               write_held_out)
 from specbuild.drafts.capture_split import CaptureSplit, apart_from, split_by_time_and_source
@@ -86,8 +85,8 @@ def continue_draft(target_dir: str | Path, base_dir: str | Path, out_dir: str | 
     if base is None:
         raise CheckpointError(f"the base draft {base_dir} is not a Hugging Face checkpoint folder (no config.json)",
                               "pass the draft to continue (--base), or the release that holds it (--release)")
-    checksum = tokenizer_checksum(target_dir)
-    if tokenizer_checksum(base_dir) != checksum:
+    checksum = folder_tokenizer_hash(target_dir)
+    if folder_tokenizer_hash(base_dir) != checksum:
         raise CheckpointError(f"the base draft {base_dir} has another tokenizer than the target {target_dir}",
                               "pass the draft that serves with this target")
     # the capture is read and split before the state folder is made: a store that cannot train leaves nothing behind
@@ -143,11 +142,6 @@ def continue_draft(target_dir: str | Path, base_dir: str | Path, out_dir: str | 
                                   for store, kept in held_out_in_state(work, capture)]}
     save_draft(out, student, tokenizer, vocabulary, summary, {CAPTURE_FILE: provenance})
     return summary
-
-
-def tokenizer_checksum(folder: Path) -> str:
-    """The checkpoint tokenizer's checksum, as capture records carry it."""
-    return read_tokenizer(folder, read_json(folder / "config.json", MAX_CONFIG_JSON)).hash
 
 
 def shares_target_head(student: LlamaForCausalLM, target: LlamaForCausalLM) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from google.protobuf import text_format
 from specbuild.package import model_config as mc
 
-from specbuild.checkpoint.tokenizer_files import copy_tokenizer, read_tokenizer
+from specbuild.checkpoint.tokenizer_files import copy_tokenizer, folder_tokenizer_hash
 from specbuild.errors import StageError
 from specbuild.package import contract
 from specbuild.package.backend_guides import guided_decoding_configured
@@ -257,7 +257,7 @@ def render_repository(spec: BuildSpec, engines: Mapping[str, Engine], engine_mod
             guided_decoding_configured(target_parameters.guided_decoding_backend,
                                        target_parameters.xgrammar_tokenizer_info_path),
             fast_logits=engine_models[contract.DRAFT_MODEL].parameters.speculative_decoding_fast_logits,
-            tokenizer_hash=read_tokenizer(tokenizer_dir, {}).hash),
+            tokenizer_hash=folder_tokenizer_hash(tokenizer_dir)),
         contract.POSTPROCESSING_MODEL: python_model_config(
             contract.POSTPROCESSING_MODEL, spec, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
         **{role: engine_model_config(role, spec, model.backend, model.parameters, model.instances, model.guide_masks,
