@@ -69,6 +69,10 @@ class ServerError(SpecbuildError):
     """The Triton server could not start, load its models or answer."""
 
 
+class MetricsUnreadable(ServerError):
+    """A server's metrics endpoint did not answer, however many times it was asked."""
+
+
 class RequestError(SpecbuildError):
     """A generation request was rejected (by the client's checks or by the server)."""
 

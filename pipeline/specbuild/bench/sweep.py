@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import http.client
 import ipaddress
 import os
 import platform
@@ -40,7 +41,7 @@ from specbuild.bench.figures import (Cell, CellKey, Counters, RequestTrace, cell
                                      drift_warnings, match_baseline, match_incumbent, served_efficiency,
                                      summarize)
 from specbuild.package.contract import PREPROCESSING_MODEL
-from specbuild.errors import RequestError, ServerError, UsageError
+from specbuild.errors import MetricsUnreadable, RequestError, ServerError, UsageError
 from specbuild.bench.prompts import Prompt
 from specbuild.spec import LOCAL_GRPC_URL, TRITON_DEFAULTS
 from specbuild.speculation.traffic import GREEDY, sampling_profile
@@ -188,26 +189,49 @@ def default_metrics_url(grpc_url: str) -> str:
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+METRICS_TIMEOUT_S = 5.0
+METRICS_ATTEMPTS = 3  # a loaded machine can miss one read's timeout; three misses in a row: the server is not there
+METRICS_RETRY_PAUSE_S = 1.0
 
 
-def read_metrics(metrics_url: str) -> tuple[Counters, Latencies] | None:
-    """The serving model's counters and latency histograms, read once from the metrics endpoint; None if it cannot
-    be read."""
+def read_metrics(metrics_url: str, *, timeout: float = METRICS_TIMEOUT_S,
+                 attempts: int = METRICS_ATTEMPTS) -> tuple[Counters, Latencies]:
+    """The serving model's counters and latency histograms from the metrics endpoint. A read that fails (refused,
+    timed out, an HTTP error, a cut-off answer) is tried again, ``attempts`` in all; then
+    :class:`~specbuild.errors.MetricsUnreadable` names the URL and the last cause."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        with _DIRECT.open(metrics_url, timeout=5) as response:
-            text = response.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError):
-        return None
+    for attempt in range(1, attempts + 1):
+        try:
+            with _DIRECT.open(metrics_url, timeout=timeout) as response:
+                text = response.read().decode("utf-8", "replace")
+            break
+        except (OSError, http.client.HTTPException) as exc:  # URLError and timeouts are OSErrors
+            if attempt == attempts:
+                cause = exc.reason if type(exc) is urllib.error.URLError else exc  # HTTPError says its status
+                raise MetricsUnreadable(f"the metrics endpoint {metrics_url} did not answer in {attempts} tries "
+                                        f"({timeout:g} s each): {cause or type(exc).__name__}",
+                                        "check that the server is up and its metrics port is reachable from here "
+                                        "(--metrics-url)") from exc
+            time.sleep(METRICS_RETRY_PAUSE_S)
     samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
     return Counters.from_samples(samples), Latencies.from_samples(samples)
 
 
-def read_counters(metrics_url: str) -> Counters | None:
-    """The orchestrator's counters from the metrics endpoint; None if it cannot be read."""
-    reading = read_metrics(metrics_url)
-    return None if reading is None else reading[0]
+def read_counters(metrics_url: str) -> Counters:
+    """The orchestrator's counters from the metrics endpoint (:func:`read_metrics`: tried again, then an error)."""
+    return read_metrics(metrics_url)[0]
+
+
+def optional_metrics(metrics_url: str | None) -> tuple[Counters, Latencies] | None:
+    """:func:`read_metrics` for the bench, whose server figures are optional: None where there is no endpoint or it
+    did not answer (a cell then goes without server figures rather than with wrong ones)."""
+    if metrics_url is None:
+        return None
+    try:
+        return read_metrics(metrics_url)
+    except MetricsUnreadable:
+        return None
 
 
 # --- prompts ---------------------------------------------------------------------------------------------
@@ -342,9 +366,9 @@ def run_level(servers: Sequence[Served], prompts: Sequence[SentPrompt], plan: Be
         if position % width == 0 and any(run.wall > plan.max_seconds for side in runs for run in side.values()):
             break
         server, run = servers[number], runs[number][key]
-        before = read_metrics(server.metrics_url) if server.metrics_url else None
+        before = optional_metrics(server.metrics_url)
         traces, wall = run_block(server.client, prompts, plan, key, block, on_done)
-        after = read_metrics(server.metrics_url) if server.metrics_url else None
+        after = optional_metrics(server.metrics_url)
         run.traces += traces
         run.wall += wall
         if run.counters is not None and run.latencies is not None and before is not None and after is not None:
@@ -400,8 +424,8 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
     sent = list(prompts) if isinstance(prompts[0], SentPrompt) else sent_prompts(tokenizer_dir, prompts)
     for server in servers:
         warm_up(server.client, sent[0], plan)
-    servers = [replace(server, metrics_url=server.metrics_url if server.metrics_url
-                       and read_counters(server.metrics_url) is not None else None) for server in servers]
+    servers = [replace(server, metrics_url=server.metrics_url if optional_metrics(server.metrics_url) else None)
+               for server in servers]
     cells: list[list[Cell]] = [[] for _ in servers]
     outputs: list[dict[CellKey, dict[int, str]]] = [{} for _ in servers]
     in_runs: dict[CellKey, _CellRun] = {}
