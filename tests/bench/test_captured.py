@@ -42,6 +42,20 @@ def test_a_captured_prompt_is_sent_by_its_ids_with_the_cell_s_settings():
     assert sampled.max_tokens == 8 and sampled.settings["temperature"] == 0.7 and "seed" in sampled.settings
 
 
+def test_the_report_says_the_max_tokens_the_requests_asked_for(tmp_path: Path):
+    from specbuild.bench.report import markdown, max_tokens_line
+    from specbuild.bench.sweep import BenchReport, asked_tokens
+
+    store = _store(tmp_path / "store", [_record((1,), (2, 3, 4)), _record((5,), (6,)), _record((7,), (8, 9))])
+    plan = BenchPlan(max_tokens=64)
+    for given, line in ((None, "max_tokens: each record's own (1-3)"), (16, "max_tokens 16")):
+        asked = [asked_tokens(prompt, plan) for prompt in captured_prompts([store], TOKENIZER, max_tokens=given)]
+        report = BenchReport(plan, "127.0.0.1:1", 3, [], False, max_tokens_sent=(min(asked), max(asked)))
+        assert max_tokens_line(report) == line and f"{line}, greedy" in markdown(report)
+        assert report.to_dict()["max_tokens_sent"] == [min(asked), max(asked)]
+    assert max_tokens_line(BenchReport(plan, "127.0.0.1:1", 3, [], False)) == "max_tokens 64"  # text prompts
+
+
 def test_records_of_another_tokenizer_are_refused_by_name(tmp_path: Path):
     store = _store(tmp_path / "store", [_record((1,), (2,)), _record((3,), (4,), tokenizer="ef" * 32)])
     with pytest.raises(UsageError, match=r"record 2 was captured with tokenizer efefefefefef, and the release's is "
@@ -114,7 +128,8 @@ def test_captured_prompts_replayed_through_two_releases_side_by_side(tiny_releas
 
     store = tmp_path / "capture"
     texts = ["The quick brown fox", "def add(a, b):", "Once upon a time"]
-    served = served_records(tiny_release.repository, tiny_server.grpc_url, texts, 12)
+    served = [*served_records(tiny_release.repository, tiny_server.grpc_url, texts[:2], 12),
+              *served_records(tiny_release.repository, tiny_server.grpc_url, texts[2:], 5)]
     _store(store, [record for record, _ in served])
     answers = [(answer, len(record.output_ids)) for record, answer in served]
     # replayed by ids, the orchestrator answers each captured prompt with the text the ensemble served for it
@@ -140,6 +155,9 @@ def test_captured_prompts_replayed_through_two_releases_side_by_side(tiny_releas
         assert cell["matches_incumbent"] == 1.0 and cell["matches_baseline"] == 1.0
         # each record asks for its captured answer's length
         assert cell["incumbent_ratio"] > 0 and cell["output_tokens"] == sum(length for _, length in answers)
+    fewest, most = min(length for _, length in answers), max(length for _, length in answers)
+    assert fewest < most and report["max_tokens_sent"] == [fewest, most]  # not the plan's 64
+    assert f"max_tokens: each record's own ({fewest}-{most})" in (tmp_path / "pass" / "bench.md").read_text()
     failed = bench(tmp_path / "fail", "--gate", "faster_than_incumbent=50")
     assert failed.exit_code == 3, failed.output
     verdict = json.loads((tmp_path / "fail" / "gate.json").read_text())

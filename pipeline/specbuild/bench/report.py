@@ -182,6 +182,12 @@ def tables(cells: Sequence[Cell]) -> list[Table]:
     return result
 
 
+def max_tokens_line(report: Any) -> str:
+    """What the requests asked for: the one max_tokens, or the range of the captured records' own."""
+    fewest, most = report.max_tokens_sent
+    return f"max_tokens {most}" if fewest == most else f"max_tokens: each record's own ({fewest}-{most})"
+
+
 def markdown(report: Any) -> str:
     """The report as Markdown: conditions, then the two tables."""
     plan, env = report.plan, report.environment
@@ -189,7 +195,7 @@ def markdown(report: Any) -> str:
         "# specbuild bench", "",
         f"- server: `{report.url}`, counters from the metrics endpoint: {'yes' if report.metrics else 'no'}",
         f"- {report.prompts} prompts, {plan.requests} requests per cell (no new round after {plan.max_seconds:g} s), "
-        f"max_tokens {plan.max_tokens}, {describe_profiles(plan.samplings)}, "
+        f"{max_tokens_line(report)}, {describe_profiles(plan.samplings)}, "
         "streaming",
         f"- machine: {env.get('machine')} ({env.get('cpu_model') or 'CPU model unknown'}), {env.get('cpus')} CPUs, load average {env.get('load_average')}, "
         f"{env.get('date')}",

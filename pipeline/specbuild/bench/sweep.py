@@ -141,10 +141,17 @@ class BenchReport:
     in_process: list[Cell] = field(default_factory=list)
     # --incumbent: the release in service, measured in the same sweep (its cells against its own K=0)
     incumbent: IncumbentRun | None = None
+    # the fewest and most tokens a request asked for (--captured: each record its answer's); (0, 0): plan.max_tokens
+    max_tokens_sent: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_sent == (0, 0):
+            self.max_tokens_sent = (self.plan.max_tokens, self.plan.max_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "specbuild.bench/v1", "url": self.url, "prompts": self.prompts, "metrics": self.metrics,
-                "order": "interleaved", "plan": self.plan.model_dump(mode="json"), "environment": self.environment,
+                "order": "interleaved", "plan": self.plan.model_dump(mode="json"),
+                "max_tokens_sent": list(self.max_tokens_sent), "environment": self.environment,
                 "warnings": self.warnings, "cells": [cell.to_dict() for cell in self.cells],
                 "in_process": [cell.to_dict() for cell in self.in_process],
                 "incumbent": None if self.incumbent is None else {
@@ -272,6 +279,11 @@ def sent_prompts(tokenizer_dir: str | Path | None, prompts: Sequence[Prompt]) ->
 
 
 # --- requests --------------------------------------------------------------------------------------------
+def asked_tokens(prompt: SentPrompt, plan: BenchPlan) -> int:
+    """The tokens a measured request of ``prompt`` asks for: its own (a captured record's) or the plan's."""
+    return prompt.max_tokens or plan.max_tokens
+
+
 def _request(prompt: SentPrompt, index: int, plan: BenchPlan, key: CellKey, max_tokens: int | None = None) -> Any:
     """Prompt ``index``'s request in the cell ``key`` (a sampled cell's seed is the prompt's, in every cell alike)."""
     from specbuild.serve.client import GenerationRequest
@@ -280,7 +292,7 @@ def _request(prompt: SentPrompt, index: int, plan: BenchPlan, key: CellKey, max_
     k, adaptive, lookup, _, sampling = key
     settings = {"num_draft_tokens": k, "adaptive_draft": adaptive if k else None,
                 "prompt_lookup": lookup if k else None, **sampling_profile(sampling).request_fields(index)}
-    tokens = max_tokens or prompt.max_tokens or plan.max_tokens
+    tokens = max_tokens or asked_tokens(prompt, plan)
     if prompt.ids:
         return IdsRequest(prompt.ids, tokens, stream=True, settings=settings)
     return GenerationRequest(prompt.text, tokens, stream=True, **settings, **prompt.guide)
@@ -453,9 +465,10 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
     # in process, the same greedy texts as the served target alone: the served path changes no token
     match_baseline(local, {key: run_texts(run) for key, run in in_runs.items()},
                    baseline=outputs[0].get((0, False, False, 1, GREEDY), {}))
+    asked = [asked_tokens(sent[index % len(sent)], plan) for index in range(plan.requests)]  # request i: prompt i
     report = BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells[0],
                          metrics=servers[0].metrics_url is not None, environment=environment(),
-                         warnings=drift_warnings(cells[0]), in_process=local)
+                         warnings=drift_warnings(cells[0]), in_process=local, max_tokens_sent=(min(asked), max(asked)))
     if incumbent is not None:
         match_incumbent(report.cells, cells[1], outputs[0], outputs[1])
         report.incumbent = IncumbentRun(incumbent.url, cells[1], drift_warnings(cells[1]))
