@@ -162,6 +162,7 @@ def test_the_run_writes_the_draft_its_provenance_and_the_held_out_records(first_
     text = (out / CAPTURE_FILE).read_text(encoding="utf-8")
     assert "prompt_ids" not in text and not any(note in text for note in NOTES)
     assert summary["steps_done"] == 2 and summary["resumed_from_step"] == 0
+    assert summary["data"]["captured_unlabelled"] == 0 and summary["data"]["captured_sequences"] == len(captured)
     path = store / HELD_OUT_FOLDER / f"{out.name}.jsonl"
     assert summary["held_out_files"] == [str(path)]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -170,6 +171,63 @@ def test_the_run_writes_the_draft_its_provenance_and_the_held_out_records(first_
     assert held["records"] == len(split.held_out)
     assert list(read_records([store])) == captured  # the held-out folder is not read as capture
     assert stat.S_IMODE(state_dir(out).stat().st_mode) == 0o700
+
+
+def copies_past_one_label_window(records: list[CaptureRecord]) -> list[CaptureRecord]:
+    """``records`` again and again, each copy an hour later, until their tokens fill more than two labelling
+    windows."""
+    from dataclasses import replace
+
+    from specbuild.drafts.distill_data import LABEL_WINDOW_TOKENS
+
+    tokens = sum(len(record.prompt_ids) + len(record.output_ids) for record in records)
+    return [replace(record, finished_at=record.finished_at + 3600 * copy)
+            for copy in range(2 * LABEL_WINDOW_TOKENS // tokens + 2) for record in records]
+
+
+def test_past_the_data_deadline_the_held_out_records_are_labelled_and_the_oldest_training_ones_left_out(
+        captured, tiny_pair, tmp_path):
+    """A data deadline already passed: every held-out record is labelled (they measure before and after), no pool
+    answer is made, and the training records are labelled newest first for one window only (the least a run
+    trains on); the older ones are left out and counted."""
+    import torch
+
+    from specbuild.drafts.capture_distill import load_or_make_data
+    from specbuild.drafts.capture_sources import CapturedTraffic
+    from specbuild.drafts.distill import load_target
+    from specbuild.drafts.distill_data import LABEL_WINDOW_TOKENS
+    from specbuild.drafts.distill_options import CaptureOptions, DraftOptions
+
+    records = copies_past_one_label_window(captured)
+    traffic = CapturedTraffic(tuple(records), (0,) * len(records))
+    split = split_by_time_and_source(records, 0.1)
+    target, tokenizer = load_target(tiny_pair.target_dir, torch.device("cpu"))
+    work = tmp_path / "state"
+    work.mkdir()
+    data, _, _ = load_or_make_data(target, tokenizer, traffic, split, work, DraftOptions(max_new_tokens=8),
+                                   CaptureOptions(stores=(tmp_path,), bundled_prompts=2), time.monotonic() - 1, None)
+    newest_first = [records[i] for i in reversed(split.train)]
+    labelled = data.count - data.held_out
+    assert data.held_out == len(split.held_out) and data.figures["pool_sequences"] == 0
+    assert 0 < labelled < len(split.train)
+    assert data.figures["captured_unlabelled"] == len(split.train) - labelled
+    assert data.figures["captured_sequences"] == data.count
+    kept = [records[i] for i in split.held_out] + newest_first[:labelled]
+    assert data.ids.tolist() == [token for record in kept for token in record.prompt_ids + record.output_ids]
+    assert sum(len(r.prompt_ids) + len(r.output_ids) for r in newest_first[:labelled]) <= LABEL_WINDOW_TOKENS
+    assert data.top_ids is not None and len(data.top_ids) == len(data.ids)  # every kept sequence labelled
+
+
+def test_the_summary_says_how_many_training_records_the_budget_left_unlabelled(captured, tiny_release, tmp_path):
+    store = write_store(tmp_path / "store", copies_past_one_label_window(captured))
+    result = CliRunner().invoke(main, ["draft", str(tmp_path / "out"), "--from-capture", str(store), "--release",
+                                       str(tiny_release.repository), "--minutes", "0.001", "--max-new-tokens", "8",
+                                       "--batch-tokens", "256", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text(encoding="utf-8"))
+    unlabelled = summary["data"]["captured_unlabelled"]
+    assert unlabelled > 0
+    assert f"left out: {unlabelled} older training records, unlabelled when the data budget ran out" in result.output
 
 
 def test_the_continued_draft_passes_check(first_run, tiny_pair):

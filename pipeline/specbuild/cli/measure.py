@@ -540,6 +540,9 @@ def _show_capture_figures(summary: dict[str, Any]) -> None:
                      + ", ".join(f"{checksum[:12]}: {n}" for checksum, n in capture["other_tokenizers"].items()) + ")")
     if capture["without_answer"]:
         lines.append(f"left out: {capture['without_answer']} records without an answer")
+    if summary["data"].get("captured_unlabelled"):
+        lines.append(f"left out: {summary['data']['captured_unlabelled']} older training records, unlabelled when the "
+                     "data budget ran out (the newest first; more --minutes label more)")
     head = provenance.get("head_vocabulary")
     if head:
         before = "none" if head["held_out_coverage_before"] is None else f"{head['held_out_coverage_before']:.1%}"

@@ -4,6 +4,8 @@ The records already hold the target's answers to the traffic (prompt and output 
 encoded again), so no answer is generated for them: one teacher-forced target pass labels them (the stored top-k
 labels, or the joint teacher on a GPU) and the draft trains on from its own weights, as ``specbuild draft`` trains
 (:class:`~specbuild.drafts.distill_training.Trainer`: the same loss, schedule, budget, checkpoints and resume).
+The labelling keeps to the data budget: the held-out records always, the training records newest first until the
+budget is spent, the older ones left out (``captured_unlabelled`` in the summary's data figures).
 
 - **Held out by time and by source** (:mod:`specbuild.drafts.capture_split`): the newest records, whole template
   and near-duplicate groups only, measure the draft before and after, and are written back into their store
@@ -158,10 +160,10 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
                       traffic: CapturedTraffic | None, split: CaptureSplit | None, work: Path, options: DraftOptions,
                       capture: CaptureOptions, deadline: float,
                       progress: Progress | None) -> tuple[DistillData, DistillData, dict[str, Any]]:
-    """The training data (held-out captured records first, then the training ones, then the pool's answers), the
-    target's answers to bundled prompts, and the capture's figures; made once from ``traffic`` and its ``split``
-    and kept in ``work`` (they are None when it holds them), so a resumed run trains on the data it started with
-    even if the stores have grown since."""
+    """The training data (held-out captured records first, then the pool's answers, then the training records
+    newest first, as many as the data ``deadline`` let the target label), the target's answers to bundled prompts,
+    and the capture's figures; made once from ``traffic`` and its ``split`` and kept in ``work`` (they are None when
+    it holds them), so a resumed run trains on the data it started with even if the stores have grown since."""
     if traffic is None or split is None:
         window = json.loads((work / CAPTURE_STATE).read_text(encoding="utf-8"))
         data = load_data(work / DATA_FILE, window["held_out"]["records"])
@@ -171,8 +173,11 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
                                   f"remove {work} and run again without --resume")
         return data, bundled, window
     started = time.monotonic()
-    captured = [(list(record.prompt_ids + record.output_ids), len(record.prompt_ids))
-                for record in (traffic.records[index] for index in split.held_out + split.train)]
+    def sequences(indices: tuple[int, ...]) -> list[tuple[list[int], int]]:
+        return [(list(record.prompt_ids + record.output_ids), len(record.prompt_ids))
+                for record in (traffic.records[index] for index in indices)]
+
+    held_out, training = sequences(split.held_out), sequences(split.train[::-1])  # training records newest first
     bundled_answers = target_answers(teacher, tokenizer, chat_encode(tokenizer, bundled_texts(capture.bundled_prompts)),
                                      replace(options, held_out=capture.bundled_prompts), deadline, progress)
     pool_count = min(options.prompts, math.ceil(len(split.train) * capture.pool_share / (1 - capture.pool_share)))
@@ -181,10 +186,14 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
     pool_prompts = [candidates[index] for index in kept]
     pool = target_answers(teacher, tokenizer, pool_prompts, replace(options, held_out=0), deadline,
                           progress) if pool_prompts and time.monotonic() < deadline else []  # none past the budget
-    data = label(teacher, captured + pool, options.top_k if options.teacher == "labels" else None, progress)
-    data.held_out = len(split.held_out)
-    data.figures.update(captured_sequences=len(captured), pool_sequences=len(pool),
-                        pool_prompts_like_held_out=len(candidates) - len(pool_prompts),
+    # the held-out records (they measure) and the pool's answers (already paid for) always; the training records
+    # until the data budget is spent, newest first
+    data = label(teacher, held_out + pool + training, options.top_k if options.teacher == "labels" else None,
+                 progress, deadline=deadline, needed=len(held_out) + len(pool))
+    data.held_out = len(held_out)
+    unlabelled = len(held_out) + len(pool) + len(training) - data.count
+    data.figures.update(captured_sequences=data.count - len(pool), captured_unlabelled=unlabelled,
+                        pool_sequences=len(pool), pool_prompts_like_held_out=len(candidates) - len(pool_prompts),
                         generate_seconds=round(time.monotonic() - started, 1))
     bundled = label(teacher, bundled_answers, None, None)
     for index in sorted({traffic.stores[i] for i in split.held_out}):

@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from specbuild.errors import UsageError
 from specbuild.stages.atomic import atomic_write_bytes
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 DATA_FILE = "data.safetensors"
 LABEL_BATCH_TOKENS = 4096
+LABEL_WINDOW_TOKENS = 4 * LABEL_BATCH_TOKENS  # under a deadline: labelled a window at a time, sorted within it
 
 
 @dataclass
@@ -161,40 +162,76 @@ def target_answers(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase,
 
 
 def label(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], top_k: int | None,
-          progress: Progress | None) -> DistillData:
+          progress: Progress | None, *, deadline: float | None = None, needed: int = 0) -> DistillData:
     """Teacher-forced target passes (sequences of similar length batched, right-padded: causal attention
     never lets a real position see padding) keeping top-k log-probabilities and final hidden states
-    (on the CPU); ``top_k=None`` keeps the sequences only (a joint teacher labels them while training)."""
+    (on the CPU); ``top_k=None`` keeps the sequences only (a joint teacher labels them while training).
+
+    With a ``deadline``, as :func:`target_answers` takes it: the first ``needed`` sequences are always labelled, the
+    rest in their order (the caller's priority) a window at a time (:func:`label_windows`) until it has passed, one
+    window of them at least; the data holds the sequences labelled, the rest are left out."""
+    import torch
+
+    if top_k is None:
+        return sequence_data(sequences)
+    windows = [range(len(sequences))] if deadline is None else label_windows(sequences, needed)
+    labels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (top ids, top log-probs, hidden) in order
+    with stage(progress, "draft: label with the target", len(sequences)) as advance, torch.no_grad():
+        for window in windows:
+            if deadline is not None and len(labels) > needed and time.monotonic() > deadline:
+                break
+            labels += label_window(target, sequences, window, top_k, advance)
+    data = sequence_data(sequences[:len(labels)])
+    data.top_ids, data.top_logp, data.hidden = (torch.cat(part) for part in zip(*labels))
+    return data
+
+
+def sequence_data(sequences: list[tuple[list[int], int]]) -> DistillData:
+    """``sequences`` (prompt + answer, prompt length) as one flat stream, without labels."""
     import torch
 
     lengths = torch.tensor([0] + [len(sequence) for sequence, _ in sequences])
-    data = DistillData(
+    return DistillData(
         ids=torch.tensor([token for sequence, _ in sequences for token in sequence]),
         offsets=lengths.cumsum(0), prompt_lens=torch.tensor([length for _, length in sequences]), held_out=0,
         figures={"sequences": len(sequences), "tokens": int(lengths.sum()),
                  "answer_tokens": sum(len(s) - p for s, p in sequences)})
-    if top_k is None:
-        return data
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
-    top_ids: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
-    top_logp, hidden = list(top_ids), list(top_ids)
-    with stage(progress, "draft: label with the target", len(sequences)) as advance, torch.no_grad():
-        first = 0
-        while first < len(order):
-            last = first + 1
-            while last < len(order) and (last - first + 1) * len(sequences[order[last]][0]) <= LABEL_BATCH_TOKENS:
-                last += 1
-            batch = order[first:last]
-            width = len(sequences[batch[-1]][0])
-            ids = torch.tensor([sequences[i][0] + [0] * (width - len(sequences[i][0])) for i in batch],
-                               device=target.device)
-            states = target.model(input_ids=ids).last_hidden_state
-            values, indices = target.lm_head(states).float().log_softmax(-1).topk(top_k, dim=-1)
-            for row, i in enumerate(batch):
-                length = len(sequences[i][0])
-                top_ids[i], top_logp[i] = indices[row, :length].int().cpu(), values[row, :length].cpu()
-                hidden[i] = states[row, :length].half().cpu()
-            advance(len(batch))
-            first = last
-    data.top_ids, data.top_logp, data.hidden = torch.cat(top_ids), torch.cat(top_logp), torch.cat(hidden)
-    return data
+
+
+def label_windows(sequences: list[tuple[list[int], int]], needed: int) -> list[range]:
+    """The first ``needed`` sequences, then the rest in consecutive windows of up to :data:`LABEL_WINDOW_TOKENS`
+    tokens (a longer sequence alone): a deadline is checked between windows, lengths are sorted within them."""
+    windows, first, tokens = [range(needed)], needed, 0
+    for index in range(needed, len(sequences)):
+        if index > first and tokens + len(sequences[index][0]) > LABEL_WINDOW_TOKENS:
+            windows.append(range(first, index))
+            first, tokens = index, 0
+        tokens += len(sequences[index][0])
+    return windows + ([range(first, len(sequences))] if first < len(sequences) else [])
+
+
+def label_window(target: LlamaForCausalLM, sequences: list[tuple[list[int], int]], window: range, top_k: int,
+                 advance: Callable[[float], None]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The labels of the sequences in ``window``, in its order, from batches of similar lengths."""
+    import torch
+
+    order = sorted(window, key=lambda i: len(sequences[i][0]))
+    labels = {}
+    first = 0
+    while first < len(order):
+        last = first + 1
+        while last < len(order) and (last - first + 1) * len(sequences[order[last]][0]) <= LABEL_BATCH_TOKENS:
+            last += 1
+        batch = order[first:last]
+        width = len(sequences[batch[-1]][0])
+        ids = torch.tensor([sequences[i][0] + [0] * (width - len(sequences[i][0])) for i in batch],
+                           device=target.device)
+        states = target.model(input_ids=ids).last_hidden_state
+        values, indices = target.lm_head(states).float().log_softmax(-1).topk(top_k, dim=-1)
+        for row, i in enumerate(batch):
+            length = len(sequences[i][0])
+            labels[i] = (indices[row, :length].int().cpu(), values[row, :length].cpu(),
+                         states[row, :length].half().cpu())
+        advance(len(batch))
+        first = last
+    return [labels[i] for i in window]
