@@ -41,7 +41,7 @@ kill -INT $server; wait $server || true; trap - EXIT
 
 echo "== 3. the draft continued on the capture ($minutes CPU minutes)"
 "$specbuild" draft "$work/chat-draft" --from-capture "$store" --release "$work/current/triton_repo" \
-    --minutes "$minutes" --steps 200 --pool-share 0.4 --held-out-share 0.15 --max-new-tokens 64 --json \
+    --minutes "$minutes" --pool-share 0.4 --held-out-share 0.15 --max-new-tokens 64 --json \
     > "$work/chat-draft.json"
 
 echo "== 4. the candidate release: the same spec, the new draft"

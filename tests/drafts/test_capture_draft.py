@@ -292,6 +292,28 @@ def test_training_lowers_its_own_loss(first_run, tiny_pair, tmp_path):
     assert trainer.step == 30 and loss() < before
 
 
+def test_passes_set_the_schedule_in_passes_over_the_training_batches(first_run, tiny_pair):
+    """Without --steps a continued draft trains CAPTURE_PASSES passes over its data, however large the capture."""
+    import torch
+
+    from specbuild.drafts.distill import load_target
+    from specbuild.drafts.distill_data import load_data
+    from specbuild.drafts.distill_options import CAPTURE_PASSES, CaptureOptions, DraftOptions
+    from specbuild.drafts.distill_training import Trainer
+
+    _, out, _ = first_run
+    work = state_dir(out)
+    data = load_data(work / DATA_FILE, json.loads((work / CAPTURE_STATE).read_text(encoding="utf-8"))["held_out"]["records"])
+    student, _ = load_target(release_base(first_run), torch.device("cpu"), "draft")
+    options = DraftOptions(steps=7, batch_tokens=256)
+    assert CaptureOptions(stores=(out,)).passes == CAPTURE_PASSES
+    trainer = Trainer(student, data, options, dtype=torch.float32, frozen_head=False, passes=2.5)
+    assert trainer.options.steps == round(2.5 * len(trainer.batches)) and len(trainer.batches) > 1
+    assert Trainer(student, data, options, dtype=torch.float32, frozen_head=False).options.steps == 7
+    with pytest.raises(UsageError, match="passes"):
+        CaptureOptions(stores=(out,), passes=0).validate()
+
+
 def test_records_of_another_tokenizer_are_refused_by_count(captured, tiny_pair, tmp_path):
     from dataclasses import replace
 

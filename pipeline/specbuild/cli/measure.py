@@ -393,7 +393,8 @@ ONLY_WITH_CAPTURE = ("base", "release", "held_out_share", "pool_share")
 @click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=DRAFT.minutes, show_default=True,
               help="hard wall-clock budget of this run (data, training and the summary)")
 @click.option("--steps", type=click.IntRange(min=1), default=DRAFT.steps, show_default=True,
-              help="training steps of the schedule (the budget may stop it earlier)")
+              help="training steps of the schedule (the budget may stop it earlier); with --from-capture, "
+                   f"default: {CAPTURE.passes:g} passes over the training data")
 @click.option("--prompts", type=click.IntRange(min=2), default=DRAFT.prompts, show_default=True,
               help=f"distillation prompts the target answers (within {DRAFT.data_share:.0%} of the budget)")
 @click.option("--held-out", type=click.IntRange(min=1), default=DRAFT.held_out, show_default=True,
@@ -474,7 +475,7 @@ def draft_command(paths: tuple[str, ...], layers: int, hidden: int | None, minut
                            batch_tokens=batch_tokens, teacher=teacher, head_vocabulary=head_vocabulary,
                            learning_rate=CONTINUE_LEARNING_RATE)
     capture = CaptureOptions(stores=tuple(Path(store) for store in stores), held_out_share=held_out_share,
-                             pool_share=pool_share)
+                             pool_share=pool_share, passes=None if "steps" in given else CAPTURE.passes)
     with progress_display(console) as progress:
         summary = continue_draft(target, base_dir, out, capture, options, resume=resume, progress=progress)
     if json_mode:

@@ -45,8 +45,8 @@ from specbuild.drafts.capture_split import CaptureSplit, apart_from, split_by_ti
 from specbuild.drafts.distill import (EVAL_RESERVE_SECONDS, acceptance_on, check_paths, compute_dtype, evaluate,
                                       head_vocabulary, load_target, resolve_device, save_draft, served_draft,
                                       state_dir, train)
-from specbuild.drafts.distill_data import (DATA_FILE, DistillData, chat_encode, label, load_data, save_data,
-                                           target_answers)
+from specbuild.drafts.distill_data import (DATA_FILE, DistillData, chat_encode, joined, label, load_data,
+                                           save_data, target_answers)
 from specbuild.drafts.distill_options import CaptureOptions, DraftOptions
 from specbuild.drafts.distill_prompts import distillation_prompts
 from specbuild.drafts.distill_training import Trainer
@@ -116,7 +116,7 @@ def continue_draft(target_dir: str | Path, base_dir: str | Path, out_dir: str | 
             before = measure(target, student, data, bundled, base_vocabulary, progress)
             atomic_write_bytes(before_file, json.dumps(before).encode("utf-8"))
         trainer = Trainer(student, data, options, dtype=dtype, frozen_head=shares_target_head(student, target),
-                          teacher=teacher if options.teacher == "joint" else None)
+                          teacher=teacher if options.teacher == "joint" else None, passes=capture.passes)
         del teacher
         resumed_from = train(trainer, work, resume, train_deadline, progress)
         vocabulary, head_figures = reranked_head(base_vocabulary, data, vocab_size, options)
@@ -134,7 +134,7 @@ def continue_draft(target_dir: str | Path, base_dir: str | Path, out_dir: str | 
                     "acceptance_after": after["bundled_acceptance"]},
         **({"head_vocabulary": head_figures} if head_figures else {}),
     }
-    summary = {"target": str(target_dir), "base_draft": provenance["base_draft"], "options": asdict(options),
+    summary = {"target": str(target_dir), "base_draft": provenance["base_draft"], "options": asdict(trainer.options),
                "capture_options": capture.settings(), "device": str(device),
                "compute_dtype": str(dtype).removeprefix("torch."), "parameters": parameter_count(student),
                "resumed_from_step": resumed_from, "steps_done": trainer.step,
@@ -160,10 +160,11 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
                       traffic: CapturedTraffic | None, split: CaptureSplit | None, work: Path, options: DraftOptions,
                       capture: CaptureOptions, deadline: float,
                       progress: Progress | None) -> tuple[DistillData, DistillData, dict[str, Any]]:
-    """The training data (held-out captured records first, then the pool's answers, then the training records
-    newest first, as many as the data ``deadline`` let the target label), the target's answers to bundled prompts,
-    and the capture's figures; made once from ``traffic`` and its ``split`` and kept in ``work`` (they are None when
-    it holds them), so a resumed run trains on the data it started with even if the stores have grown since."""
+    """The training data (held-out captured records first, then the training records newest first, as many as the
+    data ``deadline`` let the target label, then the pool's answers in proportion to those), the target's answers to
+    bundled prompts, and the capture's figures; made once from ``traffic`` and its ``split`` and kept in ``work``
+    (they are None when it holds them), so a resumed run trains on the data it started with even if the stores
+    have grown since."""
     if traffic is None or split is None:
         window = json.loads((work / CAPTURE_STATE).read_text(encoding="utf-8"))
         data = load_data(work / DATA_FILE, window["held_out"]["records"])
@@ -178,21 +179,24 @@ def load_or_make_data(teacher: LlamaForCausalLM, tokenizer: PreTrainedTokenizerB
                 for record in (traffic.records[index] for index in indices)]
 
     held_out, training = sequences(split.held_out), sequences(split.train[::-1])  # training records newest first
+    top_k = options.top_k if options.teacher == "labels" else None
     bundled_answers = target_answers(teacher, tokenizer, chat_encode(tokenizer, bundled_texts(capture.bundled_prompts)),
                                      replace(options, held_out=capture.bundled_prompts), deadline, progress)
-    pool_count = min(options.prompts, math.ceil(len(split.train) * capture.pool_share / (1 - capture.pool_share)))
+    # the traffic first: the held-out records always (they measure), the training ones while the budget lasts (a
+    # teacher-forced pass is cheap); then the pool in proportion to the traffic labelled (generating its answers is
+    # not: it stops at the deadline)
+    data = label(teacher, held_out + training, top_k, progress, deadline=deadline, needed=len(held_out))
+    data.held_out = len(held_out)
+    trained = data.count - len(held_out)
+    pool_count = min(options.prompts, math.ceil(trained * capture.pool_share / (1 - capture.pool_share)))
     candidates = chat_encode(tokenizer, distillation_prompts(pool_count, options.seed)) if pool_count else []
     kept = apart_from([traffic.records[index].prompt_ids for index in split.held_out], candidates)
     pool_prompts = [candidates[index] for index in kept]
     pool = target_answers(teacher, tokenizer, pool_prompts, replace(options, held_out=0), deadline,
                           progress) if pool_prompts and time.monotonic() < deadline else []  # none past the budget
-    # the held-out records (they measure) and the pool's answers (already paid for) always; the training records
-    # until the data budget is spent, newest first
-    data = label(teacher, held_out + pool + training, options.top_k if options.teacher == "labels" else None,
-                 progress, deadline=deadline, needed=len(held_out) + len(pool))
-    data.held_out = len(held_out)
-    unlabelled = len(held_out) + len(pool) + len(training) - data.count
-    data.figures.update(captured_sequences=data.count - len(pool), captured_unlabelled=unlabelled,
+    if pool:
+        data = joined(data, label(teacher, pool, top_k, progress))
+    data.figures.update(captured_sequences=len(held_out) + trained, captured_unlabelled=len(training) - trained,
                         pool_sequences=len(pool), pool_prompts_like_held_out=len(candidates) - len(pool_prompts),
                         generate_seconds=round(time.monotonic() - started, 1))
     bundled = label(teacher, bundled_answers, None, None)

@@ -198,6 +198,19 @@ def sequence_data(sequences: list[tuple[list[int], int]]) -> DistillData:
                  "answer_tokens": sum(len(s) - p for s, p in sequences)})
 
 
+def joined(first: DistillData, second: DistillData) -> DistillData:
+    """``second``'s sequences after ``first``'s, labels and figures included (``first``'s held-out part kept)."""
+    import torch
+
+    labels = {name: None if getattr(first, name) is None else torch.cat([getattr(first, name), getattr(second, name)])
+              for name in ("top_ids", "top_logp", "hidden")}
+    return DistillData(ids=torch.cat([first.ids, second.ids]),
+                       offsets=torch.cat([first.offsets, second.offsets[1:] + first.offsets[-1]]),
+                       prompt_lens=torch.cat([first.prompt_lens, second.prompt_lens]), held_out=first.held_out,
+                       figures={key: first.figures[key] + second.figures[key]
+                                for key in ("sequences", "tokens", "answer_tokens")}, **labels)
+
+
 def label_windows(sequences: list[tuple[list[int], int]], needed: int) -> list[range]:
     """The first ``needed`` sequences, then the rest in consecutive windows of up to :data:`LABEL_WINDOW_TOKENS`
     tokens (a longer sequence alone): a deadline is checked between windows, lengths are sorted within them."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,7 +96,10 @@ class Trainer:
     """
 
     def __init__(self, student: LlamaForCausalLM, data: DistillData, options: DraftOptions, *,
-                 frozen_head: bool, dtype: torch.dtype, teacher: LlamaForCausalLM | None = None) -> None:
+                 frozen_head: bool, dtype: torch.dtype, teacher: LlamaForCausalLM | None = None,
+                 passes: float | None = None) -> None:
+        """``passes``: the schedule's length in passes over the training batches, in place of ``options.steps``
+        (kept in :attr:`options`)."""
         import torch
 
         self.student, self.data, self.options, self.frozen_head = student, data, options, frozen_head
@@ -109,6 +113,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.parameters, lr=options.learning_rate, betas=(0.9, 0.95),
                                            weight_decay=0.0)
         self.batches = self._batches(range(data.held_out, data.count))
+        if passes is not None:
+            self.options = replace(options, steps=max(1, round(passes * len(self.batches))))
         if teacher is None:
             # Training softmax runs over the tokens the target ever ranks in its top-k (the saved head is whole).
             self.vocabulary = data.top_ids[int(data.offsets[data.held_out]):].unique().long()
