@@ -101,6 +101,7 @@ class CaptureOptions:
                 raise UsageError(message, "see `specbuild draft --help`")
 
     def settings(self) -> dict[str, Any]:
-        """What a resumed run must share with the run it continues."""
+        """What a resumed run must share with the run it continues (``passes``, a schedule's length like ``steps``,
+        may grow)."""
         return {"stores": [str(store.resolve()) for store in self.stores], "held_out_share": self.held_out_share,
-                "pool_share": self.pool_share, "bundled_prompts": self.bundled_prompts, "passes": self.passes}
+                "pool_share": self.pool_share, "bundled_prompts": self.bundled_prompts}
