@@ -37,7 +37,8 @@ RETRIED = ["How do I reset my password on the company website? I forgot it after
            "How do I reset my password on the company portal? I forgot it after the holidays."]
 OTHERS = ["def add(a, b):", "The weather today", "Once upon a time", "for i in range(10):\n    total += i",
           "Write a haiku about rain.", "List three colours.", "import numpy as np", "class Stack:"]
-SMALL = ["--max-new-tokens", "8", "--minutes", "5", "--batch-tokens", "256"]
+# a budget no loaded machine reaches: these runs end by their steps (the deadline tests pass their own)
+SMALL = ["--max-new-tokens", "8", "--minutes", "30", "--batch-tokens", "256"]
 
 
 def served(release_dir: Path, prompts: list[str], started: float) -> list[CaptureRecord]:
