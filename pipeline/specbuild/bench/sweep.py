@@ -314,12 +314,18 @@ def trace_request(client: Any, index: int, category: str, request: Any) -> Reque
     )
 
 
+def prompt_index(request_index: int, prompts: Sequence[Any]) -> int:
+    """The prompt a cell's request ``request_index`` asks: request i asks prompt i, from the first again past the
+    last."""
+    return request_index % len(prompts)
+
+
 def run_block(client: Any, prompts: Sequence[SentPrompt], plan: BenchPlan, key: CellKey, block: Sequence[int],
               on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestTrace], float]:
     """The requests of one block sent together (one thread each) with the cell's setting; returns the traces
     and the block's wall time (until its last request finished)."""
     def send(request_index: int) -> RequestTrace:
-        index = request_index % len(prompts)
+        index = prompt_index(request_index, prompts)
         trace = trace_request(client, index, prompts[index].category, _request(prompts[index], index, plan, key))
         on_done()
         return trace
@@ -346,7 +352,7 @@ def run_in_process(release: Any, prompts: Sequence[SentPrompt], plan: BenchPlan,
     (:class:`~specbuild.bench.in_process.InProcessRelease`), one request after another, added to ``run``."""
     before = release.counts.counters()
     for request_index in block:
-        index = request_index % len(prompts)
+        index = prompt_index(request_index, prompts)
         trace = release.trace(index, prompts[index].category, _request(prompts[index], index, plan, key))
         run.traces.append(trace)
         run.wall += trace.total_time
@@ -465,7 +471,7 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
     # in process, the same greedy texts as the served target alone: the served path changes no token
     match_baseline(local, {key: run_texts(run) for key, run in in_runs.items()},
                    baseline=outputs[0].get((0, False, False, 1, GREEDY), {}))
-    asked = [asked_tokens(sent[index % len(sent)], plan) for index in range(plan.requests)]  # request i: prompt i
+    asked = [asked_tokens(sent[prompt_index(index, sent)], plan) for index in range(plan.requests)]
     report = BenchReport(plan=plan, url=url, prompts=len(prompts), cells=cells[0],
                          metrics=servers[0].metrics_url is not None, environment=environment(),
                          warnings=drift_warnings(cells[0]), in_process=local, max_tokens_sent=(min(asked), max(asked)))
