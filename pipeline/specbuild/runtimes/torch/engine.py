@@ -8,6 +8,8 @@ longest cached prefix is reused, as TensorRT-LLM's KV-cache block reuse does, so
 the new tokens rather than the whole sequence. On a CPU, float32 linears run on weights packed for a few rows
 (:class:`PackedLinear`), so verifying K drafted tokens costs about one decoding step rather than K+1. A draft
 checkpoint with a ``head_vocabulary.json`` runs its output head over those ids only (:class:`SubVocabularyHead`).
+Grouped-query attention on a CPU reads the cached keys once for all the query heads of a group
+(:mod:`~specbuild.runtimes.torch.attention`), so verification does not grow dearer than a step with the context.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from specbuild.checkpoint.head_vocabulary import HeadVocabulary, read_head_vocabulary
 from specbuild.errors import RequestError
+from specbuild.runtimes.torch.attention import use_packed_gqa
 from specbuild.runtimes.torch.threads import ThreadGovernor
 from specbuild.speculation.engine_call import EngineOutput, EngineRequest
 from specbuild.speculation.rules import (SamplingParams, allowed_tokens, make_generator, penalize, probabilities,
@@ -243,6 +246,8 @@ class TorchEngine:
         self._head = (SubVocabularyHead(self.model, self.head_vocabulary, self.vocab_size)
                       if self.head_vocabulary is not None else None)
         self.packed_linears = pack_linears(self.model) if pack_weights else 0
+        # where measured to pay: a CPU (runtimes/torch/attention.py)
+        self.packed_attention = self.device.type == "cpu" and use_packed_gqa(self.model)
         self._cache_argument = cache_keyword(self.model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         config = self.model.config
