@@ -441,7 +441,9 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
                *([incumbent] if incumbent is not None else [])]
     sent = list(prompts) if isinstance(prompts[0], SentPrompt) else sent_prompts(tokenizer_dir, prompts)
     for server in servers:
-        warm_up(server.client, sent[0], plan)
+        warm_up(lambda request, index: trace_request(server.client, index, "warmup", request), sent, plan)
+    if in_process is not None:
+        warm_up(lambda request, index: in_process.trace(index, "warmup", request), sent, plan)
     servers = [replace(server, metrics_url=server.metrics_url if optional_metrics(server.metrics_url) else None)
                for server in servers]
     cells: list[list[Cell]] = [[] for _ in servers]
@@ -481,13 +483,20 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
     return report
 
 
-def warm_up(client: Any, prompt: SentPrompt, plan: BenchPlan) -> None:
-    """Load both engines and their first-call paths before anything is timed (``plan.warmup``)."""
+def warm_up(send: Callable[[Any, int], RequestTrace], prompts: Sequence[SentPrompt], plan: BenchPlan) -> None:
+    """Before anything is timed (``plan.warmup``): load both engines and their first-call paths, then have the target
+    read every other prompt the cells will send once (K=0, one token), so its prefix cache holds them. A prompt's prefill is the
+    same work in every cell; left in, each long prompt's would land on whichever cell met it first (docs/benchmarks.md,
+    "Long prompts and the draft's window", run 1). The draft's own reading of a prompt stays in the cells that
+    draft: it is what speculation costs."""
     if not plan.warmup:
         return
-    for k in {0, max(plan.ks)}:
-        trace = trace_request(client, 0, "warmup", _request(prompt, 0, plan, (k, False, False, 1, GREEDY),
-                                                            max_tokens=WARMUP_TOKENS))
+    requests = [_request(prompts[0], 0, plan, (k, False, False, 1, GREEDY), max_tokens=WARMUP_TOKENS)
+                for k in {0, max(plan.ks)}]
+    sent = sorted({prompt_index(request, prompts) for request in range(plan.requests)} - {0})
+    requests += [_request(prompts[index], index, plan, (0, False, False, 1, GREEDY), max_tokens=1) for index in sent]
+    for index, request in enumerate(requests):
+        trace = send(request, index)
         if trace.error:
             raise ServerError(f"the warm-up request failed: {trace.error}",
                               "check that the server at the given address serves a specbuild ensemble")
