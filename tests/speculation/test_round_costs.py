@@ -142,7 +142,7 @@ def test_a_draft_call_that_catches_up_after_rounds_without_it_does_not_price_the
     async def rounds(indices):
         return [(await source.propose([1, 2, 3], 2, index)).steady for index in indices]
 
-    assert asyncio.run(rounds([0, 1, 2, 5, 6, 8])) == [False, True, True, False, True, False]
+    assert asyncio.run(rounds([1, 2, 3, 6, 7, 9])) == [False, True, True, False, True, False]
 
     class Recorded(RoundCosts):
         def __init__(self) -> None:
@@ -167,5 +167,6 @@ def test_a_draft_call_that_catches_up_after_rounds_without_it_does_not_price_the
         return [step async for step in speculate(looped, target_call, drafts, costs=costs)]
 
     asyncio.run(run())
-    # round 0 (the prompt's) is never timed; every later round drafted right after the one before: all timed
-    assert costs.draft_times and all(seconds is not None for seconds in costs.draft_times)
+    # round 0 (the prompt's, the target's alone) is never timed; round 1's draft call reads the prompt (not a draft
+    # step's price); every later round drafted right after the one before: timed
+    assert costs.draft_times[0] is None and all(seconds is not None for seconds in costs.draft_times[1:])

@@ -7,7 +7,12 @@ so the server and the in-process baseline run the very same loop.
 
 One round: a source proposes up to ``k`` tokens; the target verifies them in one pass and returns the
 accepted prefix plus one token of its own (:mod:`specbuild.speculation.rules`); the outcome is recorded; the round
-says whether the request is done (:func:`finish_reason`). Without a proposal the target generates alone. Rounds are
+says whether the request is done (:func:`finish_reason`). Without a proposal the target generates alone, as it does
+in a request's first round: the first token is the one its reading of the prompt makes, as TensorRT-LLM's draft
+requests start from the target's first token (``tensorrt_llm/_torch/speculative/model_drafter.py``,
+``get_draft_model_prompt``), so the time to the first token is the target's alone, and an answer of one token never
+waits for a draft model to read a long prompt (the long workload's one-token code edits ran at 0.45x of K=0 with
+the draft in the first round: docs/benchmarks.md, "Long prompts and the draft's window"). Rounds are
 yielded as they finish so callers can stream them. What else a request's rounds need sits behind one small hook each:
 the load's cap on K (:class:`LoadCap`), host timing and round costs (:class:`RoundTiming`), the grammar of a guided
 request (:class:`GuideHooks`).
@@ -63,6 +68,7 @@ async def speculate(request: TokenRequest, target: EngineCall, drafts: Drafts | 
         unfinished = min(max(0, request.min_tokens - len(generated)), remaining)
         k = min(drafts.round_length, remaining - 1) if drafts is not None and not unfinished else 0
         k, sources = cap.limit(k, drafts)
+        k = k if round_index else 0  # the first token is the target's alone (at a cap of 0: the whole answer)
         # propose
         draft = guide.cut(await timing.propose(sources, context, k, round_index))
         # verify: the accepted prefix plus one token of the target's own comes back
