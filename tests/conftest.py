@@ -90,15 +90,17 @@ def demo_pair():
     return build_demo_pair(pair_dir("demo", REPO_ROOT))
 
 
-def compile_tiny(tiny_pair, runtime: str, folder: str):
+def compile_tiny(tiny_pair, runtime: str, folder: str, **overrides):
     """The tiny pair compiled for ``runtime`` into the cache folder ``folder`` (limits shared by every tiny
-    release); a rerun skips every stage whose inputs are unchanged. Returns the ``CompileResult``."""
+    release, spec ``overrides`` by dotted key); a rerun skips every stage whose inputs are unchanged. Returns the
+    ``CompileResult``."""
     from checkpoint_factory import pair_spec
     from specbuild import compiler
 
     return compiler.run(pair_spec(TINY_CACHE_DIR / folder, tiny_pair.target_dir, tiny_pair.draft_dir, **{
         "name": folder.removesuffix("-release"), "runtime": runtime,
-        "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8}), json_mode=True)
+        "limits.max_input_len": 256, "limits.max_seq_len": 512, "speculation.max_draft_len": 8, **overrides}),
+        json_mode=True)
 
 
 @pytest.fixture(scope="session")

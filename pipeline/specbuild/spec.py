@@ -106,6 +106,12 @@ class SpeculationSpec(SpecSection):
         "busy_in_flight")
     prompt_lookup: PromptLookupSpec = Field(PromptLookupSpec(), description="prompt lookup drafting: propose what "
                                             "followed the context's last n-gram earlier in the request (no model call)")
+    draft_context: int | None = Field(
+        None, ge=16, description="the most recent tokens of a request's context the draft model reads: between half "
+        "of this and this many, the window moving on by half of it at a time (each move re-reads half a window, in "
+        "the draft model's time the break-even prices), at positions from 0; the target always reads the whole "
+        "context; past the draft's own window the draft keeps drafting; unset: the whole context, up to the draft's "
+        "window (as TensorRT-LLM's drafter); torch and tensorrt-llm runtimes (their orchestrator calls the draft)")
     verify_cost: dict[Annotated[int, Field(ge=1, le=64)], Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
         {}, description="measured: what the target's verification of K drafted tokens costs, in target steps, per K "
         "(written by specbuild init and tune on the machine they ran on; check's break-even uses it; empty: one "

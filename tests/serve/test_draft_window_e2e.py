@@ -2,7 +2,8 @@
 target's window, the draft engine is built for its own and sent only what fits, and a request past it goes on
 (prompt lookup still drafting), token-identical to K=0, counted in ``specbuild_draft_window_requests_total``; a
 ``tensorrt-llm-llmapi`` release of the pair (rehearsed: its adapter, a torch stand-in in TensorRT-LLM's place) serves
-the target's window too and its adapter counts the requests that outgrew the draft's.
+the target's window too and its adapter counts the requests that outgrew the draft's. With ``speculation.draft_context``
+the draft reads only the most recent tokens and drafts from the model all the way, never past its window.
 
 The pair is the tiny pair with its draft cut to :data:`~conftest.SHORT_DRAFT_POSITIONS` positions; its requests run to
 ``max_tokens`` whatever the model says (``end_id=-1``: no token ends them), so the window is crossed by construction.
@@ -11,7 +12,7 @@ The pair is the tiny pair with its draft cut to :data:`~conftest.SHORT_DRAFT_POS
 from __future__ import annotations
 
 import pytest
-from conftest import SHORT_DRAFT_POSITIONS
+from conftest import SHORT_DRAFT_POSITIONS, compile_tiny
 
 from specbuild.errors import RequestError
 from specbuild.package.build_record import BuildRecord
@@ -88,6 +89,27 @@ def test_requests_past_the_draft_window_equal_k0_and_are_counted(short_draft_ser
     assert (model_drafts > 0) == (prompt_tokens < SHORT_DRAFT_POSITIONS)
     if lookup:
         assert delta(before, after, "specbuild_spec_decode_source_drafts_total[lookup]") > 0
+
+
+DRAFT_CONTEXT = 64  # the most recent tokens the draft reads in the draft-context release: half its window
+
+
+def test_with_a_draft_context_the_draft_model_drafts_all_the_way(tiny_short_draft_pair, client, tokenizer) -> None:
+    """The same pair with ``speculation.draft_context`` 64: a request far past the draft's 128 positions drafts from
+    the model in every round after the first (no window count, no fallback), its text K=0's."""
+    release = compile_tiny(tiny_short_draft_pair, "torch", "tiny-short-draft-context-release",
+                           **{"speculation.draft_context": DRAFT_CONTEXT})
+    prompt = prompt_of(tokenizer, 200)
+    options = {"end_id": -1, "break_even": False, "prompt_lookup": False}
+    expected = client.generate(prompt, MAX_TOKENS, num_draft_tokens=0, **options)
+    with TritonServer(release.repository, startup_timeout=300) as server:  # a fresh server: its counters start at 0
+        got = SpecbuildClient(server.grpc_url, timeout=600).generate(prompt, MAX_TOKENS, num_draft_tokens=4,
+                                                                     **options)
+        counted = metrics(server)
+    assert got.text == expected.text and got.output_token_count == MAX_TOKENS
+    assert counted.get(WINDOW_COUNTER, 0) == counted.get("specbuild_draft_fallbacks_total", 0) == 0
+    assert counted["specbuild_spec_decode_source_drafts_total[model]"] > 0
+    assert counted.get("specbuild_request_errors_total", 0) == 0
 
 
 def test_a_prompt_past_the_target_s_window_is_refused_by_name(client, tokenizer) -> None:

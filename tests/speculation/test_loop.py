@@ -25,6 +25,8 @@ from specbuild.runtimes.torch.engine import TorchEngine
 
 MAX_DRAFT_LEN = 8
 PROMPTS = [[random.Random(seed).randrange(VOCAB) for _ in range(1 + seed % 9)] for seed in range(12)]
+LOOKUP = PromptLookup(max_ngram=3, min_ngram=1)
+REPEATING = [[3, 7, 1, 3, 7, 1, 3, 7], [5, 9, 2, 5, 9], [1, 2, 3, 4, 1, 2], *PROMPTS[:4]]
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +46,12 @@ def speculator(request, tiny, target):
 
 
 def run_loop(request: TokenRequest, target_call, draft_call, stats=None, *, health=None,
-             lookup_draft_fallback=True, on_draft_failure=None, load_cap=None, draft_window=None) -> list[Round]:
+             lookup_draft_fallback=True, on_draft_failure=None, load_cap=None, draft_window=None,
+             draft_context=None) -> list[Round]:
     stats = stats if stats is not None else SpeculationStats()
     drafts = draft_sources(request, draft_call, max_draft_len=MAX_DRAFT_LEN, stats=stats,
                            health=health or DraftHealth(), lookup_draft_fallback=lookup_draft_fallback,
-                           on_failure=on_draft_failure, draft_window=draft_window)
+                           on_failure=on_draft_failure, draft_window=draft_window, draft_context=draft_context)
 
     async def collect():
         return [r async for r in speculate(request, target_call, drafts, stats=stats, load_cap=load_cap)]
@@ -162,6 +165,29 @@ def test_target_only_chunk_streams_token_by_token(target, alone):
     assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(PROMPTS[2], 6)).tokens
 
 
+@pytest.mark.parametrize("lookup", [None, LOOKUP], ids=["draft-only", "lookup+draft"])
+def test_the_first_token_is_the_target_s_alone(tiny, target, alone, lookup):
+    """The first round asks the target for one token and no source for a draft (TensorRT-LLM's draft requests start
+    from the target's first token): a draft model first reads the prompt in round two, and a one-token answer never
+    calls it."""
+    draft = TorchEngine(tiny.perturbed)
+    prompt = REPEATING[0]  # lookup finds its suffix earlier in the prompt from the first round on
+    assert lookup is None or lookup.propose(prompt, 3)
+    targets: list[EngineRequest] = []
+    drafts: list[EngineRequest] = []
+    rounds = run_loop(TokenRequest(prompt, 16, num_draft_tokens=3, prompt_lookup=lookup),
+                      engine_call(target, targets), engine_call(draft, drafts))
+    assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(prompt, 16)).tokens
+    assert targets[0].draft_tokens is None and targets[0].max_new_tokens == 1 and rounds[0].drafted == 0
+    assert any(r.draft_tokens for r in targets[1:])
+    assert not drafts or drafts[0].input_ids == prompt + rounds[0].tokens
+    targets.clear()
+    drafts.clear()
+    run_loop(TokenRequest(prompt, 1, num_draft_tokens=3, prompt_lookup=lookup), engine_call(target, targets),
+             engine_call(draft, drafts))
+    assert drafts == [] and [r.draft_tokens for r in targets] == [None]
+
+
 def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
     """The load policy's hook: a round capped at 0 calls no draft and asks the target alone for its chunk;
     drafting resumes when the load falls; the output stays the target's own."""
@@ -174,8 +200,8 @@ def test_rounds_run_as_k0_while_the_server_is_busy(tiny, target, alone):
     rounds = run_loop(TokenRequest(prompt, 12, num_draft_tokens=3, target_only_chunk=1),
                       engine_call(target, targets), engine_call(draft, drafts), load_cap=lambda: next(load))
     assert [t for r in rounds for t in r.tokens] == expected
-    assert [bool(r.draft_tokens) for r in targets[:4]] == [True, False, False, True]
-    assert [r.max_new_tokens for r in targets[1:3]] == [1, 1]
+    assert [bool(r.draft_tokens) for r in targets[:4]] == [False, False, False, True]  # the first: the target's
+    assert [r.max_new_tokens for r in targets[:3]] == [1, 1, 1]
     assert len(drafts) == sum(bool(r.draft_tokens) for r in targets)  # no draft call in a busy round
 
     targets.clear()
@@ -336,8 +362,6 @@ def test_from_checkpoints_caps_k_at_the_targets_max_draft_len(tiny, alone):
 
 
 # --- prompt lookup ----------------------------------------------------------------------------------------
-LOOKUP = PromptLookup(max_ngram=3, min_ngram=1)
-REPEATING = [[3, 7, 1, 3, 7, 1, 3, 7], [5, 9, 2, 5, 9], [1, 2, 3, 4, 1, 2], *PROMPTS[:4]]
 
 
 @pytest.mark.parametrize("with_draft", [True, False], ids=["lookup+draft", "lookup-only"])
@@ -423,6 +447,44 @@ def test_past_the_draft_window_the_break_even_prices_lookup_drafts_at_no_draft_c
         return [r async for r in speculate(request, engine_call(target), drafts, stats=stats)]
     asyncio.run(run())
     assert stats.draft_window == 1 and drafts.gate.cost.draft_cost == 0.0
+
+
+DRAFT_CONTEXT = 8
+
+
+@pytest.mark.parametrize("window", [None, DRAFT_WINDOW], ids=["no-window", "draft-window"])
+def test_the_draft_reads_the_most_recent_tokens_of_its_context_budget(tiny, target, alone, window):
+    """With ``draft_context`` the draft engine is sent the context from a start that moves on by half the budget at a
+    time: between half of it and all of it, the last tokens of the context, and it keeps drafting past its own window;
+    the output is the target's."""
+    draft = TorchEngine(tiny.perturbed, max_seq_len=window or 128)
+    for prompt in PROMPTS[:4]:
+        seen_draft: list[EngineRequest] = []
+        seen_target: list[EngineRequest] = []
+        stats = SpeculationStats()
+        rounds = run_loop(TokenRequest(prompt, 24, num_draft_tokens=3), engine_call(target, seen_target),
+                          engine_call(draft, seen_draft), stats, draft_window=window, draft_context=DRAFT_CONTEXT)
+        assert [t for r in rounds for t in r.tokens] == alone.generate(TokenRequest(prompt, 24)).tokens
+        assert stats.draft_window == 0 and stats.fallbacks == 0
+        contexts = [r.input_ids for r in seen_target if r.draft_tokens]
+        assert len(contexts) == len(seen_draft)
+        assert len(contexts[-1]) > max(window or 0, DRAFT_CONTEXT)  # it drafted past its budget (and window)
+        for context, sent in zip(contexts, seen_draft):
+            read = len(sent.input_ids)
+            assert sent.input_ids == context[-read:]  # its most recent tokens
+            assert read == len(context) or DRAFT_CONTEXT // 2 < read <= DRAFT_CONTEXT
+            assert (len(context) - read) % (DRAFT_CONTEXT // 2) == 0  # the start moves by half the budget
+
+
+@pytest.mark.parametrize(("length", "first"), [(5, 0), (8, 0), (9, 4), (12, 4), (13, 8), (100, 92)])
+def test_the_draft_s_first_read_moves_by_half_its_budget(length, first):
+    from specbuild.speculation.drafting import ModelDrafts
+
+    drafts = ModelDrafts(engine_call(None), TokenRequest([1], 1), SpeculationStats(), DraftHealth(),
+                         context=DRAFT_CONTEXT)
+    assert drafts.first_read(length) == first
+    assert ModelDrafts(engine_call(None), TokenRequest([1], 1), SpeculationStats(), DraftHealth()).first_read(
+        length) == 0
 
 
 def test_the_in_process_speculator_drafts_within_its_draft_engine_s_window(tiny, target, alone):

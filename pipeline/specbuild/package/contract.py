@@ -209,6 +209,7 @@ class OrchestratorParameters(ModelParameters):
     cost_measured: bool  # c measured on the build host (else the parameter ratio)
     measured_acceptance: float | None = field(default=None, metadata=OPTIONAL)  # the break-even's prior
     verification: VerificationMode = "token"  # how the target judges draft logits (speculation.verification)
+    draft_context: int = field(default=0, metadata=OPTIONAL)  # the most recent tokens the draft reads (0: all)
     guided_decoding: bool = False  # the engines take guide masks (guide_token_masks): guided requests run
     # the target engine applies NVIDIA's guided decoding inputs itself (the tensorrtllm backend's xgrammar): guided
     # requests run on the target alone, each answer in one call (triton_models/request_runner.py)

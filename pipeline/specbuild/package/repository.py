@@ -154,6 +154,7 @@ def orchestrator_parameters(spec: BuildSpec, target: Engine, draft: Engine, load
         max_input_len=record.limits.max_input_len,
         max_seq_len=record.limits.max_seq_len,
         draft_max_seq_len=draft.record.limits.engine_seq_len,
+        draft_context=s.draft_context or 0,
         vocab_size=record.vocab_size,
         max_request_seconds=spec.triton.max_request_seconds,
         guided_decoding=guided_decoding,

@@ -50,6 +50,7 @@ RENDER_READS: tuple[str, ...] = (
     "speculation.draft_len_schedule", "speculation.num_draft_tokens", "speculation.prompt_lookup",
     "triton.max_request_seconds", "triton.orchestrator_instances", "speculation.break_even", "speculation.draft_cost",
     "speculation.verify_cost", "speculation.measured_acceptance", "speculation.verification",
+    "speculation.draft_context",
     "capture.enabled", "capture.max_file_mib", "capture.max_file_hours", "capture.retention_days")
 
 

@@ -100,9 +100,10 @@ class DraftSource(ABC):
 
 @dataclass(frozen=True)
 class DraftSetup:
-    """What a request's sources are built from besides the request: the draft engine's call (None: no draft model)
-    and its window (max_seq_len; None: the target's), the request's ``stats``, the process's draft ``health`` and
-    failure report, and whether the draft model drafts where prompt lookup is on (``lookup_draft_fallback``)."""
+    """What a request's sources are built from besides the request: the draft engine's call (None: no draft model),
+    its window (max_seq_len; None: the target's) and how much of the context it reads (``draft_context``, None: all
+    that fits), the request's ``stats``, the process's draft ``health`` and failure report, and whether the draft
+    model drafts where prompt lookup is on (``lookup_draft_fallback``)."""
 
     draft: EngineCall | None
     stats: SpeculationStats
@@ -110,6 +111,7 @@ class DraftSetup:
     lookup_draft_fallback: bool = True
     on_failure: Callable[[Exception], None] | None = None
     draft_window: int | None = None
+    draft_context: int | None = None
 
 
 class DraftHealth:
@@ -158,16 +160,26 @@ class ModelDrafts(DraftSource):
     exactly: the draft is never sent a context it cannot hold. TensorRT-LLM's LLM API stops drafting there too
     (NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/speculative/model_drafter.py``, ``_prepare_draft_batch``: a request
     whose tokens reach the draft engine's ``max_seq_len`` is skipped). It drafts the same way whatever was accepted
-    (its length is :class:`Drafts`'s)."""
+    (its length is :class:`Drafts`'s).
+
+    ``context``: the most recent tokens of the context it reads (None: all). The draft is sent the context from
+    :meth:`first_read` on, which moves on by half of ``context`` at a time, so it reads between half of it and all of
+    it, at positions from 0, and its prefix cache holds between moves; the call after a move reads that half window
+    again, a draft call like any other that the break-even's c includes. A small draft distilled on short prompts
+    agrees with its target at least as well from the last few hundred tokens as from 1-2k (the demo draft:
+    docs/benchmarks.md, "Long prompts and the draft's window"), and reads a long prompt for a fraction of the cost.
+    Within ``context`` it never outgrows its window."""
 
     name = "model"
     settings = ("use_draft_logits",)
     costs_draft_steps = True
 
     def __init__(self, call: EngineCall, request: TokenRequest, stats: SpeculationStats, health: DraftHealth,
-                 on_failure: Callable[[Exception], None] | None = None, window: int | None = None) -> None:
+                 on_failure: Callable[[Exception], None] | None = None, window: int | None = None,
+                 context: int | None = None) -> None:
         self.call = call
         self.window = window
+        self.context = context
         self.request = request
         # rejection sampling on the draft's own distribution needs its logits; greedy and token matching do not
         self.with_logits = request.use_draft_logits and not request.sampling.is_greedy
@@ -186,9 +198,19 @@ class ModelDrafts(DraftSource):
         if setup.draft is None or (request.prompt_lookup is not None and not setup.lookup_draft_fallback):
             return None
         call = setup.draft if request.guide is None else request.guide.constrained(setup.draft)
-        return cls(call, request, setup.stats, setup.health, setup.on_failure, setup.draft_window)
+        return cls(call, request, setup.stats, setup.health, setup.on_failure, setup.draft_window,
+                   setup.draft_context)
+
+    def first_read(self, context_length: int) -> int:
+        """The index of the first context token the draft reads: 0 within :attr:`context`, else the smallest multiple
+        of half of it that leaves at most :attr:`context` tokens."""
+        if self.context is None or context_length <= self.context:
+            return 0
+        step = max(1, self.context // 2)
+        return -(-(context_length - self.context) // step) * step
 
     async def propose(self, context: Sequence[int], k: int, round_index: int) -> Draft | None:
+        context = context[self.first_read(len(context)):]
         room = self.room(len(context))
         if not self.may_propose:
             return None
@@ -220,7 +242,8 @@ class ModelDrafts(DraftSource):
         return Draft(tokens, logits, self, steady) if tokens else None
 
     def begin_round(self, context_length: int) -> None:
-        self.room(context_length)  # a context past the draft's window ends its use, whichever source proposes
+        # a context past the draft's window ends its use, whichever source proposes
+        self.room(context_length - self.first_read(context_length))
 
     def room(self, context_length: int) -> int | None:
         """Draft tokens that still fit the draft's window after a context of ``context_length`` tokens (None: no
@@ -345,11 +368,11 @@ def draft_sources(request: TokenRequest, draft: EngineCall | None, *, max_draft_
                   stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
                   on_failure: Callable[[Exception], None] | None = None,
                   costs: RoundCosts | None = None, draft_window: int | None = None,
-                  source_classes: Sequence[type[DraftSource]] = SOURCE_CLASSES) -> Drafts | None:
+                  draft_context: int | None = None, source_classes: Sequence[type[DraftSource]] = SOURCE_CLASSES) -> Drafts | None:
     """The sources a request drafts from: each of ``source_classes`` that drafts for it
     (:meth:`DraftSource.for_request`; by default prompt lookup first when it is on, then the draft model unless the
     release drafts by lookup only, ``lookup_draft_fallback=False``, within ``draft_window`` positions, the draft
-    engine's max_seq_len: :class:`ModelDrafts`), gated by the request's break-even when it has
+    engine's max_seq_len, reading the last ``draft_context`` tokens: :class:`ModelDrafts`), gated by the request's break-even when it has
     one (``request.break_even``: the release's cost model, at this process's own round ``costs`` where given); None
     when nothing drafts (K=0), and for a
     request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
@@ -364,7 +387,7 @@ def draft_sources(request: TokenRequest, draft: EngineCall | None, *, max_draft_
     if request.engine_guide is not None:  # the executor's guided decoder takes no draft tokens (backend_guides.py)
         stats.guided_target_only += 1
         return None
-    setup = DraftSetup(draft, stats, health, lookup_draft_fallback, on_failure, draft_window)
+    setup = DraftSetup(draft, stats, health, lookup_draft_fallback, on_failure, draft_window, draft_context)
     sources = [source for cls in source_classes if (source := cls.for_request(request, setup)) is not None]
     if not sources:
         return None

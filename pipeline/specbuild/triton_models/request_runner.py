@@ -173,7 +173,8 @@ class RequestRunner:
         drafts = draft_sources(generation, self.draft, max_draft_len=settings.max_draft_len, stats=row.stats,
                                health=self.health,
                                lookup_draft_fallback=settings.lookup_draft_fallback, on_failure=self._draft_failed,
-                               costs=self.costs, draft_window=settings.draft_max_seq_len)
+                               costs=self.costs, draft_window=settings.draft_max_seq_len,
+                               draft_context=settings.draft_context or None)
         self._rows_running += 1
         try:
             async for step in speculate(generation, self.target, drafts, stats=row.stats,

@@ -151,6 +151,9 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
             findings.append(SpecFinding("prompt-lookup", "speculation.prompt_lookup: the LLM API drafts with one "
                                         "method (Draft/Target here); it does not combine n-gram lookup with a draft "
                                         "model", f"set speculation.prompt_lookup.enabled: false, {k_fix}"))
+        if s.draft_context is not None:
+            findings.append(SpecFinding("draft-context", "speculation.draft_context: the LLM API's drafter reads each "
+                                        "request's whole context", f"leave speculation.draft_context unset, {k_fix}"))
         if s.acceptance not in self.acceptances:
             findings.append(SpecFinding("acceptance", f"speculation.acceptance is {s.acceptance}, but TensorRT-LLM "
                                         "verifies the draft's tokens itself (token matching, exact); requests "
