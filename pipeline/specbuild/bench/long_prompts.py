@@ -93,6 +93,8 @@ def _modules() -> tuple[Path, ...]:
 
 def _code_edit(path: Path) -> str:
     source = path.read_text(encoding="utf-8")
+    # No opening fence after the instruction: in the user's turn of a chat template it does not start the answer, and
+    # the demo target took it as the whole of one (one token: 0.9x of K=0 measured nothing but a request's overhead).
     return (f"Here is the whole file {path.name}:\n\n```python\n{source}```\n\n"
-            "Return the whole file, unchanged except that every function and method has a one-line docstring "
-            "where it lacks one.\n\n```python\n")
+            "Return the whole file in one Python code block, unchanged except that every function and method has a "
+            "one-line docstring where it lacks one.")
