@@ -4,11 +4,11 @@ A model with grouped-query attention (the demo target: 9 query heads over 3 key/
 ``sdpa`` path copy every key and value head ``groups`` times (``repeat_kv``) for any call of more than one query
 row with a mask: exactly a verification, which scores K+1 rows against the whole cached sequence. That copy grows
 with the context: on a 2-core AMD EPYC the demo target verified 3 drafted tokens after 2048 cached tokens at 1.53
-target steps against 1.27 after 256 (``docs/benchmarks.md``, "Long prompts and the draft's window"), while a
+target steps against 1.25 after 256 (``docs/benchmarks.md``, "Long prompts and the draft's window"), while a
 one-row step already avoids it (transformers 5.x ``pack_gqa``). Here every masked call packs the ``groups`` query
 heads of a key/value head into ``groups x rows`` rows of that head and repeats the mask to match, so attention
 reads each key and value once; each row's softmax is over the same keys with the same mask as before, and the
-logits came out bit for bit those of ``sdpa`` on that machine (V(3) at 2048 tokens: 1.21). A one-row step is
+logits came out bit for bit those of ``sdpa`` on that machine (V(3) at 2048 tokens: 1.27). A one-row step is
 packed too, with or without a mask, as transformers 5.x does and 4.57 (TensorRT-LLM 1.2 images) does not. Other
 unmasked calls (a causal prefill, where packed rows would see each other's positions) go to ``sdpa`` as they are.
 """
