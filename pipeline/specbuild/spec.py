@@ -107,7 +107,7 @@ class SpeculationSpec(SpecSection):
     prompt_lookup: PromptLookupSpec = Field(PromptLookupSpec(), description="prompt lookup drafting: propose what "
                                             "followed the context's last n-gram earlier in the request (no model call)")
     draft_context: int | None = Field(
-        None, ge=16, description="the most recent tokens of a request's context the draft model reads: between half "
+        None, ge=2, description="the most recent tokens of a request's context the draft model reads: between half "
         "of this and this many, the window moving on by half of it at a time (each move re-reads half a window, in "
         "the draft model's time the break-even prices), at positions from 0; the target always reads the whole "
         "context; past the draft's own window the draft keeps drafting; unset: the whole context, up to the draft's "

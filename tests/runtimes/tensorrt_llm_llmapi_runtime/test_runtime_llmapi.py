@@ -68,6 +68,7 @@ def test_architectures_come_from_the_pytorch_backend_table() -> None:
     ({"triton.tensorrt_llm": "main", "speculation.busy_in_flight": 1}, "load-policy"),
     ({"speculation.adaptive": True}, "adaptive"),
     ({"speculation.prompt_lookup.enabled": True}, "prompt-lookup"),
+    ({"speculation.draft_context": 256}, "draft-context"),
     ({"draft.tp_size": 2}, "draft-layout"),
     ({"draft.dtype": "float16"}, "draft-dtype"),
     ({"launch.mode": "orchestrator"}, "launch"),

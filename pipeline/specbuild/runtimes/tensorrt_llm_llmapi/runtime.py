@@ -71,7 +71,8 @@ class TensorRTLLMLLMAPIRuntime(ImageRuntime):
     serving_model = ADAPTER_MODEL  # the LLM-API model exports no metrics; the adapter in front of it does
     reads = {"check": ("launch", "capture.enabled", "speculation.adaptive", "speculation.num_draft_tokens",
                        "speculation.prompt_lookup.enabled", "speculation.busy_in_flight",
-                       "speculation.draft_len_schedule", "limits.max_batch_size", "triton.tensorrt_llm"),
+                       "speculation.draft_len_schedule", "speculation.draft_context", "limits.max_batch_size",
+                       "triton.tensorrt_llm"),
              "plan": ("target.dtype", "draft.dtype", "speculation.num_draft_tokens"),
              "package": ("name", "target", "draft.dtype", "speculation.num_draft_tokens", "triton.checkpoint_mount",
                          "triton.repository_mount",
