@@ -65,7 +65,8 @@ def verify(engines: Path, lengths: str, repeats: int, threads: int) -> None:
             logits = {}
             for name, engine in (("sdpa", stock), ("packed", packed)):
                 engine.run(EngineRequest(prompt, 1))  # the prompt in the prefix cache
-                logits[name] = engine.run(EngineRequest(prompt + [5], 1, draft_tokens=drafts, return_logits=True)).logits
+                verified = engine.run(EngineRequest(prompt + [5], 1, draft_tokens=drafts, return_logits=True))
+                logits[name] = verified.logits
             for _ in range(repeats):
                 for name, engine in (("sdpa", stock), ("packed", packed)):
                     for k in (0, DRAFTED):

@@ -485,10 +485,10 @@ def run_bench(url: str, prompts: Sequence[Prompt] | Sequence[SentPrompt], plan: 
 
 def warm_up(send: Callable[[Any, int], RequestTrace], prompts: Sequence[SentPrompt], plan: BenchPlan) -> None:
     """Before anything is timed (``plan.warmup``): load both engines and their first-call paths, then have the target
-    read every other prompt the cells will send once (K=0, one token), so its prefix cache holds them. A prompt's prefill is the
-    same work in every cell; left in, each long prompt's would land on whichever cell met it first (docs/benchmarks.md,
-    "Long prompts and the draft's window", run 1). The draft's own reading of a prompt stays in the cells that
-    draft: it is what speculation costs."""
+    read every other prompt the cells will send once (K=0, one token), so its prefix cache holds them. A prompt's
+    prefill is the same work in every cell; left in, each long prompt's would land on whichever cell met it first
+    (docs/benchmarks.md, "Long prompts and the draft's window", run 1). The draft's own reading of a prompt stays in
+    the cells that draft: it is what speculation costs."""
     if not plan.warmup:
         return
     requests = [_request(prompts[0], 0, plan, (k, False, False, 1, GREEDY), max_tokens=WARMUP_TOKENS)

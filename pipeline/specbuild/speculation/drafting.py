@@ -368,13 +368,14 @@ def draft_sources(request: TokenRequest, draft: EngineCall | None, *, max_draft_
                   stats: SpeculationStats, health: DraftHealth, lookup_draft_fallback: bool = True,
                   on_failure: Callable[[Exception], None] | None = None,
                   costs: RoundCosts | None = None, draft_window: int | None = None,
-                  draft_context: int | None = None, source_classes: Sequence[type[DraftSource]] = SOURCE_CLASSES) -> Drafts | None:
+                  draft_context: int | None = None,
+                  source_classes: Sequence[type[DraftSource]] = SOURCE_CLASSES) -> Drafts | None:
     """The sources a request drafts from: each of ``source_classes`` that drafts for it
     (:meth:`DraftSource.for_request`; by default prompt lookup first when it is on, then the draft model unless the
     release drafts by lookup only, ``lookup_draft_fallback=False``, within ``draft_window`` positions, the draft
-    engine's max_seq_len, reading the last ``draft_context`` tokens: :class:`ModelDrafts`), gated by the request's break-even when it has
-    one (``request.break_even``: the release's cost model, at this process's own round ``costs`` where given); None
-    when nothing drafts (K=0), and for a
+    engine's max_seq_len, reading the last ``draft_context`` tokens: :class:`ModelDrafts`), gated by the request's
+    break-even when it has one (``request.break_even``: the release's cost model, at this process's own round
+    ``costs`` where given); None when nothing drafts (K=0), and for a
     request with sampling penalties, which runs by the target alone (counted in ``stats.unspeculated``): each
     generated token is penalised for the tokens before it, but TensorRT-LLM's penalty kernel gives every
     drafted position of a verification step the same counts (``penaltyKernels.cu``), so only the target alone
