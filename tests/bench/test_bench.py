@@ -285,6 +285,34 @@ def test_a_sampled_cell_sends_seeded_requests_the_same_in_every_cell():
         BenchPlan(samplings=("hot",))
 
 
+def test_the_warm_up_has_the_target_read_every_prompt_the_cells_send():
+    """Both engines' first calls on the first prompt, then each other prompt the cells will send once, at K=0 for one
+    token (a prefill in no timed cell); nothing without warm-up; a failed warm-up request stops the run by name."""
+    from specbuild.bench.sweep import WARMUP_TOKENS, SentPrompt, warm_up
+    from specbuild.errors import ServerError
+
+    prompts = [SentPrompt(f"prompt {index}", "chat") for index in range(5)]
+    sent: list[tuple[int, int, int | None, str]] = []
+
+    def send(request, index):
+        sent.append((index, request.max_tokens, request.num_draft_tokens, request.prompt))
+        return RequestTrace(index, "warmup", (0.1,), (request.max_tokens,), 0.1)
+
+    warm_up(send, prompts, BenchPlan(ks=(3,), requests=3))  # the cells send prompts 0, 1 and 2
+    assert sorted((tokens, k, text) for _, tokens, k, text in sent[:2]) == [
+        (WARMUP_TOKENS, 0, "prompt 0"), (WARMUP_TOKENS, 3, "prompt 0")]
+    assert [(tokens, k, text) for _, tokens, k, text in sent[2:]] == [(1, 0, "prompt 1"), (1, 0, "prompt 2")]
+    sent.clear()
+    warm_up(send, prompts, BenchPlan(ks=(3,), requests=3, warmup=False))
+    assert sent == []
+
+    def failing(request, index):
+        return RequestTrace(index, "warmup", (), (), 0.1, error="model not ready")
+
+    with pytest.raises(ServerError, match="the warm-up request failed: model not ready"):
+        warm_up(failing, prompts, BenchPlan(ks=(3,)))
+
+
 # --- plan and addresses ----------------------------------------------------------------------------------
 def test_plan_always_includes_k0_and_skips_adaptive_and_lookup_at_k0():
     plan = BenchPlan(ks=(4, 2), adaptive=(True, False), concurrencies=(2, 1))
