@@ -96,7 +96,9 @@ def test_streaming_never_splits_a_multibyte_character(tiny_client, tokenizer, ta
     seed = next(seed for seed in range(50)
                 if split_characters(tokenizer, target_alone(prompt, MAX_TOKENS, bad_words, seed).tokens))
     expected = target_alone(prompt, MAX_TOKENS, bad_words, seed)
-    sampled = {"temperature": 1.0, "top_p": 1.0, "seed": seed, "bad_words": bad_words}
+    # break_even off: a stretch it pauses drafting for runs in one call unstreamed and token by token streamed, and
+    # a seeded request's draws follow its calls
+    sampled = {"temperature": 1.0, "top_p": 1.0, "seed": seed, "bad_words": bad_words, "break_even": False}
     chunks = [c.text for c in tiny_client.stream(prompt, MAX_TOKENS, num_draft_tokens=0, **sampled)]
     assert "".join(chunks) == expected.text and "" in chunks
     speculative = [c.text for c in tiny_client.stream(prompt, MAX_TOKENS, num_draft_tokens=3, **sampled)]
@@ -147,26 +149,28 @@ def test_seeded_sampling_is_reproducible(tiny_client):
     assert len(set(first)) > 1, "different seeds should give different samples"
 
 
-def exact_text_distribution(model_dir, tokenizer, prompt: str, params: SamplingParams) -> dict[str, float]:
-    """P(text) of two sampled tokens (stopping at the end token), computed exactly from a model's logits."""
+def exact_text_distribution(model_dir, tokenizer, prompt: str, params: SamplingParams,
+                            tokens: int) -> dict[str, float]:
+    """P(text) of ``tokens`` sampled tokens (stopping at the end token), computed exactly from a model's logits."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     prompt_ids = tokenizer.encode(prompt)
     eos = tokenizer.eos_token_id
-    with torch.inference_mode():
-        first = probabilities(model(torch.tensor([prompt_ids])).logits[0, -1], params)
-        support = [int(t) for t in torch.nonzero(first).flatten()]
-        batch = torch.tensor([prompt_ids + [t] for t in support])
-        second = probabilities(model(batch).logits[:, -1], params)
     distribution: Counter[str] = Counter()
-    for row, x1 in enumerate(support):
-        if x1 == eos:
-            distribution[""] += float(first[x1])
-            continue
-        for x2 in (int(t) for t in torch.nonzero(second[row]).flatten()):
-            tokens = [x1] if x2 == eos else [x1, x2]
-            distribution[tokenizer.decode(tokens, skip_special_tokens=True)] += float(first[x1] * second[row, x2])
+    frontier: list[tuple[list[int], float]] = [([], 1.0)]  # unfinished texts of one length, with their P
+    with torch.inference_mode():
+        for step in range(tokens):
+            rows = probabilities(model(torch.tensor([prompt_ids + ids for ids, _ in frontier])).logits[:, -1], params)
+            grown = []
+            for (ids, p), row in zip(frontier, rows):
+                for token in (int(t) for t in torch.nonzero(row).flatten()):
+                    if token == eos or step == tokens - 1:
+                        text = ids if token == eos else ids + [token]
+                        distribution[tokenizer.decode(text, skip_special_tokens=True)] += p * float(row[token])
+                    else:
+                        grown.append((ids + [token], p * float(row[token])))
+            frontier = grown
     return dict(distribution)
 
 
@@ -187,20 +191,20 @@ def chi_square_p_value(observed: Counter[str], expected: dict[str, float]) -> fl
 
 @pytest.mark.parametrize("use_draft_logits", [True, False], ids=["rejection", "token-match"])
 def test_sampled_outputs_follow_the_targets_distribution(tiny_client, tiny_release, tokenizer, use_draft_logits):
-    """Two tokens per request with K=3 (one drafted token, verified, then a bonus or a second round): the
-    texts of N seeded requests against the target's exact distribution, by chi-square at ``ALPHA``. The
-    same counts must reject the draft's distribution, so the test can tell them apart."""
-    prompt, samples = PROMPTS[2], 320
-    params = SamplingParams(temperature=1.0, top_k=6)
-    requests = [GenerationRequest(prompt, 2, temperature=1.0, top_k=6, seed=seed, num_draft_tokens=3,
+    """Three tokens per request with K=3 (the first the target's alone, then one drafted token, verified, and a
+    bonus or a third round): the texts of N seeded requests against the target's exact distribution, by chi-square
+    at ``ALPHA``. The same counts must reject the draft's distribution, so the test can tell them apart."""
+    prompt, samples, tokens = PROMPTS[2], 320, 3
+    params = SamplingParams(temperature=1.0, top_k=3)
+    requests = [GenerationRequest(prompt, tokens, temperature=1.0, top_k=3, seed=seed, num_draft_tokens=3,
                                   use_draft_logits=use_draft_logits) for seed in range(samples)]
     results = tiny_client.generate_many(requests, concurrency=8)
     drafted = sum(g.total_draft_tokens for g in results)
     accepted = sum(g.total_accepted_draft_tokens for g in results)
     assert 0 < accepted < drafted, "both acceptance and rejection must occur for the test to mean anything"
     observed = Counter(g.text for g in results)
-    target = exact_text_distribution(tiny_release.engines / "target", tokenizer, prompt, params)
-    draft = exact_text_distribution(tiny_release.engines / "draft", tokenizer, prompt, params)
+    target = exact_text_distribution(tiny_release.engines / "target", tokenizer, prompt, params, tokens)
+    draft = exact_text_distribution(tiny_release.engines / "draft", tokenizer, prompt, params, tokens)
     assert chi_square_p_value(observed, target) > ALPHA
     assert chi_square_p_value(observed, draft) < ALPHA
 
